@@ -1,0 +1,84 @@
+# megalab: one make target per experiment. `make list` shows them; `make <TAB>` completes them.
+#
+#   make 101-gpt2xl-dp1-gbs1-bf16            run it (a GPU run, ends as a row in results/)
+#   DRY_RUN=1 make 128-gpt2xl-dp8-gbs128-zero2   print the preflight and the exact torchrun command
+#
+# Variables (environment or make arguments): ITERS (100), GPU_MEM_GB (cap, e.g. 80 on an H200),
+# DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), NNODES, NODE_RANK, MASTER_ADDR,
+# MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+# Use the project venv when it exists (CPU machines: `make setup`), else the Python on PATH
+# (GPU machines and NGC containers, which bring their own CUDA torch).
+PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+
+# Target ids, straight from the catalog (no Python needed to list them).
+TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
+
+export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
+
+.PHONY: help list setup test quickstart tables clean batch $(TARGETS)
+
+help:
+	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+	@echo
+	@echo "Everyday: make list | make quickstart | make test | make tables | make setup | make clean"
+
+list:
+	@$(PY) -m megalab list
+
+$(TARGETS):
+	@$(PY) -m megalab run $@
+
+# Several targets in one go (IDS="101 111 ..."), going on past failures: an OOM row is a result too.
+batch:
+	@[ -n "$(IDS)" ] || { echo 'batch: set IDS, e.g. make batch IDS="101 111"' >&2; exit 2; }
+	@fails=0; for id in $(IDS); do $(PY) -m megalab run $$id || fails=$$((fails+1)); done; \
+	 echo "batch: $$fails of $(words $(IDS)) run(s) did not end ok"
+
+# Anything else is not a target: let the catalog say so (with the closest ids) instead of make.
+.DEFAULT:
+	@$(PY) -m megalab run $@
+
+# ---- set-up on a CPU machine (CI, laptops): a venv with CPU torch and megatron-core 0.19.2 -------
+# megatron-core 0.17+ declares Python >= 3.12 and ships cp312 wheels only; its source imports on
+# 3.11 (megalab/_compat.py supplies typing.override), so it is installed from the sdist there.
+TORCH_SPEC ?= torch==2.13.0
+MCORE_VERSION := 0.19.2
+$(VENV)/.stamp: pyproject.toml
+	@command -v python3 >/dev/null || { echo "setup: python3 not found; fix: install Python 3.10+" >&2; exit 2; }
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	@# Never replace a torch that is already importable (NGC, GPU rigs); else a CPU build.
+	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VENV)/bin/pip install -q numpy pybind11 setuptools wheel triton typing_extensions packaging
+	$(VENV)/bin/pip install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION)
+	$(VENV)/bin/pip install -q --no-build-isolation -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.stamp
+
+test: $(VENV)/.stamp
+	$(VENV)/bin/python -m pytest -q tests
+
+# The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables.
+quickstart:
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	    ITERS=$${ITERS:-20} $(PY) -m megalab run 101-gpt2xl-dp1-gbs1-bf16; \
+	else \
+	    echo "quickstart: no GPU found (nvidia-smi -L failed): showing the plan of 101 and the committed results"; \
+	    $(MAKE) --no-print-directory setup && \
+	    DRY_RUN=1 $(VENV)/bin/python -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
+	    $(VENV)/bin/python -m megalab tables && \
+	    echo "tables rebuilt: see results/01-dp-zero2.md"; \
+	fi
+
+tables:
+	@$(PY) -m megalab tables
+
+# Removes local scratch only; committed results/ are never touched.
+clean:
+	rm -rf outdir .pytest_cache
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

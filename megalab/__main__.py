@@ -1,0 +1,69 @@
+"""`python -m megalab <command>`: what the Makefile calls.
+
+  run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
+  list           every target: id, GPUs, what it shows (make list)
+  targets        target ids only, one per line (the Makefile reads these)
+  parse LOG      summarise a Megatron log (--json for the record fields)
+  tables         rebuild results/*.md from committed run records (make tables)
+"""
+from __future__ import annotations
+
+import sys
+
+
+def _list() -> int:
+    from tabulate import tabulate
+
+    from megalab import catalog
+
+    chapters = catalog.chapters()
+    rows = []
+    for exp in catalog.catalog().values():
+        kind = f"ref {exp.ref}" if exp.ref else (f"2-GPU analogue of {exp.analogue_of}" if exp.analogue_of else "")
+        rows.append([exp.id, exp.gpus, kind, exp.about])
+    print(tabulate(rows, headers=["target", "GPUs", "reproduces", "what it shows"], tablefmt="simple"))
+    print(f"\n{len(rows)} targets in {len(chapters)} chapter(s). Run one: make <target>  "
+          "(DRY_RUN=1 prints the plan; ITERS=, GPU_MEM_GB=, NNODES= see `make help`)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    from megalab.catalog import CatalogError
+    from megalab.launch import LaunchError
+
+    try:
+        if cmd == "run":
+            if len(rest) != 1:
+                raise LaunchError("usage: python -m megalab run TARGET")
+            from megalab import launch
+
+            return launch.run(rest[0])
+        if cmd == "list":
+            return _list()
+        if cmd == "targets":
+            from megalab import catalog
+
+            print("\n".join(catalog.catalog()))
+            return 0
+        if cmd == "parse":
+            from megalab import logparse
+
+            return logparse.cli(rest)
+        if cmd == "tables":
+            from megalab import tables
+
+            return tables.cli(rest)
+    except (CatalogError, LaunchError) as e:
+        print(f"megalab: {e}", file=sys.stderr)
+        return 2
+    print(f"megalab: unknown command '{cmd}'; fix: python -m megalab --help", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

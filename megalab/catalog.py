@@ -1,0 +1,171 @@
+"""The experiment catalog: every make target is one entry of configs/experiments/*.yaml.
+
+A target is a model preset (configs/models.yaml) plus the few numbers that make it a lesson
+(GPUs, batch sizes, parallel layout). Everything a run needs is derived here, in one place:
+data-parallel size, gradient-accumulation steps, and the checks Megatron would otherwise make
+only after a 40-second start-up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+
+
+class CatalogError(ValueError):
+    """A one-line, user-facing problem with a target or its layout (message says the fix)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    id: str
+    chapter: int
+    about: str
+    model: str
+    gpus: int
+    gbs: int
+    mbs: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    # Megatron's --num-layers-per-virtual-pipeline-stage (None: no virtual pipeline)
+    layers_per_virtual_stage: int | None = None
+    cp_comm: str | None = None
+    sp: bool = False
+    zero2: bool = False
+    recompute: str = "none"  # none | selective | full-uniform-N
+    num_experts: int | None = None
+    topk: int | None = None
+    ref: str | None = None  # row id in configs/reference/anchor_8xh100.csv (this chapter)
+    analogue_of: str | None = None  # reference row this 2-GPU stand-in illustrates
+    extra_args: tuple[str, ...] = ()
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def model_cfg(self) -> dict[str, Any]:
+        return models()[self.model]
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // self.model_parallel
+
+    @property
+    def grad_accum(self) -> int:
+        return self.gbs // (self.mbs * self.dp)
+
+    @property
+    def seq_length(self) -> int:
+        return int(self.model_cfg["seq_length"])
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.grad_accum
+
+    def validate(self) -> None:
+        """Raise CatalogError for a layout Megatron would reject (same arithmetic, said earlier)."""
+        m = self.model_cfg
+        where = f"target {self.id}"
+        if self.gpus % self.model_parallel:
+            raise CatalogError(
+                f"{where}: {self.gpus} GPUs is not divisible by TP x PP x CP = {self.model_parallel}; "
+                f"fix: choose gpus as a multiple of {self.model_parallel}")
+        if self.gbs % (self.mbs * self.dp):
+            raise CatalogError(
+                f"{where}: global batch {self.gbs} is not divisible by micro batch x DP = "
+                f"{self.mbs} x {self.dp}; fix: use a GBS that is a multiple of {self.mbs * self.dp}")
+        if m["num_attention_heads"] % self.tp:
+            raise CatalogError(
+                f"{where}: {m['num_attention_heads']} attention heads cannot be split over TP={self.tp}; "
+                f"fix: pick a TP that divides {m['num_attention_heads']}")
+        if m["num_layers"] % self.pp:
+            raise CatalogError(
+                f"{where}: {m['num_layers']} layers cannot be split over PP={self.pp}; "
+                f"fix: pick a PP that divides {m['num_layers']}")
+        if self.layers_per_virtual_stage:
+            per_stage = m["num_layers"] // self.pp
+            if self.pp < 2 or per_stage % self.layers_per_virtual_stage:
+                raise CatalogError(
+                    f"{where}: {per_stage} layers per pipeline stage cannot be cut into virtual stages "
+                    f"of {self.layers_per_virtual_stage}; fix: use a divisor of {per_stage} (and PP >= 2)")
+        if self.sp and self.tp < 2:
+            raise CatalogError(f"{where}: sequence parallel needs TP >= 2; fix: set tp >= 2 or drop sp")
+        if self.seq_length % (2 * self.cp) and self.cp > 1:
+            raise CatalogError(
+                f"{where}: sequence {self.seq_length} must divide into 2 x CP = {2 * self.cp} chunks; "
+                f"fix: choose a sequence length that is a multiple of {2 * self.cp}")
+        if not re.fullmatch(r"none|selective|full-(uniform|block)-\d+", self.recompute):
+            raise CatalogError(
+                f"{where}: recompute '{self.recompute}' is not one of none, selective, full-uniform-N, "
+                f"full-block-N; fix the catalog entry")
+
+
+def _experiment_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(Experiment)}
+
+
+@lru_cache(maxsize=None)
+def models() -> dict[str, dict[str, Any]]:
+    with open(CONFIGS / "models.yaml") as f:
+        return yaml.safe_load(f)
+
+
+@lru_cache(maxsize=None)
+def chapters() -> dict[int, dict[str, Any]]:
+    """Chapter metadata (title, table, tutorial) keyed by chapter number."""
+    out = {}
+    for path in sorted((CONFIGS / "experiments").glob("*.yaml")):
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        out[int(doc["chapter"])] = {k: v for k, v in doc.items() if k != "experiments"} | {"file": path}
+    return out
+
+
+@lru_cache(maxsize=None)
+def catalog() -> dict[str, Experiment]:
+    """All experiments, in catalog order, keyed by target id."""
+    out: dict[str, Experiment] = {}
+    fields = _experiment_fields()
+    for chapter, meta in chapters().items():
+        with open(meta["file"]) as f:
+            doc = yaml.safe_load(f)
+        defaults = doc.get("defaults", {})
+        for entry in doc["experiments"]:
+            spec = {**defaults, **entry, "chapter": chapter}
+            unknown = set(spec) - fields
+            if unknown:
+                raise CatalogError(f"{meta['file'].name}: {entry.get('id')}: unknown keys {sorted(unknown)}")
+            if "extra_args" in spec:
+                spec["extra_args"] = tuple(spec["extra_args"])
+            exp = Experiment(**spec)
+            if exp.id in out:
+                raise CatalogError(f"duplicate target id {exp.id}")
+            if exp.model not in models():
+                raise CatalogError(f"{exp.id}: unknown model preset '{exp.model}' (configs/models.yaml)")
+            out[exp.id] = exp
+    return out
+
+
+def get(target: str) -> Experiment:
+    """Look a target up by its full id or unique numeric prefix ('101')."""
+    cat = catalog()
+    if target in cat:
+        return cat[target]
+    hits = [k for k in cat if k.split("-", 1)[0] == target]
+    if len(hits) == 1:
+        return cat[hits[0]]
+    close = [k for k in cat if k.startswith(target[:2])][:4]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise CatalogError(f"unknown target '{target}'{hint}; fix: run 'make list' to see every target")

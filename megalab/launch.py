@@ -1,0 +1,266 @@
+"""`make <target>`: preflight, launch scripts/train_gpt.sh, monitor the GPUs, write the run record.
+
+The launcher is thin on purpose: the numbers come from the catalog, the flags from the bash
+wrapper, the training loop from Megatron. What it adds is what a measurement needs around a run:
+checks before a GPU hour is spent, a memory sampler for the whole run, and a record of what ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from megalab import catalog, record
+from megalab.catalog import ROOT, CatalogError, Experiment
+
+WRAPPER = ROOT / "scripts" / "train_gpt.sh"
+SUPPORTED_MCORE = "0.19."
+
+
+class LaunchError(RuntimeError):
+    """One-line, user-facing: what is wrong and the fix."""
+
+
+@dataclasses.dataclass
+class Options:
+    """Make variables (see `make help`), read from the environment."""
+
+    iters: int = 100
+    gpu_mem_gb: str | None = None
+    dry_run: bool = False
+    outdir: Path = ROOT / "outdir"
+    spec: str = "megalab"  # megalab | local
+    te: str = "auto"  # auto | 1 | 0
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "localhost"
+    master_port: int = 6000
+    extra_args: str = ""
+    warmup: int = 3
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "Options":
+        def get(name, default):
+            v = env.get(name, "")
+            return default if v == "" else v
+
+        try:
+            return cls(
+                iters=int(get("ITERS", 100)),
+                gpu_mem_gb=get("GPU_MEM_GB", None),
+                dry_run=get("DRY_RUN", "0") not in ("0", "false", "no"),
+                outdir=Path(get("OUTDIR", ROOT / "outdir")),
+                spec=get("SPEC", "megalab"),
+                te=get("TE", "auto"),
+                nnodes=int(get("NNODES", 1)),
+                node_rank=int(get("NODE_RANK", 0)),
+                master_addr=get("MASTER_ADDR", "localhost"),
+                master_port=int(get("MASTER_PORT", 6000)),
+                extra_args=get("EXTRA_ARGS", ""),
+                warmup=int(get("WARMUP", 3)),
+            )
+        except ValueError as e:
+            raise LaunchError(f"a make variable is not a number ({e}); fix: e.g. ITERS=20 NNODES=2") from None
+
+
+def te_available() -> str | None:
+    if importlib.util.find_spec("transformer_engine") is None:
+        return None
+    try:
+        from importlib.metadata import version
+
+        return version("transformer-engine")
+    except Exception:
+        return "present"
+
+
+def transformer_impl(opts: Options) -> str:
+    te = te_available()
+    if opts.te == "1" and not te:
+        raise LaunchError("TE=1 asks for Transformer Engine, which is not installed; "
+                          "fix: drop TE=1 (megalab's TE-free spec runs instead) or use the docker image")
+    if opts.te == "0" or not te:
+        return "local"
+    return "transformer_engine"
+
+
+def gpus_per_node(exp: Experiment, opts: Options) -> int:
+    if exp.gpus % opts.nnodes:
+        raise LaunchError(f"target {exp.id} needs {exp.gpus} GPUs, which do not split over NNODES={opts.nnodes}; "
+                          f"fix: choose NNODES dividing {exp.gpus}")
+    return exp.gpus // opts.nnodes
+
+
+def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None = None) -> dict[str, str]:
+    """The environment scripts/train_gpt.sh reads: the catalog's numbers, by name."""
+    m = exp.model_cfg
+    env = {
+        "NUM_LAYERS": m["num_layers"], "HIDDEN_SIZE": m["hidden_size"],
+        "NUM_HEADS": m["num_attention_heads"], "SEQ_LEN": m["seq_length"],
+        "MAX_POS": m.get("max_position_embeddings", m["seq_length"]), "VOCAB_SIZE": m["vocab_size"],
+        "GBS": exp.gbs, "MBS": exp.mbs, "ITERS": opts.iters,
+        "TP": exp.tp, "PP": exp.pp, "CP": exp.cp, "EP": exp.ep, "ETP": exp.etp,
+        "SP": int(exp.sp), "ZERO2": int(exp.zero2), "RECOMPUTE": exp.recompute,
+        "VPP_LAYERS": exp.layers_per_virtual_stage or "", "CP_COMM": exp.cp_comm or "p2p",
+        "NUM_EXPERTS": exp.num_experts or "", "TOPK": exp.topk or "",
+        "GPUS_PER_NODE": gpus_per_node(exp, opts), "NNODES": opts.nnodes, "NODE_RANK": opts.node_rank,
+        "MASTER_ADDR": opts.master_addr, "MASTER_PORT": opts.master_port,
+        "TE_IMPL": impl, "SPEC": opts.spec,
+        "EXTRA_ARGS": " ".join([*exp.extra_args, opts.extra_args]).strip(),
+    }
+    if run_dir is not None:
+        env["RUN_DIR"] = run_dir
+    return {k: str(v) for k, v in env.items()}
+
+
+def torchrun_command(env: dict[str, str]) -> str:
+    """The exact command the wrapper would run (its own DRY_RUN output)."""
+    full = {**os.environ, **env, "DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(WRAPPER)], env=full, capture_output=True, text=True)
+    if out.returncode:
+        raise LaunchError(f"scripts/train_gpt.sh refused the settings: {out.stderr.strip().splitlines()[-1]}")
+    return out.stdout.strip()
+
+
+def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | None) -> list[str]:
+    """Human-readable lines: what will run and why the layout is valid."""
+    m = exp.model_cfg
+    per_node = gpus_per_node(exp, opts)
+    found = "unknown" if gpus_present is None else str(gpus_present)
+    lines = [
+        f"target     {exp.id}: {exp.about}",
+        f"model      {exp.model}: {m['num_layers']} layers, hidden {m['hidden_size']}, "
+        f"{m['num_attention_heads']} heads, seq {m['seq_length']}",
+        f"GPUs       needs {exp.gpus} ({opts.nnodes} node(s) x {per_node}); found {found} on this node",
+        f"layout     DP={exp.dp} = {exp.gpus} GPUs / (TP={exp.tp} x PP={exp.pp} x CP={exp.cp})"
+        + (f", EP={exp.ep}" if exp.ep > 1 else "") + (", SP" if exp.sp else ""),
+        f"batch      GBS={exp.gbs} = MBS {exp.mbs} x DP {exp.dp} x grad-accum {exp.grad_accum} "
+        f"(microbatches per step: {exp.num_microbatches})",
+        f"memory     ZeRO-2 (distributed optimizer): {'on' if exp.zero2 else 'off'}; "
+        f"recompute: {exp.recompute}; GPU cap: {opts.gpu_mem_gb + ' GB' if opts.gpu_mem_gb else 'none'}",
+        f"impl       {impl}" + (" (Transformer Engine)" if impl == "transformer_engine"
+                                 else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})"),
+        f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations",
+    ]
+    checks = [f"GBS {exp.gbs} % (MBS {exp.mbs} x DP {exp.dp}) == 0",
+              f"GPUs {exp.gpus} % (TP x PP x CP = {exp.model_parallel}) == 0"]
+    lines.append("checks     " + "; ".join(checks) + ": ok")
+    return lines
+
+
+def megatron_check(exp: Experiment, command: str) -> str:
+    """Megatron's own verdict on the flags, when megatron-core is importable here."""
+    from megalab import validate
+
+    if validate.megatron_available() is None:
+        return "megatron   not installed here: Megatron's own argument check skipped"
+    try:
+        validate.validate(validate.entry_args(command), exp.gpus)
+    except validate.MegatronRejected as e:
+        raise LaunchError(f"Megatron rejects {exp.id} on {exp.gpus} GPUs: {e}; "
+                          "fix the layout in configs/experiments/") from None
+    return f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus}: ok"
+
+
+def check_megatron_installed() -> None:
+    if os.environ.get("MEGATRON_LM"):
+        return
+    v = __import__("megalab.validate", fromlist=["x"]).megatron_available()
+    if v is None:
+        raise LaunchError("megatron-core is not installed; fix: pip install --no-deps megatron-core==0.19.2 "
+                          "(Python 3.12) or `make setup`")
+    if not v.startswith(SUPPORTED_MCORE):
+        raise LaunchError(f"megatron-core {v} is installed but megalab targets {SUPPORTED_MCORE}x; "
+                          "fix: pip install --no-deps megatron-core==0.19.2")
+
+
+def make_run_dir(outdir: Path, target: str) -> Path:
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        probe = outdir / ".megalab-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise LaunchError(f"cannot write to OUTDIR {outdir}: {e.strerror or e}; "
+                          "fix: OUTDIR=/a/writable/path make ...") from None
+    stamp = dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+    run_dir = outdir / f"{stamp}___{target}"
+    n = 1
+    while run_dir.exists():  # never reuse (and so never overwrite) a run directory
+        n += 1
+        run_dir = outdir / f"{stamp}-{n}___{target}"
+    run_dir.mkdir()
+    return run_dir
+
+
+def _stream(proc: subprocess.Popen, log_path: Path) -> None:
+    with open(log_path, "wb") as log:
+        for line in iter(proc.stdout.readline, b""):
+            log.write(line)
+            log.flush()
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+
+
+def run(target: str, opts: Options | None = None) -> int:
+    opts = opts or Options.from_env()
+    exp = catalog.get(target)
+    exp.validate()
+    impl = transformer_impl(opts)
+    from megalab.monitor import GpuMemoryMonitor, gpu_inventory
+
+    inv = gpu_inventory()
+    env = wrapper_env(exp, opts, impl)
+    command = torchrun_command(env)
+    print("\n".join(preflight(exp, opts, impl, inv["count"])))
+    print(megatron_check(exp, command))
+
+    if opts.dry_run:
+        print("command    (DRY_RUN=1, not started)")
+        print(command)
+        return 0
+
+    per_node = gpus_per_node(exp, opts)
+    if inv["count"] < per_node:
+        raise LaunchError(f"target {exp.id} needs {per_node} GPUs per node, found {inv['count']}"
+                          f"{' (' + inv['why'] + ')' if inv.get('why') else ''}; "
+                          f"fix: run on a machine with {per_node} GPUs, or DRY_RUN=1 to see the plan")
+    check_megatron_installed()
+    run_dir = make_run_dir(opts.outdir, exp.id)
+    env = wrapper_env(exp, opts, impl, run_dir)
+    command = torchrun_command(env)
+    child_env = {**os.environ, **env}
+    if opts.gpu_mem_gb:
+        child_env["MEGALAB_GPU_MEM_GB"] = opts.gpu_mem_gb
+    print(f"run dir    {run_dir}")
+
+    started = dt.datetime.now(dt.timezone.utc)
+    interrupted = False
+    from megalab.monitor import GpuMemoryMonitor  # noqa: F811
+
+    with GpuMemoryMonitor(run_dir / "gpu_memory.csv") as mon:
+        proc = subprocess.Popen(["bash", str(WRAPPER)], env=child_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _stream(proc, run_dir / "logs.txt")
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+            os.killpg(proc.pid, signal.SIGTERM)
+            rc = proc.wait()
+    ended = dt.datetime.now(dt.timezone.utc)
+
+    rec = record.build(
+        exp=exp, opts=opts, impl=impl, command=command, run_dir=run_dir, returncode=rc,
+        interrupted=interrupted, monitor=mon, inventory=inv, started=started, ended=ended,
+        hostname=socket.gethostname(),
+    )
+    record.write(rec, run_dir / "run.json")
+    print(record.one_line(rec))
+    return 0 if rec["status"] == "ok" else 1

@@ -1,0 +1,661 @@
+"""Parse the combined log of a Megatron-Core GPT pre-training run.
+
+The log is what torchrun writes when every rank is tee'd into one ``logs.txt``:
+lines of different ranks interleave, and torchrun may prefix them with
+``[default0]:`` (``--tee``, local rank) or ``[rank1]: `` (the excepthook torch
+installs at process-group init, global rank). From it we recover:
+
+* Megatron's iteration lines (``training_log``), 0.19 format and older ones
+  (timestamp with or without microseconds, or none; with or without
+  ``throughput per GPU (TFLOP/s/GPU)``; MoE/MTP extra losses), one entry per
+  iteration number even when several pipeline stages print the same iteration;
+* the arguments dump (``train_iters ....... 100``), ``[Rank N] ... memory (MB)``
+  reports, ``Theoretical memory footprints: ...``, the per-(tp, pp) parameter
+  counts, and our own ``megalab: k=v ...`` lines;
+* how the run ended: ``[after training is done] datetime: ...`` (or a
+  deliberate ``--exit-interval``/``--exit-duration-in-mins`` exit), CUDA OOM on
+  any rank, Python tracebacks, torchrun's ``ChildFailedError``, or a log that
+  simply stops.
+
+Step-time statistics drop the first iterations of the run: iteration 1 includes
+CUDA/NCCL initialisation, kernel autotuning and allocator growth, and the next
+few are still noisy, so including them would skew the median and, above all,
+the low/high percentiles that comparisons rely on.
+
+The parser never raises on log content; whatever it cannot find is listed in
+``LogSummary.missing``.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "IterationLine",
+    "LogSummary",
+    "LogReadError",
+    "parse_log",
+    "parse_file",
+    "step_stats",
+    "summary_fields",
+    "cli",
+]
+
+
+@dataclass
+class IterationLine:
+    iteration: int
+    train_iters: int | None = None
+    elapsed_ms: float | None = None
+    tflops_per_gpu: float | None = None
+    lm_loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    skipped: int | None = None
+    nan: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class LogSummary:
+    iterations: list[IterationLine] = field(default_factory=list)
+    train_iters: int | None = None
+    args: dict[str, str] = field(default_factory=dict)
+    megalab: dict[str, str] = field(default_factory=dict)
+    megatron_mem: dict[int, dict[str, float]] = field(default_factory=dict)
+    theoretical_mem_mb: dict[str, float] = field(default_factory=dict)
+    params: dict[tuple[int, int], int] = field(default_factory=dict)
+    finished: bool = False
+    oom: bool = False
+    oom_rank: int | None = None
+    oom_message: str | None = None
+    error: str | None = None
+    truncated: bool = False
+    status: str = "empty"
+    missing: list[str] = field(default_factory=list)
+
+
+class LogReadError(Exception):
+    """The log file could not be read at all (missing, a directory, no permission).
+
+    ``str(exc)`` is one line naming the path; ``exc.reason`` is the cause alone.
+    """
+
+    def __init__(self, path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- regexes
+
+# torchrun --tee prefix "[default0]:" (local rank) or torch's excepthook "[rank1]: " (global
+# rank). The excepthook adds one space that belongs to the prefix, so strip at most one.
+_PREFIX_RE = re.compile(r"^\[(rank|default)(\d+)\]: ?")
+_ITER_RE = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_TS_RE = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$")
+_MEM_RE = re.compile(r"\[Rank (\d+)\]\s*(.*?)\s*memory \(MB\)\s*\|(.*)$")
+_THEO_RE = re.compile(r"Theoretical memory footprints:\s*(.*)$")
+_THEO_ITEM_RE = re.compile(r"([A-Za-z][A-Za-z _]*?)\s*=\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*MB")
+# 0.19: "(tensor, gtp_weight_remat, pipeline) ... rank (0, 0, 1): N"; older: "(tensor, pipeline)".
+_PARAMS_RE = re.compile(
+    r"number of parameters on \(([^)]*)\) model parallel\s+rank \(([^)]*)\):\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\b"
+)
+_MEGALAB_RE = re.compile(r"^\s*megalab:\s+(.*)$")
+_ARGS_START_RE = re.compile(r"^-{3,} arguments -{3,}\s*$")
+_ARGS_END_RE = re.compile(r"^-{3,} end of arguments -{3,}\s*$")
+# Megatron pads names with dots to column 48; require dots outside the block so timer
+# lines ("forward-backward ....: (1.0, 2.0)") and other text are not taken for arguments.
+_ARG_DOTTED_RE = re.compile(r"^\s*([A-Za-z_]\w*) \.{2,} (.*?)\s*$")
+_ARG_IN_BLOCK_RE = re.compile(r"^\s+([A-Za-z_]\w*) (?:\.+ |\s)(.*?)\s*$")
+# print_datetime(): "[after training is done] datetime: 2025-09-30 12:00:00.123456 ".
+_DATETIME_RE = re.compile(r"\[([^\]]+)\] datetime: ")
+_END_MARKERS = re.compile(
+    r"^(after training is done|exiting program at iteration \d+|exiting program after [\d.]+ minutes)$"
+)
+_OOM_RE = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|Cuda failure \d*\s*'out of memory'",
+    re.IGNORECASE,
+)
+_OOM_GPU_RE = re.compile(r"\bGPU (\d+)(?: has a total capacity|;)")
+_EXC_RE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*"
+    r"(?:(?:Error|Exception|Interrupt|Exit|Failure|Iteration)\b(?::.*)?|:\s.*)$"
+)
+_CHILD_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_CHILD_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_ELASTIC_FAIL_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+# Lines only a Megatron/torchrun run prints: tell "cut short" from "not a Megatron log".
+_MEGATRON_HINT_RE = re.compile(
+    r"\] datetime: |^\s*training \.\.\.|building GPT model|> initializing torch distributed|"
+    r"setting number of microbatches|using world size:|torch\.distributed\.run|"
+    r"> compiling dataset index builder|> building train, validation"
+)
+
+_MEM_KEYS = {
+    "allocated": "allocated_mb",
+    "max allocated": "max_allocated_mb",
+    "reserved": "reserved_mb",
+    "max reserved": "max_reserved_mb",
+    "total device memory used": "device_used_mb",
+}
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+_OOM_MSG_MAX = 300
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _num(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(text: str) -> int | None:
+    v = _num(text)
+    if v is None or not math.isfinite(v):
+        return None
+    return int(v)
+
+
+def _norm_key(key: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", key.strip().lower()).strip("_")
+
+
+def _parse_iteration_fields(it: IterationLine, segment: str) -> None:
+    # Every Megatron field ends in " |": the piece after the last "|" is either empty or a
+    # line cut mid-field (truncated log / interleaved rank), so it is ignored.
+    for piece in segment.split("|")[:-1]:
+        key, sep, value = piece.rpartition(":")
+        if not sep or not key.strip():
+            continue
+        key = key.strip()
+        tokens = value.split()
+        if not tokens:
+            continue
+        raw = tokens[0]
+        lk = key.lower()
+        if lk == "elapsed time per iteration (ms)":
+            it.elapsed_ms = _num(raw)
+        elif lk.startswith("throughput per gpu"):
+            it.tflops_per_gpu = _num(raw)
+        elif lk == "lm loss":
+            it.lm_loss = _num(raw)
+        elif lk == "learning rate":
+            it.lr = _num(raw)
+        elif lk == "grad norm":
+            it.grad_norm = _num(raw)
+        elif lk == "number of skipped iterations":
+            it.skipped = _int(raw)
+        elif lk == "number of nan iterations":
+            it.nan = _int(raw)
+        else:
+            v = _num(raw)
+            it.extra[_norm_key(key)] = v if v is not None else value.strip()
+
+
+_CORE = ("train_iters", "elapsed_ms", "tflops_per_gpu", "lm_loss", "lr", "grad_norm", "skipped", "nan")
+
+
+def _merge(old: IterationLine, new: IterationLine) -> IterationLine:
+    """One entry per iteration: pipeline stages (or a restart) may print the same one twice.
+
+    The line that carries the loss (last stage) wins, then the more complete one, then the
+    later one; the other only fills fields the winner lacks.
+    """
+
+    def score(x: IterationLine) -> tuple[int, int]:
+        return (x.lm_loss is not None, sum(getattr(x, f) is not None for f in _CORE))
+
+    base, other = (new, old) if score(new) >= score(old) else (old, new)
+    for f in _CORE:
+        if getattr(base, f) is None and getattr(other, f) is not None:
+            setattr(base, f, getattr(other, f))
+    base.extra = {**other.extra, **base.extra}
+    return base
+
+
+def _strip_prefix(line: str) -> tuple[str, int | None]:
+    rank = None
+    # At most two nested prefixes ("[default1]:[rank1]: ..."). "[rankN]" is the global
+    # rank, "[defaultN]" only the local one, so the former wins.
+    for _ in range(2):
+        m = _PREFIX_RE.match(line)
+        if not m:
+            break
+        if rank is None or m.group(1) == "rank":
+            rank = int(m.group(2))
+        line = line[m.end():]
+    return line, rank
+
+
+# --------------------------------------------------------------------------- parsing
+
+def parse_log(text: str) -> LogSummary:
+    """Parse a whole log given as text. Never raises; see ``LogSummary.missing``."""
+    try:
+        return _parse(text)
+    except Exception as exc:  # a parser bug must not take down a sweep report
+        s = LogSummary(status="empty")
+        s.missing.append(f"parser error: {type(exc).__name__}: {exc}")
+        return s
+
+
+def _parse(text) -> LogSummary:
+    if text is None:
+        text = ""
+    elif isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    elif not isinstance(text, str):
+        text = str(text)
+
+    s = LogSummary()
+    if not text.strip():
+        s.status = "empty"
+        s.missing.append("empty log")
+        return s
+
+    lines = text.splitlines()
+    cut_mid_line = not text.endswith(("\n", "\r"))
+    recognised = False
+    iters: dict[int, IterationLine] = {}
+    in_args = False
+    tb_pending: dict[int | None, bool] = {}  # rank -> inside a traceback, waiting for its last line
+    tb_seen = False
+    exceptions: list[str] = []  # final lines of tracebacks, in log order
+    child_failed = False
+    in_root_cause = False
+    child_rank: int | None = None
+    child_exit: int | None = None
+    elastic_rank: int | None = None
+    oom_prefix_rank: int | None = None
+    oom_gpu: int | None = None
+    other_crash: str | None = None
+
+    last = len(lines) - 1
+    for idx, raw in enumerate(lines):
+        line, rank = _strip_prefix(raw)
+        partial = cut_mid_line and idx == last  # numbers on a cut line may be cut too
+
+        # ---- iteration lines (possibly two ranks' lines glued together)
+        if "iteration" in line:
+            matches = list(_ITER_RE.finditer(line))
+            for k, m in enumerate(matches):
+                end = matches[k + 1].start() if k + 1 < len(matches) else len(line)
+                it = IterationLine(iteration=int(m.group(1)), train_iters=int(m.group(2)))
+                start = matches[k - 1].end() if k else 0
+                ts = _TS_RE.search(line[start:m.start()])
+                if ts:
+                    it.extra["timestamp"] = ts.group(1)
+                _parse_iteration_fields(it, line[m.end():end])
+                iters[it.iteration] = _merge(iters[it.iteration], it) if it.iteration in iters else it
+            if matches:
+                recognised = True
+                continue
+
+        # ---- arguments dump
+        if _ARGS_START_RE.match(line.strip()):
+            in_args, recognised = True, True
+            continue
+        if in_args and _ARGS_END_RE.match(line.strip()):
+            in_args = False
+            continue
+        if not partial and "megalab:" not in line:
+            m = (_ARG_IN_BLOCK_RE if in_args else _ARG_DOTTED_RE).match(line)
+            if m:
+                s.args[m.group(1)] = m.group(2)
+                recognised = True
+                continue
+
+        # ---- memory / theoretical memory / parameter counts / megalab lines
+        if "memory (MB)" in line and not partial:
+            m = _MEM_RE.search(line)
+            if m:
+                mem = {}
+                for piece in m.group(3).split("|"):
+                    key, _, value = piece.partition(":")
+                    name = _MEM_KEYS.get(key.strip().lower())
+                    v = _num(value.strip())
+                    if name and v is not None:
+                        mem[name] = v
+                if mem:
+                    # Later reports (after optimizer state exists) supersede earlier ones.
+                    s.megatron_mem[int(m.group(1))] = mem
+                    recognised = True
+                continue
+        if "Theoretical memory footprints" in line and not partial:
+            m = _THEO_RE.search(line)
+            if m:
+                for name, value in _THEO_ITEM_RE.findall(m.group(1)):
+                    s.theoretical_mem_mb[_norm_key(name)] = float(value)
+                recognised = True
+                continue
+        if "number of parameters on" in line and not partial:
+            m = _PARAMS_RE.search(line)
+            if m:
+                names = [n.strip() for n in m.group(1).split(",")]
+                ranks = [_int(r.strip()) for r in m.group(2).split(",")]
+                if len(names) == len(ranks) and None not in ranks:
+                    pos = dict(zip(names, ranks))
+                    tp, pp = pos.get("tensor", ranks[0]), pos.get("pipeline", ranks[-1])
+                    s.params[(tp, pp)] = int(round(float(m.group(3)) * _SUFFIX[m.group(4)]))
+                    recognised = True
+                continue
+        m = _MEGALAB_RE.match(line)
+        if m and not partial:
+            for tok in m.group(1).split():
+                k, eq, v = tok.partition("=")
+                if eq and k:
+                    s.megalab[k] = v
+            recognised = True
+            continue
+
+        # ---- print_datetime markers, end of training
+        if " datetime: " in line:
+            m = _DATETIME_RE.search(line)
+            if m:
+                recognised = True
+                if _END_MARKERS.match(m.group(1).strip()):
+                    s.finished = True
+                continue
+
+        # ---- failures
+        if _OOM_RE.search(line) and not line.lstrip().startswith("File "):
+            if not s.oom:
+                s.oom = True
+                s.oom_message = line.strip()[:_OOM_MSG_MAX]
+                oom_prefix_rank = rank
+                g = _OOM_GPU_RE.search(line)
+                oom_gpu = int(g.group(1)) if g else None
+        stripped = line.strip()
+        if stripped.startswith("Traceback (most recent call last)"):
+            tb_pending[rank] = True
+            tb_seen = recognised = True
+            continue
+        if tb_pending.get(rank) and line[:1] not in (" ", "\t") and stripped:
+            if not stripped.startswith(("During handling", "The above exception")) and _EXC_RE.match(stripped):
+                exceptions.append(stripped)
+                tb_pending[rank] = False
+        if "ChildFailedError" in line:
+            child_failed = recognised = True
+        if child_failed:
+            if stripped.startswith("Root Cause"):
+                in_root_cause = True
+            elif in_root_cause:
+                m = _CHILD_RANK_RE.match(line)
+                if m and child_rank is None:
+                    child_rank = int(m.group(1))
+                m = _CHILD_EXIT_RE.match(line)
+                if m and child_exit is None:
+                    child_exit = int(m.group(1))
+        m = _ELASTIC_FAIL_RE.search(line)
+        if m and elastic_rank is None:
+            elastic_rank = int(m.group(2))
+            recognised = True
+        if stripped.startswith("terminate called after throwing") and other_crash is None:
+            other_crash = stripped  # C++ abort (e.g. NCCL watchdog): no Python traceback
+        if not recognised and _MEGATRON_HINT_RE.search(line):
+            recognised = True
+
+    # ---- assemble
+    s.iterations = [iters[k] for k in sorted(iters)]
+    s.train_iters = _int(s.args.get("train_iters", ""))
+    if s.train_iters is None and s.iterations:
+        s.train_iters = max(it.train_iters or 0 for it in s.iterations) or None
+
+    # Root cause first: later ranks usually die of the first one's failure (NCCL aborts).
+    real = [e for e in exceptions if "ChildFailedError" not in e]
+    if real:
+        s.error = real[0]
+    elif child_failed:
+        bits = [f"rank {child_rank}" if child_rank is not None else None,
+                f"exitcode {child_exit}" if child_exit is not None else None]
+        s.error = "ChildFailedError: " + (", ".join(b for b in bits if b) or "a worker failed")
+    elif other_crash:
+        s.error = other_crash
+    elif tb_seen:
+        s.error = "Traceback without a final exception line"
+    if s.oom:
+        s.error = s.error or s.oom_message
+        # The prefix names the rank for sure; torchrun's root cause next; the GPU index in
+        # the message equals the rank only on a single node, so it comes last.
+        for r in (oom_prefix_rank, child_rank, elastic_rank, oom_gpu):
+            if r is not None:
+                s.oom_rank = r
+                break
+
+    last_iter = s.iterations[-1].iteration if s.iterations else None
+    reached = bool(s.train_iters and last_iter is not None and last_iter >= s.train_iters)
+    failed = s.oom or s.error is not None
+    s.truncated = recognised and not (s.finished or reached or failed)
+
+    if s.oom:
+        s.status = "oom"
+    elif s.error is not None:
+        s.status = "failed"
+    elif s.finished or reached:
+        s.status = "ok"
+    elif recognised:
+        s.status = "incomplete"
+    else:
+        s.status = "empty"
+
+    # ---- what was not found
+    miss = s.missing
+    if not recognised:
+        miss.append("no recognisable Megatron output")
+    if not s.iterations:
+        miss.append("no iteration lines")
+    else:
+        if not any(it.elapsed_ms is not None for it in s.iterations):
+            miss.append("no elapsed time per iteration")
+        if not any(it.lm_loss is not None for it in s.iterations):
+            miss.append("no lm loss values")
+        if not any(it.tflops_per_gpu is not None for it in s.iterations):
+            miss.append("no throughput field (run without --log-throughput)")
+    if not s.args:
+        miss.append("no arguments dump")
+    if s.train_iters is None:
+        miss.append("train_iters unknown")
+    if not s.megalab:
+        miss.append("no 'megalab:' line")
+    if not s.params:
+        miss.append("no parameter count line")
+    if not s.megatron_mem:
+        miss.append("no Megatron memory report")
+    if not s.theoretical_mem_mb:
+        miss.append("no theoretical memory line")
+    if not s.finished:
+        miss.append("no end-of-training marker")
+    if s.truncated:
+        reason = f"log stops at iteration {last_iter}" if last_iter is not None else "log stops early"
+        if s.train_iters:
+            reason += f" of {s.train_iters}"
+        miss.append(reason + (" (last line cut mid-line)" if cut_mid_line else ""))
+    return s
+
+
+def parse_file(path) -> LogSummary:
+    """Read and parse a log file; undecodable bytes are replaced, never fatal."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise LogReadError(p, "no such file") from None
+    except IsADirectoryError:
+        raise LogReadError(p, "is a directory, not a log file") from None
+    except PermissionError:
+        raise LogReadError(p, "permission denied") from None
+    except OSError as exc:
+        raise LogReadError(p, str(exc.strerror or exc).replace("\n", " ")) from None
+    return parse_log(data.decode("utf-8", errors="replace"))
+
+
+# --------------------------------------------------------------------------- statistics
+
+def _percentile(xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default 'linear' method)."""
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _stats(values: list[float]) -> dict:
+    xs = sorted(values)
+    if not xs:
+        return {"median": None, "p10": None, "p90": None, "min": None, "max": None, "count": 0}
+    return {
+        "median": _percentile(xs, 0.5),
+        "p10": _percentile(xs, 0.1),
+        "p90": _percentile(xs, 0.9),
+        "min": xs[0],
+        "max": xs[-1],
+        "count": len(xs),
+    }
+
+
+def step_stats(values: list[float], warmup: int = 3) -> dict:
+    """Median/p10/p90/min/max of per-step values after dropping the first ``warmup``.
+
+    If nothing would be left, all values are used and ``warmup`` reports 0 dropped.
+    """
+    vals = [float(v) for v in values if v is not None]
+    drop = max(0, int(warmup))
+    if len(vals) <= drop:
+        drop = 0
+    out = _stats(vals[drop:])
+    out["warmup"] = drop
+    return out
+
+
+def _steady(iterations: list[IterationLine], attr: str, warmup: int) -> tuple[list[float], int]:
+    """Values of ``attr`` with the first ``warmup`` iterations of the run dropped.
+
+    Dropping is by iteration number counted from the first logged one, so with
+    --log-interval 10 (logged: 1, 10, 20, ...) only iteration 1 goes, and a resumed run
+    (first logged: 101) loses 101..103.
+    """
+    rows = [(it.iteration, getattr(it, attr)) for it in iterations if getattr(it, attr) is not None]
+    if not rows:
+        return [], 0
+    cutoff = rows[0][0] + max(0, int(warmup))
+    kept = [v for i, v in rows if i >= cutoff]
+    if not kept:
+        return [v for _, v in rows], 0
+    return kept, len(rows) - len(kept)
+
+
+def summary_fields(s: LogSummary, warmup: int = 3) -> dict:
+    """Flat record of a parsed log (JSON-serialisable)."""
+    steps, dropped = _steady(s.iterations, "elapsed_ms", warmup)
+    st = _stats(steps)
+    tflops, _ = _steady(s.iterations, "tflops_per_gpu", warmup)
+    losses = [it.lm_loss for it in s.iterations if it.lm_loss is not None]
+    tp0 = [n for (tp, _pp), n in s.params.items() if tp == 0]
+    return {
+        "status": s.status,
+        "step_ms_median": st["median"],
+        "step_ms_p10": st["p10"],
+        "step_ms_p90": st["p90"],
+        "step_ms_min": st["min"],
+        "step_ms_max": st["max"],
+        "step_count": st["count"],
+        "warmup_iters": dropped,
+        "tflops_per_gpu": _stats(tflops)["median"],
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "iters_logged": len(s.iterations),
+        "train_iters": s.train_iters,
+        "megatron_mem": dict(s.megatron_mem[0]) if 0 in s.megatron_mem else None,
+        "megatron_mem_by_rank": {r: dict(m) for r, m in sorted(s.megatron_mem.items())},
+        "theoretical_mem_mb": dict(s.theoretical_mem_mb) or None,
+        "params_total": sum(tp0) if tp0 else None,
+        "oom_rank": s.oom_rank,
+        "error": s.error,
+        "missing": list(s.missing),
+    }
+
+
+# --------------------------------------------------------------------------- cli
+
+_USAGE = "usage: python -m megalab parse LOG [--json]"
+
+
+def _fmt(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _human(path: str, s: LogSummary, f: dict) -> str:
+    last = s.iterations[-1].iteration if s.iterations else None
+    out = [
+        f"{path}: status={f['status']}  iterations logged={f['iters_logged']}"
+        f"  last={_fmt(last, 'd')}/{_fmt(f['train_iters'], 'd')}  finished={'yes' if s.finished else 'no'}"
+    ]
+    if f["step_count"]:
+        out.append(
+            f"  step ms: median {_fmt(f['step_ms_median'])}  p10 {_fmt(f['step_ms_p10'])}"
+            f"  p90 {_fmt(f['step_ms_p90'])}  (n={f['step_count']}, first {f['warmup_iters']} dropped)"
+            f"  TFLOP/s/GPU {_fmt(f['tflops_per_gpu'])}"
+        )
+    if f["loss_first"] is not None:
+        out.append(f"  lm loss: {f['loss_first']:.4f} -> {f['loss_last']:.4f}")
+    mem, theo = f["megatron_mem"], f["theoretical_mem_mb"] or {}
+    if mem or theo:
+        out.append(
+            f"  memory MB (rank 0): max allocated {_fmt((mem or {}).get('max_allocated_mb'))}"
+            f"  max reserved {_fmt((mem or {}).get('max_reserved_mb'))}"
+            f"  theoretical total {_fmt(theo.get('total'))}"
+        )
+    if f["params_total"] is not None:
+        out.append(f"  parameters: {f['params_total']:,}")
+    if s.oom:
+        out.append(f"  OOM on rank {_fmt(s.oom_rank, 'd')}: {s.oom_message}")
+    elif f["error"]:
+        out.append(f"  error: {f['error']}")
+    if f["missing"]:
+        out.append("  missing: " + "; ".join(f["missing"]))
+    return "\n".join(out)
+
+
+def _finite(obj):
+    # NaN/inf (a diverged loss) are not JSON; jq and friends reject them.
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def cli(argv: list[str]) -> int:
+    """``python -m megalab parse LOG [--json]``. Returns 0, 1 (no iterations) or 2 (cannot read)."""
+    args = list(argv)
+    if args and args[0] == "parse":  # accept the sub-command name or not
+        args = args[1:]
+    as_json = "--json" in args
+    paths = [a for a in args if a != "--json"]
+    if len(paths) != 1 or paths[0].startswith("-"):
+        print(_USAGE, file=sys.stderr)
+        return 2
+    path = paths[0]
+    try:
+        s = parse_file(path)
+    except LogReadError as exc:
+        print(f"megalab parse: cannot read {path}: {exc.reason} "
+              f"(fix: pass the path of a run's logs.txt, e.g. one under outdir/)", file=sys.stderr)
+        return 2
+    f = summary_fields(s)
+    print(json.dumps(_finite(f)) if as_json else _human(path, s, f))
+    return 0 if s.iterations else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cli(sys.argv[1:]))

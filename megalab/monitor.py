@@ -1,0 +1,118 @@
+"""GPU memory monitor: samples every GPU of a run through NVML from launch to exit.
+
+Why not Megatron's own "memory (MB) | ... max reserved" line: it is printed once, early, and counts
+only PyTorch's allocator, leaving out the CUDA context, NCCL buffers and cuBLAS workspaces. The
+reference tables report what nvidia-smi shows, so we read the same counter (NVML's used memory,
+per device) for the whole run and keep the peak per GPU.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import threading
+import time
+from pathlib import Path
+
+
+def _nvml():
+    import pynvml  # from nvidia-ml-py
+
+    pynvml.nvmlInit()
+    return pynvml
+
+
+def visible_gpu_indices(nvml) -> list[int]:
+    """NVML indices of the GPUs this process may use (honours CUDA_VISIBLE_DEVICES)."""
+    count = nvml.nvmlDeviceGetCount()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or visible.strip() == "":
+        return list(range(count)) if visible is None else []
+    out = []
+    for tok in visible.split(","):
+        tok = tok.strip()
+        if tok.isdigit():
+            if int(tok) < count:
+                out.append(int(tok))
+        else:  # a UUID (or prefix) as nvidia-smi -L prints it
+            for i in range(count):
+                uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+                if uuid.startswith(tok):
+                    out.append(i)
+    return out
+
+
+def gpu_inventory() -> dict:
+    """{'count', 'names', 'memory_mib', 'driver'} for the visible GPUs; count 0 without NVML/GPUs."""
+    try:
+        nvml = _nvml()
+    except Exception as e:  # no driver, no library: a CPU machine
+        return {"count": 0, "names": [], "memory_mib": [], "driver": None, "why": str(e).strip()}
+    idx = visible_gpu_indices(nvml)
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in idx]
+    names = [nvml.nvmlDeviceGetName(h) for h in handles]
+    names = [n.decode() if isinstance(n, bytes) else n for n in names]
+    driver = nvml.nvmlSystemGetDriverVersion()
+    return {
+        "count": len(idx),
+        "names": names,
+        "memory_mib": [nvml.nvmlDeviceGetMemoryInfo(h).total // 2**20 for h in handles],
+        "driver": driver.decode() if isinstance(driver, bytes) else driver,
+    }
+
+
+class GpuMemoryMonitor:
+    """Background sampler. Use as a context manager; `peak_mib` holds one peak per GPU."""
+
+    def __init__(self, csv_path: Path, interval_s: float = 0.2):
+        self.csv_path = Path(csv_path)
+        self.interval_s = interval_s
+        self.peak_mib: list[int] = []
+        self.baseline_mib: list[int] = []
+        self.samples = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self):
+        try:
+            self._nvml = _nvml()
+            self._idx = visible_gpu_indices(self._nvml)
+            self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in self._idx]
+        except Exception as e:
+            self.error = f"NVML unavailable: {e}"
+            return self
+        self.peak_mib = [0] * len(self._handles)
+        self.baseline_mib = [self._used(h) for h in self._handles]
+        self._thread = threading.Thread(target=self._loop, name="gpu-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        return False
+
+    def _used(self, h) -> int:
+        return self._nvml.nvmlDeviceGetMemoryInfo(h).used // 2**20
+
+    def _loop(self):
+        t0 = time.monotonic()
+        with open(self.csv_path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["t_s", "gpu", "mem_used_mib", "util_pct"])
+            while not self._stop.is_set():
+                t = round(time.monotonic() - t0, 2)
+                for k, h in enumerate(self._handles):
+                    try:
+                        used = self._used(h)
+                        util = self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
+                    except Exception as e:  # a sample lost is not a run lost
+                        self.error = str(e)
+                        continue
+                    self.peak_mib[k] = max(self.peak_mib[k], used)
+                    w.writerow([t, self._idx[k], used, util])
+                self.samples += 1
+                f.flush()
+                self._stop.wait(self.interval_s)

@@ -1,0 +1,143 @@
+"""The run record (`run.json`): what ran, what it measured, and where every number comes from.
+
+Field names other tools rely on: target, status, step_ms_median, step_ms_p10, step_ms_p90,
+tflops_per_gpu, mfu, mem_peak_gib (one per GPU), gpu_name, num_gpus. Measured numbers are
+computed from the raw log and memory CSV kept beside the record, never typed in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+from megalab.catalog import ROOT
+
+# Dense bf16 peak (TFLOP/s) per GPU model, from the vendors' datasheets; MFU is measured / peak.
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0,
+                    "B200": 2250.0, "L40S": 362.0, "A10": 125.0}
+
+SCHEMA = 1
+
+
+def peak_tflops(gpu_name: str | None) -> float | None:
+    if not gpu_name:
+        return None
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
+        if key in gpu_name.upper():
+            return PEAK_BF16_TFLOPS[key]
+    return None
+
+
+def _git_commit() -> str | None:
+    try:
+        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except Exception:
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return None
+
+
+def versions(driver: str | None) -> dict:
+    cuda = None
+    try:
+        import torch
+
+        cuda = torch.version.cuda
+    except Exception:
+        pass
+    return {
+        "megalab_commit": _git_commit(),
+        "megatron_core": _version("megatron-core"),
+        "torch": _version("torch"),
+        "transformer_engine": _version("transformer-engine") or _version("transformer_engine"),
+        "cuda": cuda,
+        "driver": driver,
+        "python": platform.python_version(),
+    }
+
+
+def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
+          started, ended, hostname) -> dict:
+    from megalab import logparse
+
+    summary = logparse.parse_file(run_dir / "logs.txt")
+    fields = logparse.summary_fields(summary, warmup=opts.warmup)
+    status = fields["status"]
+    if interrupted or (status == "ok" and returncode not in (0, None)):
+        status = "incomplete" if interrupted else "failed"
+    if status == "empty":
+        status = "failed"
+    gpu_name = inventory["names"][0] if inventory.get("names") else None
+    peak = peak_tflops(gpu_name)
+    tflops = fields.get("tflops_per_gpu")
+    config = dataclasses.asdict(exp) | {
+        "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
+        "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
+        "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes, "extra_args": opts.extra_args,
+    }
+    used = monitor.peak_mib if monitor.peak_mib else []
+    rec = {
+        "schema": SCHEMA,
+        "target": exp.id,
+        "status": status,
+        "returncode": returncode,
+        **{k: v for k, v in fields.items() if k != "status"},
+        "peak_tflops": peak,
+        "mfu": round(tflops / peak, 4) if (tflops and peak) else None,
+        "mem_peak_mib": used,
+        "mem_peak_gib": [round(u / 1024, 2) for u in used],
+        "mem_baseline_mib": monitor.baseline_mib,
+        "mem_samples": monitor.samples,
+        "monitor_error": monitor.error,
+        "gpu_name": gpu_name,
+        "num_gpus": exp.gpus,
+        "gpus_on_node": inventory.get("count"),
+        "gpu_memory_mib": inventory.get("memory_mib", [None])[0] if inventory.get("memory_mib") else None,
+        "hostname": hostname,
+        "started": started.isoformat(timespec="seconds"),
+        "ended": ended.isoformat(timespec="seconds"),
+        "duration_s": round((ended - started).total_seconds(), 1),
+        "command": command,
+        "config": config,
+        "versions": versions(inventory.get("driver")),
+        "files": {"log": "logs.txt", "memory": "gpu_memory.csv"},
+    }
+    return rec
+
+
+def write(rec: dict, path: Path) -> None:
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def load(path: Path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def one_line(rec: dict) -> str:
+    step = rec.get("step_ms_median")
+    mem = rec.get("mem_peak_gib") or []
+    parts = [
+        f"result     {rec['target']}: {rec['status']}",
+        f"step {step:.0f} ms (p10 {rec['step_ms_p10']:.0f}, p90 {rec['step_ms_p90']:.0f}, n={rec['step_count']})"
+        if step else "step n/a",
+        f"{rec['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {rec['mfu']:.1%}" if rec.get("tflops_per_gpu") and rec.get("mfu")
+        else "",
+        f"peak memory {' / '.join(f'{m:.1f}' for m in mem)} GiB" if mem else "peak memory n/a",
+    ]
+    return " | ".join(p for p in parts if p)

@@ -1,0 +1,388 @@
+"""megalab's GPT layer spec for Megatron-Core without Transformer Engine or apex.
+
+Why this exists. A Megatron "spec" says which module class builds each piece of a transformer
+layer. Without TE and apex the only built-in choice is `--transformer-impl local`, and its spec
+has two problems for real runs:
+
+* Its core attention (`DotProductAttention`) materialises the full [b, heads, s, s] score matrix
+  in memory: O(s^2) activations, which dominate at long sequence lengths.
+* Its norms (`WrappedTorchNorm`, plain torch LayerNorm/RMSNorm) refuse `--sequence-parallel`.
+
+This spec keeps everything else exactly as the local spec has it (same TransformerLayer,
+SelfAttention, Column/RowParallelLinear, MLP or MoE, same parameter names, so parameter counts and
+checkpoints match) and swaps in:
+
+* `SDPAttention`: `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
+  (FlashAttention, cuDNN or memory-efficient) that never stores the s x s matrix.
+* `Norm`: LayerNorm/RMSNorm that marks its parameters `sequence_parallel`, the contract Megatron's
+  own SP-capable norms follow, so `finalize_model_grads` sums their gradients over the TP group.
+  It is also the final norm of the block.
+
+Use it with `--transformer-impl local --spec megalab.spec megalab_layer_spec`, and keep
+`--attention-backend` off `local` (Megatron then swaps its own attention back in).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from megalab._compat import ensure_typing_override
+
+ensure_typing_override()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from megatron.core import parallel_state, tensor_parallel  # noqa: E402
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add  # noqa: E402
+from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec  # noqa: E402
+from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
+from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
+from megatron.core.tensor_parallel.layers import (  # noqa: E402
+    ColumnParallelLinear,
+    RowParallelLinear,
+)
+from megatron.core.transformer.attention import (  # noqa: E402
+    SelfAttention,
+    SelfAttentionSubmodules,
+)
+from megatron.core.transformer.enums import AttnMaskType, LayerType  # noqa: E402
+from megatron.core.transformer.identity_op import IdentityOp  # noqa: E402
+from megatron.core.transformer.module import MegatronModule  # noqa: E402
+from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
+from megatron.core.transformer.torch_norm import L2Norm  # noqa: E402
+from megatron.core.transformer.transformer_block import (  # noqa: E402
+    TransformerBlock,
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+from megatron.core.transformer.transformer_layer import (  # noqa: E402
+    TransformerLayer,
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
+from megatron.core.transformer.utils import is_layer_window_attention  # noqa: E402
+from megatron.core.utils import divide  # noqa: E402
+
+__all__ = ["SDPAttention", "Norm", "megalab_layer_spec", "megalab_transformer_layer_spec"]
+
+
+class SDPAttention(MegatronModule):
+    """Core attention through `torch.nn.functional.scaled_dot_product_attention`.
+
+    A drop-in for Megatron's `DotProductAttention` (same constructor and forward signature):
+    query/key/value arrive as [sq, b, heads_per_tp_rank, head_dim] (key/value may carry fewer
+    heads: grouped-query attention), the output is [sq, b, heads_per_tp_rank * head_dim].
+
+    Masks. Megatron's boolean masks are True where attention is *forbidden*; SDPA's are True
+    where it is *allowed*, so they are inverted. For the causal mask type the `attention_mask`
+    argument is ignored and SDPA's `is_causal=True` is used (as Transformer Engine does), which
+    keeps the flash kernel eligible; so `--reset-attention-mask` document masking has no effect.
+    A query row whose keys are all masked (a padding query) attends to every key instead, so its
+    output stays finite; Megatron's softmax gives a uniform average there. Either way the loss
+    mask drops such rows.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Optional[ProcessGroupCollection] = None,
+    ):
+        super().__init__(config=config)
+        self.config: TransformerConfig = config
+
+        if config.context_parallel_size > 1:
+            raise NotImplementedError(
+                "SDPAttention does not support context parallelism (context_parallel_size > 1) yet"
+            )
+        if config.softmax_type != "vanilla":
+            raise NotImplementedError(
+                f"SDPAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}"
+            )
+        if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number
+        ):
+            raise NotImplementedError("SDPAttention does not support sliding-window attention")
+
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+
+        if pg_collection is None:
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+        self.pg_collection = pg_collection
+        self.tp_group = pg_collection.tp
+        world_size = pg_collection.tp.size()
+
+        projection_size = config.kv_channels * config.num_attention_heads
+        self.hidden_size_per_partition = divide(projection_size, world_size)
+        self.hidden_size_per_attention_head = divide(projection_size, config.num_attention_heads)
+        self.num_attention_heads_per_partition = divide(config.num_attention_heads, world_size)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, world_size)
+
+        # Same scale as DotProductAttention. With apply_query_key_layer_scaling it divides the
+        # scale by layer_number and multiplies the scores back by layer_number inside its fp32
+        # softmax (an fp16 overflow trick); the two cancel, so the effective scale is this one.
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(self.hidden_size_per_attention_head)
+        self.softmax_scale = softmax_scale
+
+        self.attention_dropout_p = (
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Optional[Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+    ) -> Tensor:
+        """[sq, b, np, hn] x3 -> [sq, b, np * hn]."""
+        if packed_seq_params is not None:
+            raise NotImplementedError(
+                "SDPAttention does not support packed sequences (packed_seq_params); "
+                "use unpacked [s, b] batches"
+            )
+        if attention_bias is not None:
+            raise NotImplementedError("SDPAttention does not support attention_bias")
+
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        sq, b, nq, _ = query.shape
+        sk, nkv = key.size(0), key.size(2)
+
+        # Grouped-query attention: repeat each K/V group for the query heads that share it (as
+        # DotProductAttention does). This keeps every SDPA kernel eligible; `enable_gqa=True`
+        # would avoid the copy but is not supported by all of them.
+        if nq != nkv:
+            key = key.repeat_interleave(nq // nkv, dim=2)
+            value = value.repeat_interleave(nq // nkv, dim=2)
+
+        # [s, b, n, h] -> [b, n, s, h] (a view: the head dim stays contiguous, as SDPA needs).
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+
+        causal = mask_type in (
+            AttnMaskType.causal, AttnMaskType.causal_bottom_right, AttnMaskType.padding_causal
+        )
+        explicit = None  # Megatron convention: True = masked out
+        if mask_type in (AttnMaskType.padding, AttnMaskType.padding_causal, AttnMaskType.arbitrary):
+            explicit = attention_mask
+        is_causal = causal and explicit is None and sq == sk
+        attn_mask = None
+        if not is_causal:
+            if explicit is not None:
+                attn_mask = ~explicit.to(torch.bool)  # SDPA convention: True = may attend
+            if causal and sq > 1:
+                # Causal with sq != sk (KV-cache prefill) or combined with a padding mask:
+                # query i sits at position sk - sq + i (bottom-right aligned). With sq == 1
+                # (decoding) the one query may see every key: no causal part.
+                tri = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+                attn_mask = tri if attn_mask is None else attn_mask & tri
+            if explicit is not None:
+                # A query row with every key masked (a padding query) would get zeros or NaN
+                # depending on the kernel, and NaN survives the loss mask (NaN * 0). Let such
+                # rows see all keys instead: finite, and like Megatron's -10000 fill, ignored.
+                attn_mask = attn_mask | ~attn_mask.any(dim=-1, keepdim=True)
+
+        dropout_p = self.attention_dropout_p if self.training else 0.0
+        if dropout_p > 0.0 and not self.config.sequence_parallel:
+            # Like DotProductAttention: heads differ per TP rank, so draw dropout from the
+            # model-parallel RNG stream.
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                    is_causal=is_causal, scale=self.softmax_scale,
+                )
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=self.softmax_scale,
+            )
+
+        # [b, n, sq, h] -> [sq, b, n * h]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+class Norm(torch.nn.Module):
+    """LayerNorm or RMSNorm (config.normalization) that works with sequence parallelism.
+
+    Under sequence parallelism each TP rank normalises a different slice of the sequence, so each
+    rank's gradient for the (replicated) weight/bias is only a partial sum. Megatron's SP-capable
+    norms (apex FusedLayerNorm, TENorm) set `param.sequence_parallel = config.sequence_parallel`;
+    `finalize_model_grads` (`_allreduce_non_tensor_model_parallel_grads`) then all-reduces (sums)
+    the gradients of every parameter so marked across the tensor-parallel group. This class does
+    the same. The forward is plain `F.layer_norm` / `F.rms_norm`.
+
+    Parameters are `weight` (and `bias` for LayerNorm), named as in torch.nn.LayerNorm/RMSNorm, so
+    checkpoints match the local spec's norms. With `layernorm_zero_centered_gamma` the weight is
+    stored as gamma - 1 (initialised to zero) and the forward uses weight + 1.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        hidden_size: int,
+        eps: float = 1e-5,
+        persist_layer_norm: bool = False,
+        zero_centered_gamma: bool = False,
+        normalization: Optional[str] = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.normalization = normalization or config.normalization
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(
+                f"megalab Norm supports LayerNorm and RMSNorm, got {self.normalization!r}"
+            )
+        self.hidden_size = (hidden_size,)
+        self.eps = eps
+        self.zero_centered_gamma = config.layernorm_zero_centered_gamma or zero_centered_gamma
+
+        factory = dict(dtype=config.params_dtype)
+        fill = torch.zeros if self.zero_centered_gamma else torch.ones
+        self.weight = torch.nn.Parameter(fill(hidden_size, **factory))
+        if self.normalization == "LayerNorm":
+            self.bias = torch.nn.Parameter(torch.zeros(hidden_size, **factory))
+        else:
+            self.register_parameter("bias", None)
+
+        # The SP contract (see class docstring): exactly what FusedLayerNorm does.
+        for p in (self.weight, self.bias):
+            if p is not None:
+                setattr(p, "sequence_parallel", config.sequence_parallel)
+
+    def reset_parameters(self) -> None:
+        """Reinitialise: gamma = 1 (stored as 0 when zero-centred), beta = 0."""
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = self.weight + 1 if self.zero_centered_gamma else self.weight
+        if self.normalization == "LayerNorm":
+            return F.layer_norm(x, self.hidden_size, weight, self.bias, self.eps)
+        return F.rms_norm(x, self.hidden_size, weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalization}, {self.hidden_size}, eps={self.eps}"
+
+
+def _transformer_config(config) -> TransformerConfig:
+    """Megatron hands the spec function a GPTModelConfig; its `.transformer` is the real config."""
+    inner = getattr(config, "transformer", None)
+    return inner if isinstance(inner, TransformerConfig) else config
+
+
+def megalab_transformer_layer_spec(
+    num_experts: Optional[int] = None,
+    moe_grouped_gemm: bool = False,
+    qk_layernorm: bool = False,
+    qk_l2_norm: bool = False,
+) -> ModuleSpec:
+    """One TransformerLayer: Megatron's local layer spec with SDPAttention and Norm swapped in.
+
+    Mirrors `get_gpt_layer_local_submodules` (non-MLA branch) line for line otherwise. Note that
+    with the local backend `moe_grouped_gemm` still builds SequentialMLP experts (Megatron's
+    choice: the grouped GEMM experts need TE).
+    """
+    if qk_l2_norm:
+        qk_norm = L2Norm
+    elif qk_layernorm:
+        qk_norm = Norm
+    else:
+        qk_norm = IdentityOp
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=Norm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=ColumnParallelLinear,
+                    core_attention=SDPAttention,
+                    linear_proj=RowParallelLinear,
+                    q_layernorm=qk_norm,
+                    k_layernorm=qk_norm,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=Norm,
+            # Dense MLP or, with num_experts, Megatron's local MoE layer (SequentialMLP experts).
+            mlp=get_mlp_module_spec(
+                use_te=False, num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm
+            ),
+            mlp_bda=get_bias_dropout_add,
+            # Same key remapping as the local spec, so distributed checkpoints are interchangeable.
+            sharded_state_dict_keys_map={
+                "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+            },
+        ),
+    )
+
+
+def megalab_layer_spec(config, vp_stage: Optional[int] = None) -> ModuleSpec:
+    """The `--spec megalab.spec megalab_layer_spec` entry point: a TransformerBlock spec.
+
+    It returns a *block* spec rather than a single-layer spec because, given a layer spec,
+    TransformerBlock picks the final norm itself (`transformer_block.LayerNormImpl`, which is
+    WrappedTorchNorm without TE/apex and refuses sequence parallelism). The block spec names
+    `Norm` as the final norm and lists this pipeline stage's layers, dense or MoE per
+    `moe_layer_freq`, sliced as Megatron's `get_gpt_decoder_block_spec` does.
+    """
+    cfg = _transformer_config(config)
+    if cfg.multi_latent_attention:
+        raise NotImplementedError("megalab_layer_spec does not support multi-latent attention")
+    if cfg.experimental_attention_variant is not None:
+        raise NotImplementedError("megalab_layer_spec does not support experimental attention")
+    if cfg.mtp_num_layers:
+        # Megatron builds MTP layers from its own local spec whatever --spec says.
+        raise NotImplementedError("megalab_layer_spec does not support multi-token prediction")
+
+    qk = dict(qk_layernorm=bool(cfg.qk_layernorm), qk_l2_norm=bool(cfg.qk_l2_norm))
+    dense = megalab_transformer_layer_spec(**qk)
+    if cfg.num_moe_experts is None:
+        layer_specs = [dense] * cfg.num_layers
+    else:
+        moe = megalab_transformer_layer_spec(
+            num_experts=cfg.num_moe_experts, moe_grouped_gemm=bool(cfg.moe_grouped_gemm), **qk
+        )
+        freq = cfg.moe_layer_freq
+        if isinstance(freq, int):  # one MoE layer every `freq` layers, starting with the first
+            pattern = [int(i % freq == 0) for i in range(cfg.num_layers)]
+        else:  # an explicit 0/1 list
+            pattern = list(freq)
+        if len(pattern) != cfg.num_layers:
+            raise ValueError(f"moe_layer_freq {freq} does not cover {cfg.num_layers} layers")
+        layer_specs = [moe if is_moe else dense for is_moe in pattern]
+
+    # This pipeline stage's layers (same slicing as get_gpt_decoder_block_spec).
+    if cfg.pipeline_model_parallel_layout is not None:
+        ids = cfg.pipeline_model_parallel_layout.get_layer_id_list(
+            layer_type=LayerType.decoder, vp_stage=vp_stage
+        )
+        local_specs = [layer_specs[i] for i in ids]
+    else:
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        n = get_num_layers_to_build(cfg, vp_stage=vp_stage, pp_rank=pp_rank)
+        offset = get_transformer_layer_offset(cfg, vp_stage=vp_stage, pp_rank=pp_rank)
+        local_specs = layer_specs[offset : offset + n]
+
+    return ModuleSpec(
+        module=TransformerBlock,
+        submodules=TransformerBlockSubmodules(layer_specs=local_specs, layer_norm=Norm),
+    )

@@ -1,0 +1,79 @@
+"""Ask Megatron itself whether it accepts a command line, without GPUs.
+
+`parse_and_validate_args` is the same code that runs at the start of training; with WORLD_SIZE
+set it checks every divisibility and flag combination the real launch would. Running it before
+a launch turns a 40-second start-up failure into an immediate one-line error.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shlex
+import sys
+import warnings
+
+
+class MegatronRejected(ValueError):
+    pass
+
+
+def entry_args(command: str) -> list[str]:
+    """The arguments after the entry-point script in a torchrun command line."""
+    argv = shlex.split(command)
+    for i, a in enumerate(argv):
+        if a.endswith(".py"):
+            return argv[i + 1:]
+    raise ValueError(f"no .py entry point in: {command}")
+
+
+def megatron_available() -> str | None:
+    """The installed megatron-core version, or None."""
+    try:
+        from importlib.metadata import version
+
+        return version("megatron-core")
+    except Exception:
+        return None
+
+
+def validate(args: list[str], world_size: int):
+    """Run Megatron's argument validation for `world_size` ranks; return the args namespace.
+
+    Raises MegatronRejected with Megatron's own message when it refuses the layout.
+    """
+    from megalab._compat import ensure_typing_override
+
+    ensure_typing_override()
+    with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected here
+        warnings.simplefilter("ignore")
+        from megatron.training.arguments import parse_and_validate_args
+        from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+        from megatron.training.global_vars import destroy_global_vars
+
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
+    sys.argv = ["pretrain_gpt.py", *args]
+    os.environ.update(WORLD_SIZE=str(world_size), RANK="0")
+    out = io.StringIO()
+    quiet = logging.getLogger("megatron")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # its INFO lines (microbatches, vocab padding) go to stderr
+    try:
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return parse_and_validate_args()
+    except SystemExit as e:  # argparse: unknown or malformed flag
+        raise MegatronRejected(f"argparse exit {e.code}: {out.getvalue().strip()[-300:]}") from None
+    except (AssertionError, ValueError, RuntimeError) as e:
+        raise MegatronRejected(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    finally:
+        quiet.setLevel(level)
+        destroy_global_vars()  # so the next validation starts from a clean slate
+        destroy_num_microbatches_calculator()
+        sys.argv = saved_argv
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

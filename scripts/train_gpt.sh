@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# megalab's one launcher: GPT pre-training on Megatron-Core, one torchrun per node.
+#
+# Flags are grouped by concern in named arrays, as in Megatron-LM's examples/. Every number comes
+# from the environment; `python -m megalab run TARGET` fills it from the catalog
+# (configs/experiments/*.yaml + configs/models.yaml), so two targets never differ by a copy of this
+# file. You can also call it by hand:
+#   NUM_LAYERS=48 HIDDEN_SIZE=1600 NUM_HEADS=25 SEQ_LEN=1024 GBS=1 MBS=1 DRY_RUN=1 scripts/train_gpt.sh
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# ---- model (configs/models.yaml) ----------------------------------------------------------------
+: "${NUM_LAYERS:?set NUM_LAYERS}" "${HIDDEN_SIZE:?set HIDDEN_SIZE}" "${NUM_HEADS:?set NUM_HEADS}"
+: "${SEQ_LEN:?set SEQ_LEN}" "${GBS:?set GBS}" "${MBS:?set MBS}"
+MAX_POS=${MAX_POS:-$SEQ_LEN}
+VOCAB_SIZE=${VOCAB_SIZE:-50257}
+ITERS=${ITERS:-100}
+
+# ---- parallel layout (the catalog's numbers) ----------------------------------------------------
+TP=${TP:-1}; PP=${PP:-1}; CP=${CP:-1}; EP=${EP:-1}; ETP=${ETP:-1}
+SP=${SP:-0}; ZERO2=${ZERO2:-0}; RECOMPUTE=${RECOMPUTE:-none}
+VPP_LAYERS=${VPP_LAYERS:-}; CP_COMM=${CP_COMM:-p2p}
+NUM_EXPERTS=${NUM_EXPERTS:-}; TOPK=${TOPK:-}
+
+# ---- launch (single node by default; set NNODES/NODE_RANK/MASTER_ADDR for more) ------------------
+GPUS_PER_NODE=${GPUS_PER_NODE:-1}
+NNODES=${NNODES:-1}; NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}; MASTER_PORT=${MASTER_PORT:-6000}
+DP=$(( GPUS_PER_NODE * NNODES / (TP * PP * CP) ))
+
+# TE_IMPL: transformer_engine when TE imports (the launcher checks), else local + megalab's spec.
+TE_IMPL=${TE_IMPL:-local}
+SPEC=${SPEC:-megalab}          # megalab | local (Megatron's stock local spec, for comparison)
+
+DISTRIBUTED_ARGS=(
+    --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK"
+    --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT"
+)
+
+MODEL_ARGS=(
+    --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN_SIZE" --num-attention-heads "$NUM_HEADS"
+    --seq-length "$SEQ_LEN" --max-position-embeddings "$MAX_POS"
+    --attention-backend auto   # 'local' would swap any --spec attention back to Megatron's own
+)
+
+# The reference tutorial's hyper-parameters (configs/reference/README.md).
+TRAINING_ARGS=(
+    --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$ITERS"
+    --lr 6.0e-5 --min-lr 6.0e-6 --lr-decay-style cosine --lr-warmup-fraction .001
+    --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006
+    --clip-grad 1.0 --bf16
+)
+
+PARALLEL_ARGS=(
+    --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+)
+[ "$CP" -gt 1 ] && PARALLEL_ARGS+=(--context-parallel-size "$CP" --cp-comm-type "$CP_COMM")
+[ -n "$VPP_LAYERS" ] && PARALLEL_ARGS+=(--num-layers-per-virtual-pipeline-stage "$VPP_LAYERS")
+[ "$SP" = 1 ] && PARALLEL_ARGS+=(--sequence-parallel)
+# DP > 1: overlap the gradient all-reduce (reduce-scatter under ZeRO-2) with the backward pass.
+[ "$DP" -gt 1 ] && PARALLEL_ARGS+=(--overlap-grad-reduce)
+# ZeRO-2 = Megatron's distributed optimizer: fp32 master weights, Adam state and grads sharded over DP.
+[ "$ZERO2" = 1 ] && PARALLEL_ARGS+=(--use-distributed-optimizer)
+[ "$ZERO2" = 1 ] && [ "$DP" -gt 1 ] && PARALLEL_ARGS+=(--overlap-param-gather)
+
+MOE_ARGS=()
+if [ -n "$NUM_EXPERTS" ]; then
+    MOE_ARGS=(--num-experts "$NUM_EXPERTS" --moe-router-topk "$TOPK"
+              --expert-model-parallel-size "$EP" --expert-tensor-parallel-size "$ETP"
+              --moe-token-dispatcher-type alltoall --moe-grouped-gemm)
+fi
+
+RECOMPUTE_ARGS=()
+case "$RECOMPUTE" in
+    none) ;;
+    selective) RECOMPUTE_ARGS=(--recompute-granularity selective) ;;
+    full-*-*) IFS=- read -r _ method layers <<<"$RECOMPUTE"
+              RECOMPUTE_ARGS=(--recompute-granularity full --recompute-method "$method"
+                              --recompute-num-layers "$layers") ;;
+    *) echo "train_gpt.sh: unknown RECOMPUTE=$RECOMPUTE (none|selective|full-uniform-N|full-block-N)" >&2; exit 2 ;;
+esac
+
+# Mock data by default: throughput rows do not depend on the text. The tokenizer only sets the vocab.
+DATA=${DATA:-mock}
+if [ "$DATA" = mock ]; then
+    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size "$VOCAB_SIZE" --split 949,50,1)
+else
+    DATA_ARGS=(--data-path "$DATA" --tokenizer-type GPT2BPETokenizer
+               --vocab-file "${VOCAB_FILE:?set VOCAB_FILE for DATA=$DATA}"
+               --merge-file "${MERGE_FILE:?set MERGE_FILE for DATA=$DATA}" --split 949,50,1)
+fi
+
+# Log every iteration (the harness takes a median) with Megatron's own TFLOP/s estimate.
+LOGGING_ARGS=(
+    --log-interval 1 --log-throughput --eval-iters 0 --eval-interval "$ITERS"
+    --log-memory-to-tensorboard --log-timers-to-tensorboard
+)
+[ -n "${RUN_DIR:-}" ] && LOGGING_ARGS+=(--tensorboard-dir "$RUN_DIR/tensorboard")
+
+if [ "$TE_IMPL" = transformer_engine ]; then
+    IMPL_ARGS=(--transformer-impl transformer_engine)
+else
+    # Without TE/apex: torch norms, no fused softmax, no fused wgrad accumulation.
+    IMPL_ARGS=(--transformer-impl local --no-persist-layer-norm
+               --no-gradient-accumulation-fusion --no-masked-softmax-fusion)
+    [ "$SPEC" = megalab ] && IMPL_ARGS+=(--spec megalab.spec megalab_layer_spec)
+fi
+
+read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
+
+if [ -n "${MEGATRON_LM:-}" ]; then
+    ENTRY=("$MEGATRON_LM/pretrain_gpt.py")      # upstream's own entry point, same flags
+else
+    ENTRY=("$ROOT/megalab/pretrain_gpt.py")
+fi
+
+# Multicast over NVLink stays off (shared rigs); 1 connection keeps TP/SP comm ordered for Megatron.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+export PYTHONPATH="$ROOT${MEGATRON_LM:+:$MEGATRON_LM}${PYTHONPATH:+:$PYTHONPATH}"
+
+CMD=(torchrun "${DISTRIBUTED_ARGS[@]}" "${ENTRY[@]}"
+     "${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${MOE_ARGS[@]}"
+     "${RECOMPUTE_ARGS[@]}" "${DATA_ARGS[@]}" "${LOGGING_ARGS[@]}" "${IMPL_ARGS[@]}" "${EXTRA[@]}")
+
+if [ "${DRY_RUN:-0}" = 1 ]; then
+    printf '%q ' "${CMD[@]}"; echo
+    exit 0
+fi
+exec "${CMD[@]}"

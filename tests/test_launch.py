@@ -1,0 +1,137 @@
+"""Bad input gets one line naming the problem and the fix, a non-zero exit, and nothing lost."""
+import csv
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from megalab import launch, monitor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _make(*args, **env):
+    return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **env})
+
+
+def _one_error_line(stderr):
+    lines = [l for l in stderr.splitlines() if l.startswith("megalab:")]
+    assert len(lines) == 1, stderr
+    assert "fix" in lines[0]
+    return lines[0]
+
+
+def test_unknown_target_one_line_and_exit_2():
+    out = _make("199-nope")
+    assert out.returncode != 0
+    assert "unknown target '199-nope'" in _one_error_line(out.stderr)
+
+
+def test_more_gpus_than_present_says_needed_and_found():
+    out = _make("122-gpt2xl-dp2-gbs32-zero2", ITERS="2")
+    assert out.returncode != 0
+    line = _one_error_line(out.stderr)
+    assert "needs 2 GPUs per node, found 0" in line
+
+
+def test_te_requested_but_absent():
+    with pytest.raises(launch.LaunchError, match="Transformer Engine, which is not installed"):
+        launch.transformer_impl(launch.Options(te="1"))
+    assert launch.transformer_impl(launch.Options()) == "local"
+
+
+@pytest.mark.parametrize("version,msg", [(None, "megatron-core is not installed"),
+                                         ("0.16.1", "megatron-core 0.16.1 is installed but megalab targets 0.19.x")])
+def test_megatron_missing_or_wrong_version(monkeypatch, version, msg):
+    from megalab import validate
+
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    monkeypatch.setattr(validate, "megatron_available", lambda: version)
+    with pytest.raises(launch.LaunchError, match=msg):
+        launch.check_megatron_installed()
+
+
+def test_outdir_not_writable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(launch.LaunchError, match="cannot write to OUTDIR"):
+        launch.make_run_dir(blocker / "sub", "101")
+
+
+def test_run_dirs_are_never_reused(tmp_path):
+    a = launch.make_run_dir(tmp_path, "101-x")
+    (a / "logs.txt").write_text("keep me")
+    b = launch.make_run_dir(tmp_path, "101-x")
+    assert a != b and (a / "logs.txt").read_text() == "keep me"
+    assert a.name.endswith("___101-x")
+
+
+def test_bad_make_variable():
+    with pytest.raises(launch.LaunchError, match="not a number"):
+        launch.Options.from_env({"ITERS": "many"})
+
+
+def test_nnodes_must_divide_gpus():
+    from megalab import catalog
+
+    with pytest.raises(launch.LaunchError, match="do not split over NNODES=3"):
+        launch.gpus_per_node(catalog.get("128"), launch.Options(nnodes=3))
+
+
+def test_two_nodes_halves_processes_per_node():
+    from megalab import catalog
+
+    env = launch.wrapper_env(catalog.get("128"), launch.Options(nnodes=2, node_rank=1, master_addr="n0"), "local")
+    cmd = launch.torchrun_command(env)
+    assert "--nproc_per_node 4 --nnodes 2 --node_rank 1 --master_addr n0" in cmd
+
+
+def test_gpu_mem_cap_reaches_the_preflight():
+    out = _make("111-gpt2xl-dp1-fit-80GB", DRY_RUN="1", GPU_MEM_GB="80")
+    assert out.returncode == 0 and "GPU cap: 80 GB" in out.stdout
+
+
+class _FakeNvml(types.SimpleNamespace):
+    """Two GPUs whose used memory rises on each read."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def nvmlInit(self): pass
+    def nvmlDeviceGetCount(self): return 2
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetName(self, h): return "NVIDIA H100 80GB HBM3"
+    def nvmlSystemGetDriverVersion(self): return "580.00"
+    def nvmlDeviceGetUUID(self, h): return f"GPU-{h}"
+    def nvmlDeviceGetUtilizationRates(self, h): return types.SimpleNamespace(gpu=50)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self.reads += 1
+        return types.SimpleNamespace(used=(1000 + 10 * self.reads + 500 * h) * 2**20, total=81559 * 2**20)
+
+
+def test_monitor_samples_every_visible_gpu_and_keeps_peaks(monkeypatch, tmp_path):
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert monitor.gpu_inventory()["count"] == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with monitor.GpuMemoryMonitor(tmp_path / "m.csv", interval_s=0.01) as mon:
+        time.sleep(0.1)
+    rows = list(csv.DictReader(open(tmp_path / "m.csv")))
+    assert {r["gpu"] for r in rows} == {"0", "1"}
+    assert mon.peak_mib[1] > mon.peak_mib[0] > 1000
+    assert mon.peak_mib[0] == max(int(r["mem_used_mib"]) for r in rows if r["gpu"] == "0")
+
+
+def test_monitor_without_nvml_does_not_break_the_run(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    with monitor.GpuMemoryMonitor(tmp_path / "m.csv") as mon:
+        pass
+    assert mon.error and mon.peak_mib == []
