@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -31,6 +32,10 @@ def peak_tflops(gpu_name: str | None) -> float | None:
 
 
 def _git_commit() -> str | None:
+    # A copied working tree (a GPU rig, a container) may have no .git: the launching side can
+    # pass the commit in MEGALAB_COMMIT.
+    if os.environ.get("MEGALAB_COMMIT"):
+        return os.environ["MEGALAB_COMMIT"]
     try:
         sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
