@@ -110,6 +110,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "gpu_name": gpu_name,
         "num_gpus": exp.gpus,
         "gpus_on_node": inventory.get("count"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpu_memory_mib": inventory.get("memory_mib", [None])[0] if inventory.get("memory_mib") else None,
         "hostname": hostname,
         "started": started.isoformat(timespec="seconds"),

@@ -205,7 +205,7 @@ def fmt_hardware(rec: dict) -> str:
 
 def not_run_reason(exp: catalog.Experiment) -> str:
     if exp.gpus > RIG_GPUS:
-        return f"not run: needs {exp.gpus} GPUs (rig has 1-{RIG_GPUS})"
+        return f"not run: needs {exp.gpus} GPUs"
     return "not run yet"
 
 
@@ -327,7 +327,7 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
         "",
         *(f"- {note}" for note in FOOTNOTES),
     ]
-    if meta.get("tutorial"):
+    if meta.get("tutorial") and (catalog.ROOT / meta["tutorial"]).exists():
         lines += ["", f"Tutorial: [{meta['tutorial']}](../{meta['tutorial']}). "
                       "Run a row with `make <make target>`, then `make tables`."]
     return "\n".join(lines) + "\n"

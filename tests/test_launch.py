@@ -135,3 +135,18 @@ def test_monitor_without_nvml_does_not_break_the_run(monkeypatch, tmp_path):
     with monitor.GpuMemoryMonitor(tmp_path / "m.csv") as mon:
         pass
     assert mon.error and mon.peak_mib == []
+
+
+def test_megatron_lm_checkout_runs_upstreams_entry_point(tmp_path):
+    from megalab import catalog
+
+    env = launch.wrapper_env(catalog.get("101"), launch.Options(), "local")
+    cmd = launch.torchrun_command({**env, "MEGATRON_LM": str(tmp_path)})
+    assert f"{tmp_path}/pretrain_gpt.py --num-layers 48" in cmd
+
+
+def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables():
+    out = _make("quickstart")
+    assert out.returncode == 0, out.stderr
+    assert "no GPU found" in out.stdout
+    assert "torchrun --nproc_per_node 1" in out.stdout and "tables" in out.stdout

@@ -46,6 +46,18 @@ CASES = {
     "garbage.bin": dict(status="empty", iters=0, train_iters=None),
     "random_text.txt": dict(status="empty", iters=0, train_iters=None),
     "empty.txt": dict(status="empty", iters=0, train_iters=None),
+    # Real logs from the GPU rig (results/runs, results/bench), trimmed to the lines the parser
+    # reads; the expected numbers are those of the committed run.json of the same run.
+    "real_h100_101_ok.txt": dict(status="ok", iters=30, train_iters=30, finished=True, truncated=False,
+                                 step_median=335.0, params_total=1557686400, loss_last=9.767867),
+    "real_2xh200_122_dp2_zero2.txt": dict(status="ok", iters=25, train_iters=25, finished=True,
+                                          step_median=445.35, params_total=1557686400, loss_last=9.451899),
+    "real_8xh200_128_dp8.txt": dict(status="ok", iters=20, train_iters=20, finished=True,
+                                    step_median=468.5, params_total=1557686400, loss_last=10.86968),
+    "real_h100_111_localspec_oom.txt": dict(status="oom", iters=0, train_iters=20, finished=False, oom_rank=0,
+                                            error="OutOfMemoryError: CUDA out of memory"),
+    "real_h100_101_truncated.txt": dict(status="incomplete", iters=15, train_iters=30, truncated=True,
+                                        finished=False),
 }
 
 
