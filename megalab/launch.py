@@ -154,6 +154,15 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
     return lines
 
 
+def needs_te(exp: Experiment, impl: str) -> str | None:
+    """Why this target cannot run on the TE-free path, or None."""
+    if exp.cp > 1 and impl != "transformer_engine":
+        return (f"target {exp.id} uses context parallelism (CP={exp.cp}), which Megatron implements only in "
+                "Transformer Engine's attention and megalab's TE-free spec does not have yet; "
+                "fix: run it where Transformer Engine is installed (TE=1), or pick a target without CP")
+    return None
+
+
 def megatron_check(exp: Experiment, command: str) -> str:
     """Megatron's own verdict on the flags, when megatron-core is importable here."""
     from megalab import validate
@@ -221,11 +230,16 @@ def run(target: str, opts: Options | None = None) -> int:
     print("\n".join(preflight(exp, opts, impl, inv["count"])))
     print(megatron_check(exp, command))
 
+    te_problem = needs_te(exp, impl)
     if opts.dry_run:
+        if te_problem:
+            print(f"warning    {te_problem}")
         print("command    (DRY_RUN=1, not started)")
         print(command)
         return 0
 
+    if te_problem:
+        raise LaunchError(te_problem)
     per_node = gpus_per_node(exp, opts)
     if inv["count"] < per_node:
         raise LaunchError(f"target {exp.id} needs {per_node} GPUs per node, found {inv['count']}"

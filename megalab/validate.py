@@ -38,23 +38,40 @@ def megatron_available() -> str | None:
         return None
 
 
-def validate(args: list[str], world_size: int):
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def validate(args: list[str], world_size: int, device_arch: int = 9):
     """Run Megatron's argument validation for `world_size` ranks; return the args namespace.
 
     Raises MegatronRejected with Megatron's own message when it refuses the layout.
+    Some checks depend on the GPU generation; without a GPU they are answered for `device_arch`
+    (9 = Hopper, the H100/H200 the catalog is measured on).
     """
     from megalab._compat import ensure_typing_override
 
     ensure_typing_override()
     with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected here
         warnings.simplefilter("ignore")
+        import megatron.training.arguments as margs
         from megatron.training.arguments import parse_and_validate_args
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
         from megatron.training.global_vars import destroy_global_vars
 
-    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK")}
+    saved_argv = sys.argv
+    saved_env = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "CUDA_DEVICE_MAX_CONNECTIONS")}
+    saved_arch = margs.get_device_arch_version
     sys.argv = ["pretrain_gpt.py", *args]
-    os.environ.update(WORLD_SIZE=str(world_size), RANK="0")
+    # the environment scripts/train_gpt.sh gives every rank
+    os.environ.update(WORLD_SIZE=str(world_size), RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    if not _cuda_available():
+        margs.get_device_arch_version = lambda: device_arch
     out = io.StringIO()
     quiet = logging.getLogger("megatron")
     level = quiet.level
@@ -68,6 +85,7 @@ def validate(args: list[str], world_size: int):
     except (AssertionError, ValueError, RuntimeError) as e:
         raise MegatronRejected(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
     finally:
+        margs.get_device_arch_version = saved_arch
         quiet.setLevel(level)
         destroy_global_vars()  # so the next validation starts from a clean slate
         destroy_num_microbatches_calculator()

@@ -150,3 +150,11 @@ def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables():
     assert out.returncode == 0, out.stderr
     assert "no GPU found" in out.stdout
     assert "torchrun --nproc_per_node 1" in out.stdout and "tables" in out.stdout
+
+
+def test_context_parallel_without_te_is_refused_before_launch():
+    out = _make("005-gpt2large-cp2-gbs64")
+    assert out.returncode != 0
+    assert "context parallelism (CP=2)" in _one_error_line(out.stderr)
+    dry = _make("005-gpt2large-cp2-gbs64", DRY_RUN="1")
+    assert dry.returncode == 0 and "warning    target 005" in dry.stdout
