@@ -5,6 +5,7 @@
   targets        target ids only, one per line (the Makefile reads these)
   parse LOG      summarise a Megatron log (--json for the record fields)
   tables         rebuild results/*.md from committed run records (make tables)
+  refresh DIR..  recompute run records' measured fields from their raw log and memory CSV
 """
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
             from megalab import logparse
 
             return logparse.cli(rest)
+        if cmd == "refresh":
+            from pathlib import Path
+
+            from megalab import record
+
+            for d in rest:
+                print(record.one_line(record.refresh(Path(d))))
+            return 0
         if cmd == "tables":
             from megalab import tables
 

@@ -258,7 +258,7 @@ def run(target: str, opts: Options | None = None) -> int:
     interrupted = False
     from megalab.monitor import GpuMemoryMonitor  # noqa: F811
 
-    with GpuMemoryMonitor(run_dir / "gpu_memory.csv") as mon:
+    with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
         proc = subprocess.Popen(["bash", str(WRAPPER)], env=child_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -64,8 +64,9 @@ def gpu_inventory() -> dict:
 class GpuMemoryMonitor:
     """Background sampler. Use as a context manager; `peak_mib` holds one peak per GPU."""
 
-    def __init__(self, csv_path: Path, interval_s: float = 0.2):
+    def __init__(self, csv_path: Path, interval_s: float = 0.2, num_gpus: int | None = None):
         self.csv_path = Path(csv_path)
+        self.num_gpus = num_gpus  # torchrun uses the first N visible GPUs; sample only those
         self.interval_s = interval_s
         self.peak_mib: list[int] = []
         self.baseline_mib: list[int] = []
@@ -77,7 +78,7 @@ class GpuMemoryMonitor:
     def __enter__(self):
         try:
             self._nvml = _nvml()
-            self._idx = visible_gpu_indices(self._nvml)
+            self._idx = visible_gpu_indices(self._nvml)[: self.num_gpus]
             self._handles = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in self._idx]
         except Exception as e:
             self.error = f"NVML unavailable: {e}"

@@ -147,3 +147,44 @@ def one_line(rec: dict) -> str:
         f"peak memory {' / '.join(f'{m:.1f}' for m in mem)} GiB" if mem else "peak memory n/a",
     ]
     return " | ".join(p for p in parts if p)
+
+
+def memory_peaks_from_csv(csv_path: Path, num_gpus: int) -> list[int]:
+    """Peak used MiB per GPU from a monitor CSV, for the first `num_gpus` GPUs sampled."""
+    import csv
+
+    peaks: dict[int, int] = {}
+    with open(csv_path) as f:
+        for row in csv.DictReader(f):
+            g = int(row["gpu"])
+            peaks[g] = max(peaks.get(g, 0), int(row["mem_used_mib"]))
+    return [peaks[g] for g in sorted(peaks)[:num_gpus]]
+
+
+def refresh(run_dir: Path) -> dict:
+    """Recompute a record's measured fields from the raw log and memory CSV beside it.
+
+    For records written by an older megalab (a parser fix, a monitor that sampled GPUs the run
+    did not use): every measured number is derived again from the raw files, none is typed in.
+    """
+    import datetime as dt
+
+    from megalab import logparse
+
+    run_dir = Path(run_dir)
+    rec = load(run_dir / "run.json")
+    fields = logparse.summary_fields(logparse.parse_file(run_dir / rec["files"]["log"]),
+                                     warmup=rec.get("warmup_iters") or 3)
+    status = fields.pop("status")
+    if status == "empty" or (status == "ok" and rec.get("returncode") not in (0, None)):
+        status = "failed"
+    if rec.get("status") == "incomplete":  # interrupted by the user: the log cannot tell
+        status = "incomplete"
+    used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
+    tflops = fields.get("tflops_per_gpu")
+    rec.update(fields, status=status, mem_peak_mib=used, mem_peak_gib=[round(u / 1024, 2) for u in used],
+               mfu=round(tflops / rec["peak_tflops"], 4) if (tflops and rec.get("peak_tflops")) else None)
+    rec.setdefault("refreshed", []).append(
+        {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"})
+    write(rec, run_dir / "run.json")
+    return rec
