@@ -174,7 +174,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
 train_valid_test_datasets_provider.is_distributed = True
 
 
-def _report_implementation(args) -> None:
+def _report_implementation(args, fast: list[str]) -> None:
     """One line the log parser and the run record read: which transformer path really ran."""
     if int(os.environ.get("RANK", 0)) != 0:
         return
@@ -186,8 +186,8 @@ def _report_implementation(args) -> None:
         te = getattr(transformer_engine, "__version__", "present")
     except Exception:
         pass
-    print(f"megalab: transformer_impl={args.transformer_impl} spec={spec} transformer_engine={te}",
-          flush=True)
+    print(f"megalab: transformer_impl={args.transformer_impl} spec={spec} transformer_engine={te} "
+          f"fastpath={','.join(fast) or 'none'}", flush=True)
 
 
 def main() -> None:
@@ -199,6 +199,9 @@ def main() -> None:
     set_startup_timestamps(program_start=_PROGRAM_START_TIME, main_entry=time.time())
     _skip_helper_compilation_if_prebuilt()
     _cap_gpu_memory()
+    from megalab import fastpath
+
+    fast = fastpath.apply(fastpath.requested())  # opt-in: MEGALAB_FAST=all (megalab/fastpath.py)
 
     args = parse_and_validate_args()
     if args.spec and args.spec[0] != "local":
@@ -207,7 +210,7 @@ def main() -> None:
         import importlib
 
         getattr(importlib.import_module(args.spec[0]), args.spec[1])
-    _report_implementation(args)
+    _report_implementation(args, fast)
 
     cfg = pretrain_cfg_container_from_args(args, model_cfg=gpt_config_from_args(args))
     pretrain(cfg, train_valid_test_datasets_provider, ModelType.encoder_or_decoder, forward_step)

@@ -92,6 +92,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes, "extra_args": opts.extra_args,
+        "fastpath": os.environ.get("MEGALAB_FAST") or None,
     }
     used = monitor.peak_mib if monitor.peak_mib else []
     rec = {

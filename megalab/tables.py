@@ -6,10 +6,20 @@
 Pages are generated, deterministic and only rewritten when their content changes, so
 `python -m megalab tables --check` can tell CI whether the committed pages are current.
 
+A chapter is diffed against the published table its YAML names with `reference:`: `anchor`
+(default; configs/reference/anchor_8xh100.csv, one memory number per row) or `twogpu`
+(configs/reference/twogpu_2xh200.csv, memory per GPU for GPU 0 and GPU 1, kept apart). Each chapter
+adds the columns its lesson needs (CHAPTER_COLUMNS: efficiencies, bubble, experts per GPU, ...),
+computed from the catalog entry and the records, never typed in.
+
 Public API:
   load_reference()          published 8x H100 numbers, indexed by (chapter, row)
   load_twogpu_reference()   published 2x H200 notes, indexed by row
   load_records(root)        newest usable run record per target
+  reference_kind(chapter)   'anchor' or 'twogpu'
+  columns(chapter)          the chapter page's column names
+  CHAPTER_COLUMNS           chapter -> extra Columns (name, cell function, footnote)
+  table_frame(chapter)      one chapter's table as a DataFrame of strings
   render_chapter(chapter)   one chapter's page (markdown text)
   write_tables(root)        write every chapter's page; returns the paths that changed
   cli(argv)                 `python -m megalab tables [--check]`
@@ -17,13 +27,15 @@ Public API:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -36,14 +48,6 @@ RUNS_DIR = ROOT / "results" / "runs"
 # The rig these tables are measured on has one or two GPUs; targets needing more are listed
 # with their reference numbers and a "not run" status.
 RIG_GPUS = 2
-
-COLUMNS = [
-    "Row", "make target", "model", "GBS", "MBS", "seq", "GPUs", "DP", "ZeRO-2",
-    "ref GB/GPU", "our GB/GPU", "Δ GB", "ref ms", "our ms", "Δ ms", "our p10–p90 ms",
-    "TFLOP/s/GPU", "MFU", "hardware", "status",
-]
-_RIGHT = {"GBS", "MBS", "seq", "GPUs", "DP", "ref GB/GPU", "our GB/GPU", "Δ GB", "ref ms", "our ms",
-          "Δ ms", "our p10–p90 ms", "TFLOP/s/GPU", "MFU"}
 
 USABLE = ("ok", "oom")  # statuses preferred when picking a target's record
 NO_REF = "—"  # reference cell of an analogue row: there is no published number
@@ -206,6 +210,8 @@ def fmt_hardware(rec: dict) -> str:
 def not_run_reason(exp: catalog.Experiment) -> str:
     if exp.gpus > RIG_GPUS:
         return f"not run: needs {exp.gpus} GPUs"
+    if exp.cp > 1:
+        return "not run: context parallel needs Transformer Engine (or megalab's TE-free CP, not built yet)"
     return "not run yet"
 
 
@@ -220,37 +226,319 @@ def _status(rec: dict | None, exp: catalog.Experiment, ref_oom: bool) -> str:
     return st
 
 
-# --------------------------------------------------------------------------- rendering
+# --------------------------------------------------------------------------- chapter context
 
-def _reference_row(exp: catalog.Experiment, reference: pd.DataFrame) -> pd.Series | None:
-    if not exp.ref:
+REFERENCE_KINDS = ("anchor", "twogpu")
+
+
+@dataclasses.dataclass
+class Context:
+    """What a cell may look at: the chapter's experiments (catalog order), records, references."""
+    chapter: int
+    kind: str  # which published table the chapter is diffed against (REFERENCE_KINDS)
+    exps: list[catalog.Experiment]
+    records: dict[str, dict]
+    reference: pd.DataFrame | None  # anchor_8xh100.csv, by (chapter, row)
+    twogpu: pd.DataFrame | None  # twogpu_2xh200.csv, by row
+    _warned: set = dataclasses.field(default_factory=set)
+
+    def rec(self, exp: catalog.Experiment) -> dict | None:
+        return self.records.get(exp.id)
+
+    def ref_row(self, exp: catalog.Experiment) -> pd.Series | None:
+        """The published row `exp.ref` names (None without one; warns once if it is missing)."""
+        if not exp.ref:
+            return None
+        if self.kind == "twogpu":
+            table, key, name = self.twogpu, exp.ref, "twogpu_2xh200.csv"
+        else:
+            table, key, name = self.reference, (exp.chapter, exp.ref), "anchor_8xh100.csv"
+        if key not in table.index:
+            if exp.id not in self._warned:
+                self._warned.add(exp.id)
+                print(f"megalab tables: {exp.id}: reference row {exp.ref} of chapter {exp.chapter} not in "
+                      f"{name}", file=sys.stderr)
+            return None
+        return table.loc[key]
+
+    def ref_ms(self, exp: catalog.Experiment) -> float | None:
+        ref = self.ref_row(exp)
+        return None if ref is None else _num(ref["step_ms"])
+
+    def our_ms(self, exp: catalog.Experiment) -> float | None:
+        return _measured(self.rec(exp))[0]
+
+
+def _measured(rec: dict | None) -> tuple[float | None, ...]:
+    """(median ms, p10, p90, TFLOP/s/GPU, MFU) of a record; all None unless the steps are valid."""
+    if rec is None or rec.get("status") not in ("ok", "incomplete"):  # an oom/failed run has no step time
+        return (None,) * 5
+    return tuple(_num(rec.get(k)) for k in
+                 ("step_ms_median", "step_ms_p10", "step_ms_p90", "tflops_per_gpu", "mfu"))
+
+
+def _row_id(exp: catalog.Experiment) -> str:
+    if exp.ref:
+        return exp.ref
+    return f"~{exp.analogue_of}" if exp.analogue_of else ""
+
+
+def _measure_cells(rec: dict | None) -> dict[str, str]:
+    ms, p10, p90, tflops, mfu = _measured(rec)
+    return {
+        "our ms": "" if ms is None else _fixed(ms, 0),
+        "our p10–p90 ms": f"{_fixed(p10, 0)}–{_fixed(p90, 0)}" if (p10 is not None and p90 is not None) else "",
+        "TFLOP/s/GPU": "" if tflops is None else _fixed(tflops, 0),
+        "MFU": "" if mfu is None else f"{_fixed(mfu * 100, 1)}%",
+        "hardware": "" if rec is None else fmt_hardware(rec),
+    }
+
+
+# --------------------------------------------------------------------------- chapter-specific columns
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A column computed from the catalog entry (and, for some, the chapter's other rows/records).
+
+    `cell` returns the cell text, or None for an empty cell; a missing input (KeyError, TypeError, ...)
+    also gives an empty cell. `where`: "layout" puts the column after the layout columns, "result"
+    after MFU. `note` becomes a footnote of the page.
+    """
+    name: str
+    cell: Callable[[catalog.Experiment, Context], Any]
+    right: bool = True
+    where: str = "layout"
+    note: str | None = None
+
+
+_MISSING = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError)
+
+
+def _try(fn: Callable[[], Any]) -> str:
+    """fn()'s text; empty when it is None or an input is missing (unknown model preset, None, ...)."""
+    try:
+        v = fn()
+    except _MISSING:
+        return ""
+    return "" if v is None else str(v)
+
+
+def _cell(col: Column, exp: catalog.Experiment, ctx: Context) -> str:
+    return _try(lambda: col.cell(exp, ctx))
+
+
+def _int_or_1(x: float) -> str:
+    """'8' for 8.0, '2.5' for 2.5."""
+    return str(int(x)) if float(x).is_integer() else _fixed(x, 1)
+
+
+def _yes_no(v: Any) -> str:
+    return "yes" if v else "no"
+
+
+def virtual_stages(exp: catalog.Experiment) -> float:
+    """Virtual pipeline stages per device: layers per stage / layers per virtual stage, or 1."""
+    if not exp.layers_per_virtual_stage:
+        return 1
+    return exp.model_cfg["num_layers"] / exp.pp / exp.layers_per_virtual_stage
+
+
+def bubble_fraction(exp: catalog.Experiment) -> float | None:
+    """Pipeline bubble over ideal compute time, (p - 1) / (v * m); None without a pipeline."""
+    if exp.pp <= 1:
         return None
-    key = (exp.chapter, exp.ref)
-    if key not in reference.index:
-        print(f"megalab tables: {exp.id}: reference row {exp.ref} of chapter {exp.chapter} not in "
-              "anchor_8xh100.csv", file=sys.stderr)
+    return (exp.pp - 1) / (virtual_stages(exp) * exp.num_microbatches)
+
+
+def mlp_up_gmac_per_rank(exp: catalog.Experiment) -> float:
+    """Multiply-accumulates of one micro-batch's MLP up-projection (h -> 4h) on one TP rank, in G."""
+    h = int(exp.model_cfg["hidden_size"])
+    return exp.mbs * exp.seq_length * h * 4 * h / exp.tp / 1e9
+
+
+def allreduce_mb_per_call(exp: catalog.Experiment) -> float | None:
+    """Bytes (MB) of bf16 activations [b, s, h] in one TP all-reduce; None at TP=1 (no all-reduce)."""
+    if exp.tp <= 1:
         return None
-    return reference.loc[key]
+    return 2 * exp.mbs * exp.seq_length * int(exp.model_cfg["hidden_size"]) / 1e6
 
 
-def _row(exp: catalog.Experiment, rec: dict | None, reference: pd.DataFrame) -> dict[str, str]:
-    ref = _reference_row(exp, reference)
+_WEAK_ID = re.compile(r"2[12]\d-")
+_STRONG_ID = re.compile(r"2[34]\d-")
+
+
+def scaling_series(exp: catalog.Experiment, exps: list[catalog.Experiment]
+                   ) -> tuple[str, list[catalog.Experiment]] | None:
+    """('weak' | 'strong', the rows of exp's series) for chapter 2's scaling rows, else None.
+
+    Weak: ids 21x/22x with the same GBS (the model grows with TP). Strong: ids 23x/24x with the
+    same model and GBS.
+    """
+    if _WEAK_ID.match(exp.id):
+        return "weak", [e for e in exps if _WEAK_ID.match(e.id) and e.gbs == exp.gbs]
+    if _STRONG_ID.match(exp.id):
+        return "strong", [e for e in exps if _STRONG_ID.match(e.id) and e.gbs == exp.gbs
+                          and e.model == exp.model]
+    return None
+
+
+def _efficiency(exp: catalog.Experiment, ctx: Context, want: str, ms_of: Callable) -> float | None:
+    series = scaling_series(exp, ctx.exps)
+    if series is None or series[0] != want:
+        return None
+    ms = ms_of(exp)
+    base = next((v for v in (ms_of(e) for e in series[1] if e.tp == 1) if v is not None), None)
+    if ms is None or base is None or ms <= 0:
+        return None
+    return base / ms if want == "weak" else base / (exp.tp * ms)
+
+
+def _ref_and_ours(ref: str | None, ours: str | None) -> str | None:
+    if ref is None and ours is None:
+        return None
+    return f"{ref or NO_REF} / {ours or NO_REF}"
+
+
+def _weak_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
+    vals = [_efficiency(exp, ctx, "weak", f) for f in (ctx.ref_ms, ctx.our_ms)]
+    return _ref_and_ours(*(None if v is None else f"{_fixed(v * 100, 0)}%" for v in vals))
+
+
+def _strong_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
+    vals = [_efficiency(exp, ctx, "strong", f) for f in (ctx.ref_ms, ctx.our_ms)]
+    return _ref_and_ours(*(None if v is None else _fixed(v, 2) for v in vals))
+
+
+def _bubble_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
+    b = bubble_fraction(exp)
+    return None if b is None else f"{_fixed(b * 100, 1)}%"
+
+
+def _experts_per_gpu(exp: catalog.Experiment, ctx: Context) -> str | None:
+    return None if exp.num_experts is None else _int_or_1(exp.num_experts / exp.ep)
+
+
+def _opt(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+C_TP = Column("TP", lambda e, c: e.tp)
+C_PP = Column("PP", lambda e, c: e.pp)
+C_CP = Column("CP", lambda e, c: e.cp)
+C_SP = Column("SP", lambda e, c: _yes_no(e.sp), right=False)
+C_ZERO2 = Column("ZeRO-2", lambda e, c: _yes_no(e.zero2), right=False)
+C_RECOMPUTE = Column("recompute", lambda e, c: e.recompute, right=False)
+C_CP_COMM = Column("CP comm", lambda e, c: e.cp_comm, right=False)
+
+CHAPTER_COLUMNS: dict[int, list[Column]] = {
+    1: [C_ZERO2],
+    2: [C_TP, C_SP, C_RECOMPUTE,
+        Column("GMAC/rank (MLP up)", lambda e, c: _fixed(mlp_up_gmac_per_rank(e), 1),
+               note="GMAC/rank (MLP up) = b·s·h·4h / TP / 1e9 with b = MBS, s = seq, h = hidden: "
+                    "one micro-batch's MLP up-projection on one tensor-parallel rank."),
+        Column("all-reduce MB/call", lambda e, c: _opt(None if (v := allreduce_mb_per_call(e)) is None
+                                                        else _fixed(v, 1)),
+               note="all-reduce MB/call = 2 bytes · b·s·h / 1e6: the bf16 activations of one tensor-parallel "
+                    "all-reduce (with SP the same bytes move as a reduce-scatter plus an all-gather); "
+                    "empty at TP=1, which has none."),
+        Column("weak eff.", _weak_cell, where="result",
+               note="weak eff. = TP1 ms / TPN ms within a weak-scaling series (ids 21x/22x with the same "
+                    "GBS; the model grows with TP), strong eff. = (TP1 ms / N) / TPN ms within a "
+                    "strong-scaling series (ids 23x/24x, same model and GBS); each as `published / ours`, "
+                    "— where that side has no step time."),
+        Column("strong eff.", _strong_cell, where="result")],
+    3: [C_CP, C_CP_COMM, C_RECOMPUTE],
+    4: [C_TP, C_SP, C_PP,
+        Column("m", lambda e, c: e.num_microbatches),
+        Column("v", lambda e, c: _int_or_1(virtual_stages(e))),
+        Column("bubble", _bubble_cell,
+               note="m = micro-batches per step (GBS / (MBS · DP)), v = virtual stages per GPU (layers per "
+                    "pipeline stage / layers per virtual stage, or 1), bubble = (PP − 1) / (v · m): idle "
+                    "pipeline time as a percent of the compute time.")],
+    5: [Column("experts", lambda e, c: _opt(e.num_experts)),
+        Column("top-k", lambda e, c: _opt(e.topk)),
+        Column("EP", lambda e, c: e.ep),
+        Column("ETP", lambda e, c: e.etp),
+        Column("experts/GPU", _experts_per_gpu,
+               note="experts/GPU = experts / EP: the experts each GPU holds (ETP splits each of them further)."),
+        C_ZERO2],
+}
+
+
+def chapter_columns(chapter: int) -> list[Column]:
+    return CHAPTER_COLUMNS.get(chapter, [])
+
+
+# --------------------------------------------------------------------------- columns
+
+ANCHOR_LAYOUT = ["Row", "make target", "model", "GBS", "MBS", "seq", "GPUs", "DP"]
+ANCHOR_RESULT = ["ref GB/GPU", "our GB/GPU", "Δ GB", "ref ms", "our ms", "Δ ms", "our p10–p90 ms",
+                 "TFLOP/s/GPU", "MFU"]
+TWOGPU_LAYOUT = ["Row", "make target", "idea", "GBS", "MBS"]
+TWOGPU_RESULT = ["ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB", "ref ms",
+                 "our ms", "Δ ms", "our p10–p90 ms", "TFLOP/s/GPU", "MFU"]
+TAIL = ["hardware", "status"]
+_LEFT = {"Row", "make target", "model", "idea", "hardware", "status"}
+
+
+def reference_kind(chapter: int) -> str:
+    """Which published table a chapter is diffed against: its YAML's `reference:` (default anchor)."""
+    kind = catalog.chapters().get(chapter, {}).get("reference") or "anchor"
+    if kind not in REFERENCE_KINDS:
+        raise ValueError(f"chapter {chapter}: reference '{kind}' is not one of {', '.join(REFERENCE_KINDS)}; "
+                         "fix the chapter's `reference:` key")
+    return kind
+
+
+def columns(chapter: int) -> list[str]:
+    """The chapter page's column names, in order."""
+    layout, result = (TWOGPU_LAYOUT, TWOGPU_RESULT) if reference_kind(chapter) == "twogpu" else \
+        (ANCHOR_LAYOUT, ANCHOR_RESULT)
+    extra = chapter_columns(chapter)
+    return [*layout, *(c.name for c in extra if c.where == "layout"), *result,
+            *(c.name for c in extra if c.where == "result"), *TAIL]
+
+
+def _align(chapter: int) -> list[str]:
+    left = _LEFT | {c.name for c in chapter_columns(chapter) if not c.right}
+    return ["left" if c in left else "right" for c in columns(chapter)]
+
+
+# --------------------------------------------------------------------------- rows
+
+def idea(exp: catalog.Experiment) -> str:
+    """Short name of what a target changes: 'baseline', 'DP=2', 'TP=2 + SP', 'CP=2', 'PP=2 m=1', ..."""
+    parts = []
+    if exp.dp > 1:
+        parts.append(f"DP={exp.dp}")
+    if exp.tp > 1:
+        parts.append(f"TP={exp.tp}" + (" + SP" if exp.sp else ""))
+    if exp.cp > 1:
+        parts.append(f"CP={exp.cp}")
+    if exp.pp > 1:
+        v = virtual_stages(exp)
+        parts.append(f"PP={exp.pp} m={exp.num_microbatches}" + (f" v={_int_or_1(v)}" if v != 1 else ""))
+    if exp.ep > 1:
+        parts.append(f"EP={exp.ep}")
+    if exp.zero2:
+        parts.append("ZeRO-2")
+    if exp.recompute != "none":
+        parts.append(f"recompute {exp.recompute}")
+    return ", ".join(parts) or "baseline"
+
+
+def _anchor_cells(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
+    rec = ctx.rec(exp)
+    ref = ctx.ref_row(exp)
     ref_mem_text = "" if ref is None else str(ref["mem_gb_per_gpu"]).strip()
     ref_oom = ref_mem_text.lower() == "oom"
     ref_mem = None if ref_oom else _num(ref_mem_text)
-    ref_ms = None if ref is None else _num(ref["step_ms"])
-
-    if exp.ref:
-        row_id = exp.ref
-    elif exp.analogue_of:
-        row_id = f"~{exp.analogue_of}"
-    else:
-        row_id = ""
+    ref_ms = ctx.ref_ms(exp)
 
     cells = {
-        "Row": row_id, "make target": exp.id, "model": exp.model,
-        "GBS": str(exp.gbs), "MBS": str(exp.mbs), "seq": str(exp.seq_length),
-        "GPUs": str(exp.gpus), "DP": str(exp.dp), "ZeRO-2": "yes" if exp.zero2 else "no",
+        "Row": _row_id(exp), "make target": exp.id, "model": exp.model,
+        "GBS": str(exp.gbs), "MBS": str(exp.mbs), "seq": _try(lambda: exp.seq_length),
+        "GPUs": str(exp.gpus), "DP": str(exp.dp),
     }
     if exp.ref:
         cells["ref GB/GPU"] = "oom" if ref_oom else ("" if ref_mem is None else _fixed(ref_mem, 1))
@@ -260,22 +548,57 @@ def _row(exp: catalog.Experiment, rec: dict | None, reference: pd.DataFrame) -> 
     else:
         cells["ref GB/GPU"] = cells["ref ms"] = ""
 
-    mem_cell, our_mem = ("", None)
-    ms = p10 = p90 = tflops = mfu = None
-    if rec is not None:
-        mem_cell, our_mem = fmt_mem(rec.get("mem_peak_gib"))
-        if rec.get("status") in ("ok", "incomplete"):  # an oom or failed run has no valid step time
-            ms, p10, p90 = (_num(rec.get(k)) for k in ("step_ms_median", "step_ms_p10", "step_ms_p90"))
-            tflops, mfu = _num(rec.get("tflops_per_gpu")), _num(rec.get("mfu"))
+    mem_cell, our_mem = fmt_mem(rec.get("mem_peak_gib")) if rec is not None else ("", None)
+    ms = _measured(rec)[0]
     cells["our GB/GPU"] = mem_cell
     cells["Δ GB"] = fmt_delta_gb(our_mem, ref_mem)
-    cells["our ms"] = "" if ms is None else _fixed(ms, 0)
     cells["Δ ms"] = fmt_delta_pct(_round(ms) if ms is not None else None, ref_ms)
-    cells["our p10–p90 ms"] = f"{_fixed(p10, 0)}–{_fixed(p90, 0)}" if (p10 is not None and p90 is not None) else ""
-    cells["TFLOP/s/GPU"] = "" if tflops is None else _fixed(tflops, 0)
-    cells["MFU"] = "" if mfu is None else f"{_fixed(mfu * 100, 1)}%"
-    cells["hardware"] = "" if rec is None else fmt_hardware(rec)
+    cells.update(_measure_cells(rec))
     cells["status"] = _status(rec, exp, ref_oom)
+    return cells
+
+
+def _per_gpu(values: Any, n: int) -> list[float | None]:
+    vals = list(values) if isinstance(values, (list, tuple)) else []
+    return [_num(vals[i]) if i < len(vals) else None for i in range(n)]
+
+
+def _twogpu_cells(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
+    rec = ctx.rec(exp)
+    ref = ctx.ref_row(exp)
+    n = 1 if exp.gpus == 1 else 2
+    ref_gib = [None, None] if ref is None else \
+        [None if (v := _num(ref[f"mem_mib_gpu{i}"])) is None else v / 1024 for i in range(2)]
+    ref_gib = ref_gib[:n] + [None] * (2 - n)
+    ours = _per_gpu(None if rec is None else rec.get("mem_peak_gib"), 2)
+    ref_ms = ctx.ref_ms(exp)
+    ms = _measured(rec)[0]
+
+    cells = {"Row": _row_id(exp), "make target": exp.id, "idea": _try(lambda: idea(exp)),
+             "GBS": str(exp.gbs), "MBS": str(exp.mbs)}
+    for i in range(2):
+        if exp.analogue_of and not exp.ref:
+            cells[f"ref GiB GPU{i}"] = NO_REF if i < n else ""
+        else:
+            cells[f"ref GiB GPU{i}"] = "" if ref_gib[i] is None else _fixed(ref_gib[i], 1)
+        cells[f"our GiB GPU{i}"] = "" if ours[i] is None else _fixed(ours[i], 1)
+    oom = rec is not None and rec.get("status") == "oom"  # its peak is the card's limit, not its need
+    deltas = ["" if oom else fmt_delta_gb(ours[i], ref_gib[i]) for i in range(n)]
+    cells["Δ GiB"] = " / ".join(d or NO_REF for d in deltas) if any(deltas) else ""
+    if exp.ref:
+        cells["ref ms"] = "" if ref_ms is None else _fixed(ref_ms, 0)
+    else:
+        cells["ref ms"] = NO_REF if exp.analogue_of else ""
+    cells["Δ ms"] = fmt_delta_pct(_round(ms) if ms is not None else None, ref_ms)
+    cells.update(_measure_cells(rec))
+    cells["status"] = _status(rec, exp, False)
+    return cells
+
+
+def _row(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
+    cells = _twogpu_cells(exp, ctx) if ctx.kind == "twogpu" else _anchor_cells(exp, ctx)
+    for col in chapter_columns(ctx.chapter):
+        cells[col.name] = _cell(col, exp, ctx)
     return cells
 
 
@@ -293,39 +616,92 @@ def _ours_sentence(recs: list[dict]) -> str:
             "nvidia-smi-style peak memory per GPU through NVML")
 
 
+SOURCES = {
+    "anchor": (
+        "configs/reference/anchor_8xh100.csv",
+        "Published numbers are from the tutorial series \"Megatron, Transformed!\" (Chua, 2025) on "
+        "8x H100 80GB with Megatron core_r0.14 and Transformer Engine "
+        "([configs/reference](../configs/reference/README.md))"),
+    "twogpu": (
+        "configs/reference/twogpu_2xh200.csv",
+        "Published numbers are from the same author's 2x H200 notes (Chua, 2025: public notes on "
+        "tinkering with model parallelism on GPT-2 large, by the author of \"Megatron, Transformed!\") "
+        "on 2x H200 141GB with NVLink, NGC PyTorch 25.06 and Transformer Engine "
+        "([configs/reference](../configs/reference/README.md))"),
+}
+
+TWOGPU_FOOTNOTES = [
+    "Δ is ours − published: GiB per GPU (`GPU 0 / GPU 1`) for memory (none for a run that ran out of "
+    "memory: its peak is the card's limit), percent of the published step time for ms (+ means we are "
+    "slower).",
+    "Memory is the peak of each GPU over the whole run in GiB, GPU 0 and GPU 1 side by side and never "
+    "merged (with PP=2 the two stages hold different layers and activations): published numbers are "
+    "nvidia-smi MiB / 1024, ours NVML used memory (what nvidia-smi shows) / 1024.",
+    "The published step time is the mean of the two logged iterations shown in the notes; ours is the "
+    "median over steps after warm-up, with the 10th–90th percentile range. MFU is TFLOP/s/GPU over the "
+    "GPU's dense bf16 peak.",
+    "The published runs used Transformer Engine, ours Megatron with megalab's TE-free layers, so Δ "
+    "includes the difference between the two implementations.",
+]
+
+
+def _context(chapter: int, records: dict[str, dict] | None, reference: pd.DataFrame | None,
+             twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None) -> Context:
+    kind = reference_kind(chapter)
+    return Context(
+        chapter=chapter, kind=kind,
+        exps=[e for e in catalog.catalog().values() if e.chapter == chapter] if exps is None else list(exps),
+        records=load_records() if records is None else records,
+        reference=load_reference() if reference is None and kind == "anchor" else reference,
+        twogpu=load_twogpu_reference() if twogpu is None and kind == "twogpu" else twogpu,
+    )
+
+
+def _frame(ctx: Context) -> pd.DataFrame:
+    cols = columns(ctx.chapter)
+    return pd.DataFrame([_row(e, ctx) for e in ctx.exps], columns=cols, dtype=str)
+
+
 def table_frame(chapter: int, records: dict[str, dict] | None = None,
-                reference: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The chapter's table as a DataFrame of strings (one row per catalog target, catalog order)."""
-    records = load_records() if records is None else records
-    reference = load_reference() if reference is None else reference
-    exps = [e for e in catalog.catalog().values() if e.chapter == chapter]
-    rows = [_row(e, records.get(e.id), reference) for e in exps]
-    return pd.DataFrame(rows, columns=COLUMNS, dtype=str)
+                reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
+                exps: list[catalog.Experiment] | None = None) -> pd.DataFrame:
+    """The chapter's table as a DataFrame of strings (one row per target, catalog order).
+
+    `exps` replaces the catalog's targets of the chapter (tests build their own Experiments).
+    """
+    return _frame(_context(chapter, records, reference, twogpu, exps))
 
 
 def render_chapter(chapter: int, records: dict[str, dict] | None = None,
-                   reference: pd.DataFrame | None = None) -> str:
+                   reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None) -> str:
     """Markdown page for one chapter: title, provenance sentence, table, footnotes."""
     meta = catalog.chapters()[chapter]
-    records = load_records() if records is None else records
-    df = table_frame(chapter, records, reference)
+    ctx = _context(chapter, records, reference, twogpu, None)
+    df = _frame(ctx)
     targets = set(df["make target"])
-    recs = [records[t] for t in sorted(targets & set(records))]
-    table = df.to_markdown(index=False, disable_numparse=True,
-                           colalign=["right" if c in _RIGHT else "left" for c in COLUMNS])
+    recs = [ctx.records[t] for t in sorted(targets & set(ctx.records))]
+    table = df.to_markdown(index=False, disable_numparse=True, colalign=_align(chapter))
+    source_file, published = SOURCES[ctx.kind]
+    if ctx.kind == "twogpu":
+        notes = list(TWOGPU_FOOTNOTES)
+        ref_notes = [f"{e.ref}: {ref['notes']}" for e in ctx.exps
+                     if (ref := ctx.ref_row(e)) is not None and isinstance(ref["notes"], str) and ref["notes"]]
+        if ref_notes:
+            notes.append("Published notes: " + ". ".join(ref_notes) + ".")
+    else:
+        notes = list(FOOTNOTES)
+    notes += [c.note for c in chapter_columns(chapter) if c.note]
     lines = [
         f"# Chapter {chapter}: {meta.get('title', '')}".rstrip(),
         "",
-        "<!-- generated by `make tables` from results/runs/*/run.json and "
-        "configs/reference/anchor_8xh100.csv; do not edit by hand -->",
+        f"<!-- generated by `make tables` from results/runs/*/run.json and {source_file}; "
+        "do not edit by hand -->",
         "",
-        "Published numbers are from the tutorial series \"Megatron, Transformed!\" (Chua, 2025) on "
-        "8x H100 80GB with Megatron core_r0.14 and Transformer Engine "
-        "([configs/reference](../configs/reference/README.md)); " + _ours_sentence(recs) + ".",
+        published + "; " + _ours_sentence(recs) + ".",
         "",
         table,
         "",
-        *(f"- {note}" for note in FOOTNOTES),
+        *(f"- {note}" for note in notes),
     ]
     if meta.get("tutorial") and (catalog.ROOT / meta["tutorial"]).exists():
         lines += ["", f"Tutorial: [{meta['tutorial']}](../{meta['tutorial']}). "
@@ -350,11 +726,11 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
     """
     root = Path(root) if root is not None else ROOT
     records = load_records(root / "results" / "runs")
-    reference = load_reference()
+    reference, twogpu = load_reference(), load_twogpu_reference()
     changed = []
     for chapter, meta in catalog.chapters().items():
         path = root / meta["table"]
-        text = render_chapter(chapter, records, reference)
+        text = render_chapter(chapter, records, reference, twogpu=twogpu)
         try:
             old = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):

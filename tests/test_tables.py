@@ -1,11 +1,13 @@
-"""megalab.tables: record selection, cell formatting, the chapter page (golden) and --check.
+"""megalab.tables: record selection, cell formatting, the chapter pages (golden), chapter-specific
+columns and --check.
 
 The records under tests/fixtures/records are invented test fixtures ("fixture": true), not
-measurements. Regenerate the golden page after an intended format change with
+measurements. Regenerate the golden pages after an intended format change with
 MEGALAB_UPDATE_GOLDEN=1 pytest tests/test_tables.py, then read the diff before committing it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -17,6 +19,7 @@ from megalab import catalog, tables
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDS = FIXTURES / "records"
 GOLDEN = FIXTURES / "golden" / "01-dp-zero2.md"
+GOLDEN0 = FIXTURES / "golden" / "00-two-gpu-tour.md"
 
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
 T111 = "111-gpt2xl-dp1-fit-80GB"
@@ -36,8 +39,8 @@ def _write(root: Path, run: str, **fields) -> Path:
     return d / "run.json"
 
 
-def _row(target: str, records: dict) -> dict:
-    df = tables.table_frame(1, records)
+def _row(target: str, records: dict, chapter: int = 1) -> dict:
+    df = tables.table_frame(chapter, records)
     return df[df["make target"] == target].iloc[0].to_dict()
 
 
@@ -45,7 +48,7 @@ def _row(target: str, records: dict) -> dict:
 
 def test_fixture_records_are_marked_as_fixtures():
     paths = sorted(RECORDS.glob("*/run.json"))
-    assert len(paths) == 4
+    assert len(paths) == 9
     for p in paths:
         assert json.loads(p.read_text())["fixture"] is True, p
 
@@ -57,10 +60,19 @@ def test_golden_chapter_1():
     assert text == GOLDEN.read_text()
 
 
-def test_table_rows_follow_catalog_order():
-    df = tables.table_frame(1, {})
-    assert list(df.columns) == tables.COLUMNS
-    assert list(df["make target"]) == [e.id for e in catalog.catalog().values() if e.chapter == 1]
+def test_golden_chapter_0():
+    text = tables.render_chapter(0, tables.load_records(RECORDS))
+    if os.environ.get("MEGALAB_UPDATE_GOLDEN"):
+        GOLDEN0.write_text(text)
+    assert text == GOLDEN0.read_text()
+
+
+@pytest.mark.parametrize("chapter", sorted(catalog.chapters()))
+def test_table_rows_follow_catalog_order(chapter):
+    df = tables.table_frame(chapter, {})
+    assert list(df.columns) == tables.columns(chapter)
+    assert list(df["make target"]) == [e.id for e in catalog.catalog().values() if e.chapter == chapter]
+    assert (df["status"] != "").all()
 
 
 def test_hand_checked_rows():
@@ -173,31 +185,177 @@ def test_reference_tables_load():
     assert two.loc["T1", "step_ms"] == pytest.approx(437.2)
 
 
+# --------------------------------------------------------------------------- chapter 0 (2x H200 reference)
+
+def test_chapter_0_is_diffed_against_the_twogpu_reference():
+    assert tables.reference_kind(0) == "twogpu" and tables.reference_kind(1) == "anchor"
+    cols = tables.columns(0)
+    for name in ("idea", "ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB"):
+        assert name in cols
+    assert "our GB/GPU" not in cols and "ZeRO-2" not in cols
+
+
+def test_chapter_0_catalog_matches_its_reference_rows():
+    two = tables.load_twogpu_reference()
+    for e in (e for e in catalog.catalog().values() if e.chapter == 0):
+        r = two.loc[e.ref]
+        assert (e.gbs, e.mbs, e.gpus, e.dp, e.tp, e.pp, e.cp, int(e.sp)) == \
+            tuple(int(r[k]) for k in ("gbs", "mbs", "gpus", "dp", "tp", "pp", "cp", "sp")), e.id
+        assert (e.model, e.seq_length) == (r["model"], r["seq"]), e.id
+
+
+def test_chapter_0_hand_checked_rows():
+    recs = tables.load_records(RECORDS)
+    # T5, PP=2: published 61249 / 88299 MiB = 59.81 / 86.23 GiB, 817.4 ms; fixture 59.06 / 88.9 GiB, 829.5 ms
+    r = _row("006-gpt2large-pp2-gbs64-m1", recs, 0)
+    assert (r["Row"], r["idea"], r["GBS"], r["MBS"]) == ("T5", "PP=2 m=1", "64", "64")
+    assert (r["ref GiB GPU0"], r["ref GiB GPU1"], r["our GiB GPU0"], r["our GiB GPU1"], r["Δ GiB"]) == \
+        ("59.8", "86.2", "59.1", "88.9", "-0.7 / +2.7")
+    assert (r["ref ms"], r["our ms"], r["Δ ms"], r["our p10–p90 ms"]) == ("817", "830", "+2%", "820–842")
+    assert (r["MFU"], r["hardware"], r["status"]) == ("19.7%", "2x H200", "ok")
+    # T0, one GPU: published 80161 MiB = 78.28 GiB, 437.5 ms; GPU 1 columns stay empty
+    r = _row("001-gpt2large-1gpu-gbs32", recs, 0)
+    assert (r["idea"], r["ref GiB GPU0"], r["ref GiB GPU1"], r["our GiB GPU0"], r["our GiB GPU1"]) == \
+        ("baseline", "78.3", "", "75.3", "")
+    assert (r["Δ GiB"], r["ref ms"], r["our ms"], r["Δ ms"]) == ("-3.0", "438", "441", "+1%")
+    # T2 ran out of memory: memory kept, no step time
+    r = _row("003-gpt2large-tp2-gbs64", recs, 0)
+    assert (r["our GiB GPU0"], r["our GiB GPU1"], r["Δ GiB"], r["our ms"], r["Δ ms"], r["status"]) == \
+        ("139.9", "139.9", "", "", "", "oom")
+    assert _row("004-gpt2large-tp2-sp-gbs64", recs, 0)["idea"] == "TP=2 + SP"
+    assert _row("002-gpt2large-dp2-gbs64", recs, 0)["idea"] == "DP=2"
+
+
+def test_context_parallel_not_run_reason_comes_from_cp():
+    want = "not run: context parallel needs Transformer Engine (or megalab's TE-free CP, not built yet)"
+    r = _row("005-gpt2large-cp2-gbs64", {}, 0)
+    assert (r["idea"], r["ref GiB GPU0"], r["ref GiB GPU1"], r["status"]) == ("CP=2", "80.0", "79.6", want)
+    other = catalog.Experiment(id="999-anything", chapter=3, about="", model="gpt2-large", gpus=2, gbs=8,
+                               mbs=8, cp=2)
+    assert tables.not_run_reason(other) == want
+    assert tables.not_run_reason(dataclasses.replace(other, gpus=8, cp=8)) == "not run: needs 8 GPUs"
+
+
+# --------------------------------------------------------------------------- chapter-specific columns
+
+def _exp(id_: str, chapter: int, model: str = "gpt2-large", **kw) -> catalog.Experiment:
+    kw.setdefault("gpus", kw.get("tp", 1) * kw.get("pp", 1))
+    kw.setdefault("gbs", 8)
+    kw.setdefault("mbs", kw["gbs"])
+    return catalog.Experiment(id=id_, chapter=chapter, about="", model=model, **kw)
+
+
+def _ok(target: str, ms: float) -> dict:
+    return {"target": target, "status": "ok", "step_ms_median": ms, "num_gpus": 1, "mem_peak_gib": [40.0]}
+
+
+def test_chapter_2_efficiencies_and_tp_arithmetic():
+    exps = [  # weak series GBS 8 (refs R1, R2: 209 / 273 ms), strong series on gpt2-large (R11, R12: 210 / 200 ms)
+        _exp("211-weak-tp1", 2, ref="R1"), _exp("212-weak-tp2", 2, "gpt2-xl", tp=2, ref="R2"),
+        _exp("215-weak-tp2-analogue", 2, "gpt2-xl", tp=2, analogue_of="R2"),
+        _exp("221-weak-tp1-gbs20", 2, gbs=20),
+        _exp("231-strong-tp1", 2, ref="R11"), _exp("232-strong-tp2", 2, tp=2, ref="R12"),
+        _exp("232-strong-tp2-other-model", 2, "gpt2-xl", tp=2),
+        _exp("281-no-series", 2, "gpt2-xl", tp=2, gbs=4, sp=True),
+    ]
+    recs = {e.id: _ok(e.id, ms) for e, ms in zip(exps, (100.0, 125.0, 160.0, None, 300.0, 200.0, 50.0, 80.0))
+            if ms is not None}
+    df = tables.table_frame(2, recs, exps=exps).set_index("make target")
+    weak, strong = df["weak eff."], df["strong eff."]
+    assert weak["211-weak-tp1"] == "100% / 100%"
+    assert weak["212-weak-tp2"] == "77% / 80%"  # 209/273 and 100/125
+    assert weak["215-weak-tp2-analogue"] == "— / 63%"  # no published number; 100/160
+    assert weak["221-weak-tp1-gbs20"] == ""  # its own series (GBS 20), no step time on either side
+    assert strong["231-strong-tp1"] == "1.00 / 1.00"
+    assert strong["232-strong-tp2"] == "0.53 / 0.75"  # 210/(2*200) and 300/(2*200)
+    assert strong["232-strong-tp2-other-model"] == ""  # another model: no TP1 row in its series
+    assert weak["231-strong-tp1"] == strong["211-weak-tp1"] == weak["281-no-series"] == ""
+    # b*s*h*4h/TP: 8*1024*1280*5120/1e9 = 53.7 GMAC; 2*b*s*h = 2*8*1024*1280 B = 21.0 MB
+    assert (df.loc["211-weak-tp1", "GMAC/rank (MLP up)"], df.loc["211-weak-tp1", "all-reduce MB/call"]) == ("53.7", "")
+    assert df.loc["232-strong-tp2", "GMAC/rank (MLP up)"] == "26.8"
+    assert df.loc["232-strong-tp2", "all-reduce MB/call"] == "21.0"
+    # gpt2-xl, b=4: 4*1024*1600*6400/2/1e9 = 20.97; 2*4*1024*1600/1e6 = 13.1
+    assert (df.loc["281-no-series", "GMAC/rank (MLP up)"], df.loc["281-no-series", "all-reduce MB/call"]) == \
+        ("21.0", "13.1")
+    assert (df.loc["281-no-series", "TP"], df.loc["281-no-series", "SP"]) == ("2", "yes")
+    assert list(df.columns[:11]) == ["Row", "model", "GBS", "MBS", "seq", "GPUs", "DP", "TP", "SP", "recompute",
+                                     "GMAC/rank (MLP up)"]
+
+
+def test_chapter_4_pipeline_columns():
+    exps = [  # gpt2-large: 36 layers
+        _exp("401-pp2-m1", 4, pp=2, gbs=8, mbs=8),
+        _exp("404-pp2-m4", 4, pp=2, gbs=8, mbs=2),
+        _exp("406-pp2-v3-m4", 4, pp=2, gbs=8, mbs=2, layers_per_virtual_stage=6),
+        _exp("420-tp2", 4, tp=2, sp=True),
+    ]
+    df = tables.table_frame(4, {}, exps=exps).set_index("make target")
+    assert list(df.loc["401-pp2-m1", ["m", "v", "bubble"]]) == ["1", "1", "100.0%"]
+    assert list(df.loc["404-pp2-m4", ["m", "v", "bubble"]]) == ["4", "1", "25.0%"]
+    assert list(df.loc["406-pp2-v3-m4", ["m", "v", "bubble"]]) == ["4", "3", "8.3%"]  # 18 layers/stage / 6
+    assert list(df.loc["420-tp2", ["TP", "SP", "PP", "m", "v", "bubble"]]) == ["2", "yes", "1", "1", "1", ""]
+    assert tables.bubble_fraction(exps[0]) == 1.0
+
+
+def test_chapter_5_expert_columns():
+    exps = [_exp("502-ep8", 5, gpus=8, gbs=32, mbs=4, num_experts=64, topk=8, ep=8, zero2=True),
+            _exp("511-ep4-etp2", 5, gpus=8, gbs=32, mbs=4, num_experts=256, topk=8, ep=4, etp=2),
+            _exp("599-dense", 5, gpus=2, gbs=8, mbs=4)]
+    df = tables.table_frame(5, {}, exps=exps).set_index("make target")
+    cols = ["experts", "top-k", "EP", "ETP", "experts/GPU", "ZeRO-2"]
+    assert list(df.loc["502-ep8", cols]) == ["64", "8", "8", "1", "8", "yes"]
+    assert list(df.loc["511-ep4-etp2", cols]) == ["256", "8", "4", "2", "64", "no"]
+    assert list(df.loc["599-dense", cols]) == ["", "", "1", "1", "", "no"]
+    assert df.loc["502-ep8", "status"] == "not run: needs 8 GPUs"
+
+
+@pytest.mark.parametrize("chapter", [0, 1, 2, 3, 4, 5, 7])
+def test_missing_inputs_give_empty_cells(chapter):
+    bad = catalog.Experiment(id="299-no-such-model", chapter=chapter, about="", model="no-such-model",
+                             gpus=2, gbs=8, mbs=4, tp=2, pp=1, ref="R999",
+                             layers_per_virtual_stage=3)
+    df = tables.table_frame(chapter, {bad.id: {"target": bad.id, "status": "ok", "mem_peak_gib": "x",
+                                               "step_ms_median": "n/a"}}, exps=[bad])
+    row = df.iloc[0]
+    assert row["make target"] == bad.id and row["status"] == "ok"
+    for name in ("GMAC/rank (MLP up)", "all-reduce MB/call", "v", "bubble", "experts/GPU", "seq"):
+        if name in df.columns:
+            assert row[name] == "", name
+
+
+def test_chapter_footnotes_explain_computed_columns():
+    for chapter, cols in tables.CHAPTER_COLUMNS.items():
+        assert len({c.name for c in cols}) == len(cols), chapter
+    notes = " ".join(c.note or "" for c in tables.CHAPTER_COLUMNS[2])
+    assert "TP1 ms / TPN ms" in notes and "b·s·h·4h" in notes
+
+
 # --------------------------------------------------------------------------- writing and --check
 
 def test_write_and_check(tmp_path, capsys):
     root = tmp_path
     runs = root / "results" / "runs"
     _write(runs, "r1")
-    pages = [root / m["table"] for m in catalog.chapters().values()]
+    pages = {ch: root / m["table"] for ch, m in catalog.chapters().items()}
 
     assert tables.cli(["--check", "--root", str(root)]) == 1  # nothing written yet
     out = capsys.readouterr().out
-    assert "out of date: results/01-dp-zero2.md" in out
-    assert not any(p.exists() for p in pages)
+    assert "out of date: results/01-dp-zero2.md" in out and "out of date: results/00-two-gpu-tour.md" in out
+    assert not any(p.exists() for p in pages.values())
 
     assert tables.cli(["--root", str(root)]) == 0
-    assert "wrote results/01-dp-zero2.md" in capsys.readouterr().out
-    assert all(p.exists() for p in pages)
-    assert list(pages[0].parent.glob("*.tmp")) == []
-    mtimes = [p.stat().st_mtime_ns for p in pages]
+    out = capsys.readouterr().out
+    assert "wrote results/01-dp-zero2.md" in out and "wrote results/00-two-gpu-tour.md" in out
+    assert all(p.exists() for p in pages.values())
+    assert list(pages[1].parent.glob("*.tmp")) == []
+    mtimes = [p.stat().st_mtime_ns for p in pages.values()]
 
     assert tables.cli(["--check", "--root", str(root)]) == 0
     assert tables.write_tables(root) == []  # unchanged: nothing rewritten
-    assert [p.stat().st_mtime_ns for p in pages] == mtimes
+    assert [p.stat().st_mtime_ns for p in pages.values()] == mtimes
 
     _write(runs, "r2", target=T111, started="2025-03-05T10:00:00+00:00")
     assert tables.cli(["--check", "--root", str(root)]) == 1
     assert "out of date: results/01-dp-zero2.md" in capsys.readouterr().out
-    assert tables.write_tables(root) == [pages[0]]
-    assert T111 in pages[0].read_text()
+    assert tables.write_tables(root) == [pages[1]]
+    assert T111 in pages[1].read_text()

@@ -1,0 +1,88 @@
+"""Speed without Transformer Engine or apex: faster stand-ins for what Megatron falls back on.
+
+With neither TE nor apex installed, Megatron-Core 0.19 uses plain PyTorch for three per-step jobs
+that touch every parameter:
+  - the optimizer: torch.optim.AdamW in its default multi-tensor ("foreach") mode;
+  - the gradient norm for clipping: `local_multi_tensor_l2_norm`, one torch.norm per tensor and a
+    device-to-host copy of each result (a sync per parameter tensor);
+  - gradient scaling / main-to-model copies: `local_multi_tensor_scale`, a temporary per tensor.
+Each patch below replaces one of them with PyTorch's fused or foreach kernel. They are opt-in
+(MEGALAB_FAST=fused_adam,foreach_norm,foreach_scale or MEGALAB_FAST=all) so a benchmark can show
+what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+PATCHES = ("fused_adam", "foreach_norm", "foreach_scale")
+
+
+def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """Drop-in for amp_C.multi_tensor_l2norm: one fused pass, no host sync."""
+    tensors = [t for group in tensor_lists for t in group]
+    if not tensors:
+        return torch.zeros(1, dtype=torch.float, device=_device()), None
+    norms = torch._foreach_norm(tensors)
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    return total.reshape(1), None
+
+
+def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
+    """Drop-in for amp_C.multi_tensor_scale: dst = src * scale, without a temporary per tensor."""
+    src, dst = tensor_lists[0], tensor_lists[1]
+    if not src:
+        return
+    torch._foreach_copy_(dst, src)
+    torch._foreach_mul_(dst, scale)
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class FusedAdamW(torch.optim.AdamW):
+    """torch.optim.AdamW with its single-kernel implementation (fused=True) switched on."""
+
+    def __init__(self, params, *args, **kwargs):
+        kwargs.setdefault("fused", True)
+        kwargs.pop("foreach", None)
+        super().__init__(params, *args, **kwargs)
+
+
+def requested(env=os.environ) -> list[str]:
+    raw = env.get("MEGALAB_FAST", "").strip()
+    if not raw or raw in ("0", "none"):
+        return []
+    names = list(PATCHES) if raw == "all" else [n.strip() for n in raw.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(PATCHES))
+    if unknown:
+        raise ValueError(f"MEGALAB_FAST: unknown patch(es) {unknown}; fix: choose from {', '.join(PATCHES)} or all")
+    return names
+
+
+def apply(names: list[str]) -> list[str]:
+    """Install the named patches into Megatron's modules; return what was applied.
+
+    A patch only replaces Megatron's *fallback*: where TE or apex provide the kernel, it is left alone.
+    """
+    import megatron.core.optimizer as mopt
+    import megatron.core.optimizer.clip_grads as clip
+    import megatron.core.optimizer.optimizer as optmod
+    from megatron.core import utils as mutils
+
+    applied = []
+    if "fused_adam" in names and getattr(mopt, "USING_PYTORCH_OPTIMIZER", False):
+        # Megatron builds `torch.optim.AdamW(...)` by attribute lookup at optimizer creation time.
+        torch.optim.AdamW = FusedAdamW
+        applied.append("fused_adam")
+    if "foreach_norm" in names and clip.l2_norm_impl is mutils.local_multi_tensor_l2_norm:
+        clip.l2_norm_impl = foreach_l2_norm
+        applied.append("foreach_norm")
+    if "foreach_scale" in names and clip.multi_tensor_scale_impl is mutils.local_multi_tensor_scale:
+        clip.multi_tensor_scale_impl = foreach_scale
+        if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
+            optmod.multi_tensor_scale_impl = foreach_scale
+        applied.append("foreach_scale")
+    return applied
