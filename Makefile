@@ -19,12 +19,12 @@ TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/
 
 export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
 
-.PHONY: help list setup test quickstart tables clean batch $(TARGETS)
+.PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
 	@echo
-	@echo "Everyday: make list | make quickstart | make test | make tables | make setup | make clean"
+	@echo "Everyday: make list | make quickstart | make test | make tables | make check | make setup | make clean"
 
 list:
 	@$(PY) -m megalab list
@@ -77,6 +77,11 @@ quickstart:
 
 tables:
 	@$(PY) -m megalab tables
+
+# The papers' scaling claims (configs/checks.yaml) against the records -> results/checks.md.
+# A FAIL is a finding and exits 0; STRICT=1 makes it an error.
+check:
+	@$(PY) -m megalab check $(if $(filter 1,$(STRICT)),--strict)
 
 # Removes local scratch only; committed results/ are never touched.
 clean:

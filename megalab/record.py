@@ -183,7 +183,8 @@ def refresh(run_dir: Path) -> dict:
         status = "incomplete"
     used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
     tflops = fields.get("tflops_per_gpu")
-    rec.update(fields, status=status, mem_peak_mib=used, mem_peak_gib=[round(u / 1024, 2) for u in used],
+    rec.update(fields, status=status, mem_peak_mib=used,
+               mem_baseline_mib=(rec.get("mem_baseline_mib") or [])[: rec["num_gpus"]], mem_peak_gib=[round(u / 1024, 2) for u in used],
                mfu=round(tflops / rec["peak_tflops"], 4) if (tflops and rec.get("peak_tflops")) else None)
     rec.setdefault("refreshed", []).append(
         {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"})

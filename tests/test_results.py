@@ -31,3 +31,11 @@ def test_record_matches_its_raw_log_and_memory_csv(path):
 
 def test_committed_tables_are_up_to_date():
     assert tables.write_tables(ROOT, check=True) == [], "run `make tables` and commit the result"
+
+
+def test_committed_checks_page_is_up_to_date():
+    from megalab import catalog, checks
+
+    recs = tables.load_records(ROOT / "results" / "runs")
+    text = checks.render(checks.evaluate_all(checks.load_claims(), recs, catalog.catalog()))
+    assert (ROOT / "results" / "checks.md").read_text(encoding="utf-8") == text, "run `make check` and commit"

@@ -1,0 +1,313 @@
+"""megalab.checks: every metric kind on invented records (PASS, FAIL, NOT RUN), the claims-file schema,
+the published values recomputed from configs/reference, and the page on the real committed records.
+
+Records here are synthetic dicts, not measurements; `known` stands in for the catalog.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from megalab import catalog, checks, tables
+from megalab.checks import FAIL, NOT_RUN, PASS
+
+A, B, C = "901-a", "902-b", "903-c"
+KNOWN = {A: None, B: None, C: None}
+
+
+def rec(status="ok", ms=100.0, gib=(10.0,), **extra) -> dict:
+    r = {"status": status, "step_ms_median": ms, "mem_peak_gib": list(gib),
+         "mem_peak_mib": [g * 1024 for g in gib]}
+    r.update(extra)
+    return r
+
+
+def claim(metric: dict, expect, reads=None, **over) -> checks.Claim:
+    reads = reads if reads is not None else sorted(_targets(metric))
+    entry = {"id": "c1", "claim": "a claim.", "source": "a source", "reads": reads, "metric": metric,
+             "expect": expect, "published": {"value": 1, "source": "somewhere"}}
+    entry.update(over)
+    return checks._claim(entry, 0)
+
+
+def _targets(spec) -> set[str]:
+    if isinstance(spec, str):
+        return {spec} if spec[:1].isdigit() else set()
+    if isinstance(spec, list):
+        return set().union(*(_targets(x) for x in spec)) if spec else set()
+    if isinstance(spec, dict):
+        out = set()
+        for k, v in spec.items():
+            if k in ("a", "b", "target", "targets", "minus"):
+                out |= _targets(v)
+        return out
+    return set()
+
+
+def run(metric, expect, records, known=KNOWN, **kw) -> checks.Result:
+    return checks.evaluate(claim(metric, expect, **kw), records, known)
+
+
+# --------------------------------------------------------------------------- metric kinds
+
+@pytest.mark.parametrize("expect,status", [("< 1.0", PASS), ({"between": [0.4, 0.6]}, PASS), (">= 0.6", FAIL)])
+def test_ratio(expect, status):
+    r = run({"kind": "ratio", "a": A, "b": B}, expect, {A: rec(ms=50), B: rec(ms=100)})
+    assert r.status == status
+    assert r.values == [0.5] and "0.5000 (50.00 / 100.0)" in r.measured
+
+
+def test_value_and_gpu_reduction():
+    recs = {A: rec(gib=(60.0, 90.0))}
+    assert run({"kind": "value", "field": "mem_peak_gib", "a": A}, "== 90", recs).status == PASS  # max
+    assert run({"kind": "value", "field": "mem_peak_gib", "gpu": "sum", "a": A}, "== 150", recs).status == PASS
+    assert run({"kind": "value", "field": "mem_peak_gib", "a": {"target": A, "gpu": 0}}, "< 61", recs).status == PASS
+    r = run({"kind": "value", "field": "mem_peak_gib", "a": {"target": A, "gpu": 5}}, "< 61", recs)
+    assert r.status == NOT_RUN and "no GPU 5" in r.why
+
+
+def test_difference_and_relative_change():
+    recs = {A: rec(ms=130), B: rec(ms=100)}
+    assert run({"kind": "difference", "a": A, "b": B}, {"between": [29, 31]}, recs).status == PASS
+    assert run({"kind": "difference", "a": A, "b": B}, "< 0", recs).status == FAIL
+    r = run({"kind": "relative_change", "a": A, "b": B}, ">= 0.25", recs)
+    assert r.status == PASS and math.isclose(r.values[0], 0.3) and r.measured.startswith("+0.3000")
+    assert run({"kind": "relative_change", "a": A, "b": B}, ">= 0.5", recs).status == FAIL
+
+
+def test_bytes_per_param():
+    recs = {A: rec(params_total=1e9, theoretical_mem_mb={"weight_and_optimizer": 18e9 / 2**20},
+                   mem_peak_mib=[25e9 / 2**20])}
+    m = {"kind": "bytes_per_param", "field": "theoretical_mem_mb.weight_and_optimizer", "a": A}
+    assert run(m, {"approx": 18, "rel": 0.005}, recs).status == PASS
+    assert run(m, {"approx": 16, "rel": 0.005}, recs).status == FAIL
+    r = run({"kind": "bytes_per_param", "field": "mem_peak_mib", "a": A}, {"between": [18, 27]}, recs)
+    assert r.status == PASS and math.isclose(r.values[0], 25.0) and "B/param" in r.measured
+    r = run(m, {"approx": 18, "rel": 0.005}, {A: rec()})  # no theoretical memory in the record
+    assert r.status == NOT_RUN and "theoretical_mem_mb" in r.why
+
+
+def test_monotonic():
+    m = {"kind": "monotonic", "targets": [A, B, C]}
+    down = {A: rec(ms=300), B: rec(ms=200), C: rec(ms=205)}
+    assert run(m, "decreasing", down).status == FAIL
+    r = run({**m, "tolerance": 0.05}, "decreasing", down)
+    assert r.status == PASS and r.measured == "300.0 > 200.0 < 205.0"
+    assert run(m, "increasing", {A: rec(ms=1), B: rec(ms=2), C: rec(ms=3)}).status == PASS
+    assert run(m, "decreasing", {A: rec(ms=1), B: rec(ms=2)}).status == NOT_RUN  # C has no record
+
+
+def test_status():
+    m = {"kind": "status", "targets": [A, B]}
+    assert run(m, {"equals": ["oom", "ok"]}, {A: rec("oom"), B: rec()}).status == PASS
+    r = run(m, {"equals": ["oom", "ok"]}, {A: rec(), B: rec()})
+    assert r.status == FAIL and r.measured == "901 ok, 902 ok"
+    r = run(m, {"equals": ["oom", "ok"]}, {A: rec("failed", error="NCCL timeout"), B: rec()})
+    assert r.status == NOT_RUN and "901: its record is failed (NCCL timeout)" == r.why
+
+
+def test_vector_across_and_minus():
+    recs = {A: rec(ms=110), B: rec(ms=90), C: rec(ms=100)}
+    r = run({"kind": "ratio", "a": [A, B], "b": C}, {"between": [0.85, 1.25]}, recs)
+    assert r.status == PASS and r.values == [1.1, 0.9]
+    assert run({"kind": "ratio", "a": [A, B], "b": C}, "> 1", recs).status == FAIL  # every value must hold
+    r = run({"kind": "ratio", "a": C, "b": {"targets": [A, B], "across": "max"}}, "< 1", recs)
+    assert r.status == PASS and math.isclose(r.values[0], 100 / 110)
+    r = run({"kind": "ratio", "a": {"target": A, "minus": C}, "b": {"target": C, "minus": B}}, "== 1", recs)
+    assert r.status == PASS
+
+
+def test_not_run_reasons():
+    m = {"kind": "ratio", "a": A, "b": B}
+    r = run(m, "< 1", {A: rec(), B: rec()}, known={A: None})
+    assert r.status == NOT_RUN and r.why == "902: not in the catalog yet"
+    r = run(m, "< 1", {A: rec()})
+    assert r.status == NOT_RUN and r.why == "902: no record yet"
+    r = run(m, "< 1", {A: rec("incomplete"), B: rec("failed")})
+    assert r.status == NOT_RUN and "901: its record is incomplete" in r.why and "902: its record is failed" in r.why
+
+
+def test_stale_record_is_not_run():
+    exp = catalog.catalog()["101-gpt2xl-dp1-gbs1-bf16"]
+    known = {A: exp, B: None}
+    stale = rec(config={"gbs": exp.gbs + 1, "gpus": exp.gpus})
+    r = run({"kind": "ratio", "a": A, "b": B}, "< 1", {A: stale, B: rec()}, known=known)
+    assert r.status == NOT_RUN and f"gbs={exp.gbs + 1}" in r.why
+    fresh = rec(ms=50, config={"gbs": exp.gbs, "gpus": exp.gpus})
+    assert run({"kind": "ratio", "a": A, "b": B}, "< 1", {A: fresh, B: rec()}, known=known).status == PASS
+
+
+def test_oom_record():
+    m = {"kind": "ratio", "a": A, "b": B}
+    r = run(m, "< 1", {A: rec("oom"), B: rec()})
+    assert r.status == FAIL and "901-a ran out of memory" in r.why
+    theo = {"weight_and_optimizer": 100.0}  # printed before training, valid for an oom run too
+    recs = {A: rec("oom", theoretical_mem_mb=theo), B: rec(theoretical_mem_mb=theo)}
+    assert run({**m, "field": "theoretical_mem_mb.weight_and_optimizer"}, "== 1", recs).status == PASS
+
+
+# --------------------------------------------------------------------------- schema
+
+def _load(tmp_path: Path, claims: list) -> list:
+    p = tmp_path / "checks.yaml"
+    p.write_text(yaml.safe_dump({"claims": claims}))
+    return checks.load_claims(p)
+
+
+GOOD = {"id": "ok-claim", "claim": "x.", "source": "s", "reads": [A, B],
+        "metric": {"kind": "ratio", "a": A, "b": B}, "expect": "< 1", "published": {"source": "p"}}
+
+
+def test_good_claim_loads(tmp_path):
+    (c,) = _load(tmp_path, [GOOD])
+    assert c.kind == "ratio" and c.expect.text() == "< 1"
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"metric": {"kind": "speedup", "a": A, "b": B}}, "unknown metric kind 'speedup'"),
+    ({"metric": {"kind": "ratio", "a": A}}, "needs b"),
+    ({"reads": [A]}, "not listed: ['902-b']"),
+    ({"reads": [A, B, C]}, "not read: ['903-c']"),
+    ({"expect": "decreasing"}, "expect 'decreasing' is for kind monotonic"),
+    ({"expect": "about 1"}, "expect 'about 1' is not valid for kind ratio"),
+    ({"expect": {"between": [2, 1]}}, "is not valid for kind ratio"),
+    ({"metric": {"kind": "ratio", "a": A, "b": B, "gpu": "median"}}, "gpu 'median'"),
+    ({"metric": {"kind": "bytes_per_param", "a": A}, "reads": [A]}, "memory field in MiB or GiB"),
+    ({"published": 3}, "`published` must be"),
+    ({"colour": "red"}, "unknown keys ['colour']"),
+])
+def test_schema_errors_name_the_claim(tmp_path, change, needle):
+    with pytest.raises(checks.ChecksError) as e:
+        _load(tmp_path, [{**GOOD, **change}])
+    msg = str(e.value)
+    assert "claim ok-claim" in msg and needle in msg and "\n" not in msg
+
+
+def test_schema_missing_keys_and_duplicates(tmp_path):
+    bad = dict(GOOD)
+    del bad["expect"]
+    with pytest.raises(checks.ChecksError, match="claim ok-claim: missing expect"):
+        _load(tmp_path, [bad])
+    with pytest.raises(checks.ChecksError, match="duplicate claim id ok-claim"):
+        _load(tmp_path, [GOOD, GOOD])
+
+
+# --------------------------------------------------------------------------- the real claims file
+
+def test_real_claims_load_and_name_real_targets():
+    claims = checks.load_claims()
+    assert len(claims) >= 30
+    anchor = set(tables.load_reference()["target"])
+    known = set(catalog.catalog()) | anchor
+    for c in claims:
+        typos = set(c.reads) - known
+        assert not typos, f"{c.id}: {sorted(typos)} is neither a catalog target nor an anchor_8xh100.csv row"
+
+
+def _reference_records() -> dict[str, dict]:
+    """The published rows as records: anchor_8xh100.csv by target, twogpu_2xh200.csv via chapter 0's refs."""
+    out = {}
+    for (_ch, _row), r in tables.load_reference().iterrows():
+        if not r["target"]:
+            continue
+        gpus = int(r["gpus"])
+        if r["mem_gb_per_gpu"] == "oom":
+            out[r["target"]] = {"status": "oom"}
+        else:
+            out[r["target"]] = {"status": "ok", "step_ms_median": r["step_ms"],
+                                "mem_peak_gib": [float(r["mem_gb_per_gpu"])] * gpus}
+    two = tables.load_twogpu_reference()
+    for exp in catalog.catalog().values():
+        if exp.chapter == 0 and exp.ref in two.index:
+            r = two.loc[exp.ref]
+            mib = [float(v) for v in (r["mem_mib_gpu0"], r["mem_mib_gpu1"]) if not pd.isna(v)]
+            out[exp.id] = {"status": "ok", "step_ms_median": float(r["step_ms"]),
+                           "mem_peak_mib": mib, "mem_peak_gib": [m / 1024 for m in mib]}
+    return out
+
+
+def test_published_values_match_the_reference_rows():
+    """A published value whose claim can be computed on the published rows is that computation, and
+    the published rows meet every expectation they can be tested on (the bands admit the reference)."""
+    ref = _reference_records()
+    known = {t: None for t in ref}
+    checked = 0
+    for c in checks.load_claims():
+        value = c.published.get("value")
+        if value is None or not set(c.reads) <= set(ref):
+            continue
+        r = checks.evaluate(c, ref, known)
+        if r.status == NOT_RUN:  # needs a field the published rows lack (theoretical memory, params)
+            continue
+        assert r.status == PASS, f"{c.id}: the published rows themselves miss the expectation: {r.why}"
+        want = value if isinstance(value, list) else [value]
+        assert len(r.values) == len(want), c.id
+        for got, w in zip(r.values, want):
+            if isinstance(w, str):
+                assert got == w, c.id
+            else:
+                decimals = len(repr(float(w)).split(".")[1].rstrip("0")) if "." in repr(float(w)) else 0
+                assert abs(got - w) <= 0.5 * 10 ** -decimals + 1e-9, f"{c.id}: published {w}, reference gives {got}"
+        checked += 1
+    assert checked >= 28
+
+
+def test_page_on_the_committed_records():
+    claims = checks.load_claims()
+    records = tables.load_records()
+    cat = catalog.catalog()
+    results = checks.evaluate_all(claims, records, cat)
+    text = checks.render(results)
+    counts = checks.summary(results)
+    assert f"{len(claims)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN." in text
+    assert text.count("A finding, reported as is") == counts[FAIL]
+    measured = 0
+    for r in results:
+        usable = all(t in cat and records.get(t, {}).get("status") in ("ok", "oom") for t in r.claim.reads)
+        if usable:
+            measured += 1
+            assert r.status in (PASS, FAIL), f"{r.claim.id}: {r.why}"
+        else:
+            assert r.status == NOT_RUN and r.why
+    assert measured >= 15  # chapters 0 and 1 are measured
+
+
+# --------------------------------------------------------------------------- cli
+
+def _root_with(tmp_path: Path, ms: float) -> Path:
+    d = tmp_path / "root" / "results" / "runs" / "20250101_000000___101-gpt2xl-dp1-gbs1-bf16"
+    d.mkdir(parents=True)
+    exp = catalog.catalog()["101-gpt2xl-dp1-gbs1-bf16"]
+    (d / "run.json").write_text(json.dumps({
+        "fixture": True, "target": exp.id, "status": "ok", "started": "2025-01-01T00:00:00+00:00",
+        "step_ms_median": ms, "config": {"gbs": exp.gbs, "gpus": exp.gpus}}))
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump({"claims": [{
+        "id": "fast", "claim": "fast.", "source": "s", "reads": [exp.id],
+        "metric": {"kind": "value", "a": exp.id}, "expect": "< 400", "published": "p"}]}))
+    return tmp_path / "root"
+
+
+@pytest.mark.parametrize("ms,strict,rc", [(300, False, 0), (300, True, 0), (500, False, 0), (500, True, 1)])
+def test_cli_exit_codes(tmp_path, capsys, ms, strict, rc):
+    root = _root_with(tmp_path, ms)
+    argv = ["--root", str(root), "--claims", str(tmp_path / "claims.yaml")] + (["--strict"] if strict else [])
+    assert checks.cli(argv) == rc
+    out = capsys.readouterr().out
+    page = (root / "results" / "checks.md").read_text()
+    if ms == 500:
+        assert "FAIL fast: measured 500.0" in out and "FAIL [1]" in page and "[1] `fast`" in page
+    else:
+        assert "1 PASS, 0 FAIL, 0 NOT RUN" in out and "| PASS" in page
+
+
+def test_cli_schema_error(tmp_path, capsys):
+    p = tmp_path / "claims.yaml"
+    p.write_text(yaml.safe_dump({"claims": [{**GOOD, "metric": {"kind": "nope", "a": A, "b": B}}]}))
+    assert checks.cli(["--root", str(tmp_path), "--claims", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "claim ok-claim: unknown metric kind 'nope'" in err
