@@ -5,6 +5,7 @@
   targets        target ids only, one per line (the Makefile reads these)
   parse LOG      summarise a Megatron log (--json for the record fields)
   tables         rebuild results/*.md from committed run records (make tables)
+  plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
   check          evaluate the papers' trend claims against the records (make check)
   refresh DIR..  recompute run records' measured fields from their raw log and memory CSV
 """
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             from megalab import logparse
 
             return logparse.cli(rest)
+        if cmd == "plan":
+            from megalab import estimate
+
+            return estimate.cli(rest)
         if cmd == "check":
             from megalab import checks
 

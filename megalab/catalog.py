@@ -44,7 +44,9 @@ class Experiment:
     zero2: bool = False
     recompute: str = "none"  # none | selective | full-uniform-N
     num_experts: int | None = None
-    topk: int | None = None
+    topk: int | None = None  # router top-k; None: the preset's moe_router_topk
+    # Megatron's --timing-log-level: 2 reports per-microbatch forward/backward timers (profile-* targets)
+    timing_log_level: int = 0
     ref: str | None = None  # row id in configs/reference/anchor_8xh100.csv (this chapter)
     analogue_of: str | None = None  # reference row this 2-GPU stand-in illustrates
     extra_args: tuple[str, ...] = ()
@@ -74,6 +76,17 @@ class Experiment:
     def num_microbatches(self) -> int:
         return self.grad_accum
 
+    @property
+    def router_topk(self) -> int | None:
+        return self.topk or self.model_cfg.get("moe_router_topk")
+
+    @property
+    def virtual_stages(self) -> int | None:
+        """Virtual pipeline stages per device (Megatron's virtual_pipeline_model_parallel_size)."""
+        if not self.layers_per_virtual_stage:
+            return None
+        return self.model_cfg["num_layers"] // self.pp // self.layers_per_virtual_stage
+
     def validate(self) -> None:
         """Raise CatalogError for a layout Megatron would reject (same arithmetic, said earlier)."""
         m = self.model_cfg
@@ -100,16 +113,64 @@ class Experiment:
                 raise CatalogError(
                     f"{where}: {per_stage} layers per pipeline stage cannot be cut into virtual stages "
                     f"of {self.layers_per_virtual_stage}; fix: use a divisor of {per_stage} (and PP >= 2)")
+        if self.layers_per_virtual_stage and self.num_microbatches % self.pp:
+            raise CatalogError(
+                f"{where}: the interleaved (virtual) pipeline schedule needs a number of microbatches that is a "
+                f"multiple of PP={self.pp}, got {self.num_microbatches}; fix: change gbs or mbs")
         if self.sp and self.tp < 2:
             raise CatalogError(f"{where}: sequence parallel needs TP >= 2; fix: set tp >= 2 or drop sp")
         if self.seq_length % (2 * self.cp) and self.cp > 1:
             raise CatalogError(
                 f"{where}: sequence {self.seq_length} must divide into 2 x CP = {2 * self.cp} chunks; "
                 f"fix: choose a sequence length that is a multiple of {2 * self.cp}")
+        self._validate_moe(where)
+        if self.timing_log_level not in (0, 1, 2):
+            raise CatalogError(f"{where}: timing_log_level must be 0, 1 or 2 (Megatron's --timing-log-level); "
+                               "fix the catalog entry")
         if not re.fullmatch(r"none|selective|full-(uniform|block)-\d+", self.recompute):
             raise CatalogError(
                 f"{where}: recompute '{self.recompute}' is not one of none, selective, full-uniform-N, "
                 f"full-block-N; fix the catalog entry")
+
+
+    def _validate_moe(self, where: str) -> None:
+        m = self.model_cfg
+        moe_preset = any(k.startswith("moe_") for k in m)
+        if self.num_experts is None:
+            if moe_preset:
+                raise CatalogError(f"{where}: model {self.model} is a mixture of experts but the target sets no "
+                                   "num_experts; fix: add num_experts (e.g. 64)")
+            if self.ep > 1 or self.etp > 1:
+                raise CatalogError(f"{where}: expert parallelism (ep/etp) needs a MoE model; "
+                                   "fix: set num_experts or drop ep/etp")
+            return
+        if self.num_experts % self.ep:
+            raise CatalogError(f"{where}: {self.num_experts} experts cannot be split over EP={self.ep}; "
+                               f"fix: pick an EP that divides {self.num_experts}")
+        # Megatron folds the expert layout into the same GPUs: PP x ETP x EP x expert-DP.
+        if (self.gpus // self.pp) % (self.ep * self.etp):
+            raise CatalogError(f"{where}: {self.gpus // self.pp} GPUs per pipeline stage are not divisible by "
+                               f"EP x ETP = {self.ep * self.etp}; fix: choose ep and etp whose product divides it")
+        topk = self.router_topk
+        if not topk or topk > self.num_experts:
+            raise CatalogError(f"{where}: router top-k {topk} must be set and at most {self.num_experts} experts; "
+                               "fix: set topk (or the preset's moe_router_topk)")
+        if self.etp > 1 and not m.get("disable_bias_linear"):
+            raise CatalogError(f"{where}: Megatron supports biases in MoE layers only with ETP=1; "
+                               "fix: use a preset with disable_bias_linear: true, or etp: 1")
+        if self.tp > 1 and not self.sp:
+            raise CatalogError(f"{where}: Megatron's MoE layers need sequence parallelism when TP > 1; "
+                               "fix: set sp: true")
+
+
+# Preset keys and what they are (scripts/train_gpt.sh turns each into flags; launch.wrapper_env
+# passes them). Anything else in configs/models.yaml is a typo and refused.
+PRESET_KEYS = {
+    "about", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
+    "vocab_size", "ffn_hidden_size", "disable_bias_linear",
+    "moe_ffn_hidden_size", "moe_router_topk", "moe_router_force_load_balancing", "moe_token_dispatcher",
+    "moe_grouped_gemm", "moe_permute_fusion",
+}
 
 
 def _experiment_fields() -> set[str]:
@@ -119,7 +180,13 @@ def _experiment_fields() -> set[str]:
 @lru_cache(maxsize=None)
 def models() -> dict[str, dict[str, Any]]:
     with open(CONFIGS / "models.yaml") as f:
-        return yaml.safe_load(f)
+        presets = yaml.safe_load(f)
+    for name, preset in presets.items():
+        unknown = set(preset) - PRESET_KEYS
+        if unknown:
+            raise CatalogError(f"configs/models.yaml: {name}: unknown keys {sorted(unknown)}; "
+                               f"fix: use {', '.join(sorted(PRESET_KEYS))}")
+    return presets
 
 
 @lru_cache(maxsize=None)

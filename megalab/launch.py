@@ -97,18 +97,44 @@ def gpus_per_node(exp: Experiment, opts: Options) -> int:
     return exp.gpus // opts.nnodes
 
 
+# Preset switches whose Megatron flags need Transformer Engine kernels. Without TE, Megatron's local
+# MoE experts are SequentialMLP whatever --moe-grouped-gemm says (the flag only trips a CUDA
+# capability check), and --moe-permute-fusion is refused ("fused permutation is not available").
+# The launcher drops them; the preflight says so and the run record keeps the list
+# (config.dropped_flags), the one place that records it.
+TE_ONLY_PRESET_FLAGS = {"moe_grouped_gemm": "--moe-grouped-gemm", "moe_permute_fusion": "--moe-permute-fusion"}
+
+
+def dropped_flags(exp: Experiment, impl: str) -> list[str]:
+    """Flags the preset asks for that this implementation cannot honour (and so are not passed)."""
+    if impl == "transformer_engine" or exp.num_experts is None:
+        return []
+    return [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if exp.model_cfg.get(key)]
+
+
 def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None = None) -> dict[str, str]:
     """The environment scripts/train_gpt.sh reads: the catalog's numbers, by name."""
     m = exp.model_cfg
+    dropped = dropped_flags(exp, impl)
+
+    def te_flag(key: str) -> int:
+        return int(bool(m.get(key)) and TE_ONLY_PRESET_FLAGS[key] not in dropped)
+
     env = {
         "NUM_LAYERS": m["num_layers"], "HIDDEN_SIZE": m["hidden_size"],
         "NUM_HEADS": m["num_attention_heads"], "SEQ_LEN": m["seq_length"],
         "MAX_POS": m.get("max_position_embeddings", m["seq_length"]), "VOCAB_SIZE": m["vocab_size"],
+        "FFN_HIDDEN": m.get("ffn_hidden_size", ""), "DISABLE_BIAS_LINEAR": int(bool(m.get("disable_bias_linear"))),
         "GBS": exp.gbs, "MBS": exp.mbs, "ITERS": opts.iters,
         "TP": exp.tp, "PP": exp.pp, "CP": exp.cp, "EP": exp.ep, "ETP": exp.etp,
         "SP": int(exp.sp), "ZERO2": int(exp.zero2), "RECOMPUTE": exp.recompute,
         "VPP_LAYERS": exp.layers_per_virtual_stage or "", "CP_COMM": exp.cp_comm or "p2p",
-        "NUM_EXPERTS": exp.num_experts or "", "TOPK": exp.topk or "",
+        "NUM_EXPERTS": exp.num_experts or "", "TOPK": (exp.router_topk or "") if exp.num_experts else "",
+        "MOE_FFN_HIDDEN": m.get("moe_ffn_hidden_size", ""),
+        "MOE_DISPATCHER": m.get("moe_token_dispatcher", "alltoall"),
+        "MOE_FORCE_BALANCE": int(bool(m.get("moe_router_force_load_balancing"))),
+        "MOE_GROUPED_GEMM": te_flag("moe_grouped_gemm"), "MOE_PERMUTE_FUSION": te_flag("moe_permute_fusion"),
+        "TIMING_LOG_LEVEL": exp.timing_log_level,
         "GPUS_PER_NODE": gpus_per_node(exp, opts), "NNODES": opts.nnodes, "NODE_RANK": opts.node_rank,
         "MASTER_ADDR": opts.master_addr, "MASTER_PORT": opts.master_port,
         "TE_IMPL": impl, "SPEC": opts.spec,
@@ -139,15 +165,25 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
         f"{m['num_attention_heads']} heads, seq {m['seq_length']}",
         f"GPUs       needs {exp.gpus} ({opts.nnodes} node(s) x {per_node}); found {found} on this node",
         f"layout     DP={exp.dp} = {exp.gpus} GPUs / (TP={exp.tp} x PP={exp.pp} x CP={exp.cp})"
-        + (f", EP={exp.ep}" if exp.ep > 1 else "") + (", SP" if exp.sp else ""),
+        + (f", EP={exp.ep}" if exp.ep > 1 else "") + (f", expert TP={exp.etp}" if exp.etp > 1 else "")
+        + (", SP" if exp.sp else "")
+        + (f", {exp.virtual_stages} virtual stages per device of {exp.layers_per_virtual_stage} layer(s)"
+           if exp.layers_per_virtual_stage else ""),
         f"batch      GBS={exp.gbs} = MBS {exp.mbs} x DP {exp.dp} x grad-accum {exp.grad_accum} "
         f"(microbatches per step: {exp.num_microbatches})",
         f"memory     ZeRO-2 (distributed optimizer): {'on' if exp.zero2 else 'off'}; "
         f"recompute: {exp.recompute}; GPU cap: {opts.gpu_mem_gb + ' GB' if opts.gpu_mem_gb else 'none'}",
         f"impl       {impl}" + (" (Transformer Engine)" if impl == "transformer_engine"
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})"),
-        f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations",
+        f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
+        + (f"; Megatron timers at --timing-log-level {exp.timing_log_level}" if exp.timing_log_level else ""),
     ]
+    if exp.num_experts:
+        lines.insert(2, f"experts    {exp.num_experts} experts, top-{exp.router_topk} routing")
+    dropped = dropped_flags(exp, impl)
+    if dropped:
+        lines.append(f"dropped    {' '.join(dropped)}: need Transformer Engine (local MoE experts run as "
+                     "SequentialMLP with unfused permutation); recorded as config.dropped_flags")
     checks = [f"GBS {exp.gbs} % (MBS {exp.mbs} x DP {exp.dp}) == 0",
               f"GPUs {exp.gpus} % (TP x PP x CP = {exp.model_parallel}) == 0"]
     lines.append("checks     " + "; ".join(checks) + ": ok")
@@ -175,6 +211,19 @@ def megatron_check(exp: Experiment, command: str) -> str:
         raise LaunchError(f"Megatron rejects {exp.id} on {exp.gpus} GPUs: {e}; "
                           "fix the layout in configs/experiments/") from None
     return f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus}: ok"
+
+
+def plan_lines(exp: Experiment, opts: Options, inv: dict) -> str:
+    """The estimator's prediction (megalab/estimate.py); warns, never refuses: OOM is a lesson too."""
+    from megalab import estimate
+
+    cap = estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else None
+    gpu = (inv.get("names") or [None])[0]
+    est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu)
+    text = estimate.render(est)
+    if not est.fits:
+        text += "\nwarning    predicted not to fit in GPU memory: expect an out-of-memory error (starting anyway)"
+    return text
 
 
 def check_megatron_installed() -> None:
@@ -229,6 +278,7 @@ def run(target: str, opts: Options | None = None) -> int:
     command = torchrun_command(env)
     print("\n".join(preflight(exp, opts, impl, inv["count"])))
     print(megatron_check(exp, command))
+    print(plan_lines(exp, opts, inv))
 
     te_problem = needs_te(exp, impl)
     if opts.dry_run:
@@ -275,6 +325,7 @@ def run(target: str, opts: Options | None = None) -> int:
         interrupted=interrupted, monitor=mon, inventory=inv, started=started, ended=ended,
         hostname=socket.gethostname(),
     )
+    rec["config"]["dropped_flags"] = dropped_flags(exp, impl)
     record.write(rec, run_dir / "run.json")
     print(record.one_line(rec))
     return 0 if rec["status"] == "ok" else 1

@@ -15,6 +15,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${SEQ_LEN:?set SEQ_LEN}" "${GBS:?set GBS}" "${MBS:?set MBS}"
 MAX_POS=${MAX_POS:-$SEQ_LEN}
 VOCAB_SIZE=${VOCAB_SIZE:-50257}
+FFN_HIDDEN=${FFN_HIDDEN:-}               # empty: Megatron's 4 x hidden
+DISABLE_BIAS_LINEAR=${DISABLE_BIAS_LINEAR:-0}
 ITERS=${ITERS:-100}
 
 # ---- parallel layout (the catalog's numbers) ----------------------------------------------------
@@ -22,6 +24,15 @@ TP=${TP:-1}; PP=${PP:-1}; CP=${CP:-1}; EP=${EP:-1}; ETP=${ETP:-1}
 SP=${SP:-0}; ZERO2=${ZERO2:-0}; RECOMPUTE=${RECOMPUTE:-none}
 VPP_LAYERS=${VPP_LAYERS:-}; CP_COMM=${CP_COMM:-p2p}
 NUM_EXPERTS=${NUM_EXPERTS:-}; TOPK=${TOPK:-}
+
+# ---- mixture of experts (the preset's moe_* keys; used only when NUM_EXPERTS is set) -------------
+MOE_FFN_HIDDEN=${MOE_FFN_HIDDEN:-}; MOE_DISPATCHER=${MOE_DISPATCHER:-alltoall}
+MOE_FORCE_BALANCE=${MOE_FORCE_BALANCE:-0}
+# Transformer Engine kernels: the launcher sets these to 0 without TE (and records the drop).
+MOE_GROUPED_GEMM=${MOE_GROUPED_GEMM:-0}; MOE_PERMUTE_FUSION=${MOE_PERMUTE_FUSION:-0}
+
+# ---- logging ---------------------------------------------------------------------------------------
+TIMING_LOG_LEVEL=${TIMING_LOG_LEVEL:-0}  # 2: per-microbatch forward/backward timers (profile-* targets)
 
 # ---- launch (single node by default; set NNODES/NODE_RANK/MASTER_ADDR for more) ------------------
 GPUS_PER_NODE=${GPUS_PER_NODE:-1}
@@ -43,6 +54,8 @@ MODEL_ARGS=(
     --seq-length "$SEQ_LEN" --max-position-embeddings "$MAX_POS"
     --attention-backend auto   # 'local' would swap any --spec attention back to Megatron's own
 )
+[ -n "$FFN_HIDDEN" ] && MODEL_ARGS+=(--ffn-hidden-size "$FFN_HIDDEN")
+[ "$DISABLE_BIAS_LINEAR" = 1 ] && MODEL_ARGS+=(--disable-bias-linear)
 
 # The reference tutorial's hyper-parameters (configs/reference/README.md).
 TRAINING_ARGS=(
@@ -66,9 +79,14 @@ PARALLEL_ARGS=(
 
 MOE_ARGS=()
 if [ -n "$NUM_EXPERTS" ]; then
-    MOE_ARGS=(--num-experts "$NUM_EXPERTS" --moe-router-topk "$TOPK"
+    MOE_ARGS=(--num-experts "$NUM_EXPERTS" --moe-router-topk "${TOPK:?set TOPK with NUM_EXPERTS}"
               --expert-model-parallel-size "$EP" --expert-tensor-parallel-size "$ETP"
-              --moe-token-dispatcher-type alltoall --moe-grouped-gemm)
+              --moe-token-dispatcher-type "$MOE_DISPATCHER")
+    [ -n "$MOE_FFN_HIDDEN" ] && MOE_ARGS+=(--moe-ffn-hidden-size "$MOE_FFN_HIDDEN")
+    # Route tokens uniformly at random: a throughput benchmark without load imbalance.
+    [ "$MOE_FORCE_BALANCE" = 1 ] && MOE_ARGS+=(--moe-router-force-load-balancing)
+    [ "$MOE_GROUPED_GEMM" = 1 ] && MOE_ARGS+=(--moe-grouped-gemm)
+    [ "$MOE_PERMUTE_FUSION" = 1 ] && MOE_ARGS+=(--moe-permute-fusion)
 fi
 
 RECOMPUTE_ARGS=()
@@ -97,6 +115,7 @@ LOGGING_ARGS=(
     --log-memory-to-tensorboard --log-timers-to-tensorboard
 )
 [ -n "${RUN_DIR:-}" ] && LOGGING_ARGS+=(--tensorboard-dir "$RUN_DIR/tensorboard")
+[ "$TIMING_LOG_LEVEL" -gt 0 ] && LOGGING_ARGS+=(--timing-log-level "$TIMING_LOG_LEVEL")
 
 if [ "$TE_IMPL" = transformer_engine ]; then
     IMPL_ARGS=(--transformer-impl transformer_engine)

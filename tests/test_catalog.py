@@ -1,4 +1,5 @@
 """The catalog, the wrapper's flags, and Megatron's own verdict on every target (CPU only)."""
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -23,18 +24,83 @@ def test_makefile_target_list_matches_catalog():
         assert re.search(rf"^{re.escape(i)}:", out, re.M), f"{i} is not a make target"
 
 
-def test_every_chapter1_reference_row_has_its_target():
+def _reference_rows(chapter):
     import csv
 
-    rows = [r for r in csv.DictReader(open(REF)) if r["chapter"] == "1"]
-    by_ref = {e.ref: e for e in catalog.catalog().values() if e.chapter == 1 and e.ref}
-    assert len(rows) == 13
+    return [r for r in csv.DictReader(open(REF)) if r["chapter"] == str(chapter)]
+
+
+def _int(cell, default):
+    return int(cell) if cell.strip() else default
+
+
+@pytest.mark.parametrize("chapter,count", [(1, 13), (2, 19), (4, 15), (5, 9)])
+def test_every_reference_row_has_its_target_with_the_same_numbers(chapter, count):
+    rows = _reference_rows(chapter)
+    assert len(rows) == count
+    cat = catalog.catalog()
     for r in rows:
-        exp = by_ref[r["row"]]
-        assert exp.id == r["target"]
-        assert (exp.gbs, exp.mbs, exp.gpus, exp.dp) == (int(r["gbs"]), int(r["mbs"]), int(r["gpus"]), int(r["dp"]))
-        assert exp.zero2 == (r["zero2"] == "1")
-        assert exp.model_cfg["num_layers"] == int(r["layers"])
+        assert r["target"] in cat, f"chapter {chapter} row {r['row']}: no target {r['target']}"
+        exp = cat[r["target"]]
+        assert (exp.chapter, exp.ref) == (chapter, r["row"])
+        m = exp.model_cfg
+        ours = dict(gbs=exp.gbs, mbs=exp.mbs, gpus=exp.gpus, dp=exp.dp, tp=exp.tp, pp=exp.pp, cp=exp.cp,
+                    ep=exp.ep, etp=exp.etp, experts=exp.num_experts, topk=exp.router_topk if exp.num_experts else None,
+                    sp=exp.sp, zero2=exp.zero2, recompute=exp.recompute,
+                    layers_per_virtual_stage=exp.layers_per_virtual_stage,
+                    layers=m["num_layers"], hidden=m["hidden_size"], heads=m["num_attention_heads"],
+                    seq=m["seq_length"])
+        theirs = dict(gbs=int(r["gbs"]), mbs=int(r["mbs"]), gpus=int(r["gpus"]), dp=int(r["dp"]), tp=int(r["tp"]),
+                      pp=int(r["pp"]), cp=_int(r["cp"], 1), ep=_int(r["ep"], 1), etp=_int(r["etp"], 1),
+                      experts=_int(r["experts"], None), topk=_int(r["topk"], None), sp=r["sp"] == "1",
+                      zero2=r["zero2"] == "1", recompute=r["recompute"] or "none",
+                      layers_per_virtual_stage=_int(r["layers_per_virtual_stage"], None),
+                      layers=int(r["layers"]), hidden=int(r["hidden"]), heads=int(r["heads"]), seq=int(r["seq"]))
+        assert ours == theirs, f"{exp.id} differs from row {r['row']}: " + ", ".join(
+            f"{k} {ours[k]} vs {theirs[k]}" for k in ours if ours[k] != theirs[k])
+    # every target that names a reference row (profile-* included) reproduces one that exists
+    rows_by_id = {r["row"] for r in rows}
+    for exp in cat.values():
+        if exp.chapter == chapter:
+            assert (exp.ref or exp.analogue_of) in rows_by_id, f"{exp.id}: no row {exp.ref or exp.analogue_of}"
+
+
+def test_analogues_run_on_two_gpus():
+    for exp in catalog.catalog().values():
+        if exp.analogue_of:
+            assert exp.gpus == 2 and exp.ref is None, exp.id
+
+
+def test_chapter2_sweeps_have_their_1_and_2_gpu_points_as_reference_rows():
+    # these are the chapter's 2-GPU runs of the four TP sweeps (no second name for the same run)
+    cat = catalog.catalog()
+    for prefix in ("211", "212", "221", "222", "231", "232", "241", "242"):
+        exp = catalog.get(prefix)
+        assert exp.ref and exp.gpus <= 2 and exp.tp == exp.gpus
+    assert {e.id for e in cat.values() if e.analogue_of in ("C1", "C2", "C3")} >= {
+        "285-gpt2-1.2B-tp2-gbs24-len2048-oom", "286-gpt2-1.2B-tp2-gbs24-len2048-sp",
+        "287-gpt2-1.2B-tp2-gbs24-len2048-ra"}
+
+
+def test_profile_targets_turn_on_megatrons_timers():
+    for target in ("profile-282", "profile-283", "profile-286", "profile-287"):
+        exp = catalog.get(target)
+        plain = catalog.get(target.split("-", 1)[1])
+        assert dataclasses.replace(exp, id=plain.id, timing_log_level=0, about=plain.about) == plain
+        cmd = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
+        assert "--timing-log-level 2" in cmd
+        assert validate.validate(validate.entry_args(cmd), exp.gpus).timing_log_level == 2
+    assert "--timing-log-level" not in launch.torchrun_command(
+        launch.wrapper_env(catalog.get("282"), _opts(), "local"))
+
+
+def test_virtual_stages_are_counted_both_ways():
+    exp = catalog.get("442")
+    assert (exp.layers_per_virtual_stage, exp.virtual_stages) == (9, 2)
+    assert catalog.get("498").virtual_stages == 9 and catalog.get("481").virtual_stages == 18
+    for e in catalog.catalog().values():
+        if e.layers_per_virtual_stage:
+            assert f"{e.layers_per_virtual_stage} layer" in e.about and f"{e.virtual_stages} virtual stages" in e.about
 
 
 @pytest.mark.parametrize("target", list(catalog.catalog()))
@@ -49,6 +115,18 @@ def test_every_target_dry_runs_and_megatron_accepts_it(target):
     assert args.global_batch_size == exp.gbs and args.micro_batch_size == exp.mbs
     assert args.use_distributed_optimizer == exp.zero2
     assert args.transformer_impl == "local" and args.spec == ["megalab.spec", "megalab_layer_spec"]
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (exp.tp, exp.pp)
+    assert args.sequence_parallel == exp.sp
+    assert args.virtual_pipeline_model_parallel_size == exp.virtual_stages
+    assert (args.num_experts, args.expert_model_parallel_size) == (exp.num_experts, exp.ep)
+    if exp.num_experts:
+        assert (args.expert_tensor_parallel_size, args.moe_router_topk) == (exp.etp, exp.router_topk)
+        assert not args.moe_grouped_gemm and not args.moe_permute_fusion  # TE-only: dropped on the local path
+    # The model config Megatron builds next (TransformerConfig.__post_init__ has checks of its own,
+    # e.g. MoE biases only with ETP=1, fused permutation only with TE).
+    from megatron.training.argument_utils import gpt_config_from_args
+
+    gpt_config_from_args(args)
 
 
 def test_dry_run_128_shows_8_processes_distributed_optimizer_and_preflight():
@@ -90,3 +168,60 @@ def test_megatron_rejection_is_reported_in_one_line(monkeypatch):
     with pytest.raises(launch.LaunchError, match="Megatron rejects x on 2 GPUs") as e:
         launch.megatron_check(exp, launch.torchrun_command(env))
     assert "\n" not in str(e.value)
+
+
+def test_moe_preset_becomes_flags_and_te_only_ones_are_dropped_without_te():
+    exp = catalog.get("522")
+    local = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
+    te = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "transformer_engine"))
+    for flag in ("--num-experts 64", "--moe-router-topk 8", "--expert-model-parallel-size 2",
+                 "--expert-tensor-parallel-size 1", "--moe-token-dispatcher-type alltoall",
+                 "--moe-ffn-hidden-size 1024", "--moe-router-force-load-balancing", "--disable-bias-linear"):
+        assert flag in local and flag in te
+    assert "--moe-grouped-gemm" not in local and "--moe-permute-fusion" not in local
+    assert "--moe-grouped-gemm --moe-permute-fusion" in te
+    assert launch.dropped_flags(exp, "local") == ["--moe-grouped-gemm", "--moe-permute-fusion"]
+    assert launch.dropped_flags(exp, "transformer_engine") == []
+    assert launch.dropped_flags(catalog.get("212"), "local") == []
+    assert "--disable-bias-linear" not in launch.torchrun_command(launch.wrapper_env(catalog.get("212"), _opts(), "local"))
+    assert any(l.startswith("dropped    --moe-grouped-gemm --moe-permute-fusion")
+               for l in launch.preflight(exp, _opts(), "local", 2))
+
+
+def test_a_run_records_the_dropped_flags(monkeypatch, tmp_path, capsys):
+    import json
+    import os
+
+    from megalab import monitor
+
+    monkeypatch.setattr(monitor, "gpu_inventory",
+                        lambda: {"count": 2, "names": ["NVIDIA H200"], "memory_mib": [143771], "driver": "580"})
+    real_popen = subprocess.Popen
+
+    def fake_popen(args, **kw):  # the training run itself: a stand-in that prints one line
+        if list(args) == ["bash", str(launch.WRAPPER)] and (kw.get("env") or os.environ).get("DRY_RUN") != "1":
+            args = ["bash", "-c", "echo 'megalab: stand-in for torchrun'"]
+        return real_popen(args, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    monkeypatch.delenv("DRY_RUN", raising=False)
+    launch.run("522", launch.Options(iters=2, outdir=tmp_path))
+    rec = json.load(open(next(tmp_path.glob("*/run.json"))))
+    assert rec["config"]["dropped_flags"] == ["--moe-grouped-gemm", "--moe-permute-fusion"]
+    assert "--moe-grouped-gemm" not in rec["command"]
+    assert "dropped    --moe-grouped-gemm --moe-permute-fusion" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(model="olmoe-like", gbs=32, mbs=16), "sets no num_experts"),
+    (dict(ep=2), "needs a MoE model"),
+    (dict(model="olmoe-like", num_experts=63, ep=2, gbs=32, mbs=16), "63 experts cannot be split over EP=2"),
+    (dict(model="olmoe-like", num_experts=64, topk=80, gbs=32, mbs=16), "top-k 80"),
+    (dict(model="olmoe-like", num_experts=64, tp=2, gbs=16, mbs=16), "need sequence parallelism"),
+    (dict(model="gpt2-large", gpus=2, pp=2, gbs=3, mbs=1, layers_per_virtual_stage=9), "multiple of PP=2, got 3"),
+    (dict(timing_log_level=3), "timing_log_level"),
+])
+def test_moe_and_virtual_pipeline_layouts_megatron_would_reject_fail_early(kw, msg):
+    with pytest.raises(CatalogError, match=msg) as e:
+        _bad(**kw).validate()
+    assert "fix" in str(e.value) and "\n" not in str(e.value)

@@ -39,3 +39,11 @@ def test_committed_checks_page_is_up_to_date():
     recs = tables.load_records(ROOT / "results" / "runs")
     text = checks.render(checks.evaluate_all(checks.load_claims(), recs, catalog.catalog()))
     assert (ROOT / "results" / "checks.md").read_text(encoding="utf-8") == text, "run `make check` and commit"
+
+
+def test_committed_estimate_validation_is_up_to_date():
+    from megalab import estimate
+
+    text = estimate.validation_table(ROOT)
+    assert (ROOT / "results" / "estimate-vs-measured.md").read_text(encoding="utf-8") == text, \
+        "run `python -m megalab plan --validate` and commit"

@@ -1,0 +1,242 @@
+"""megalab.estimate: parameter counts and state bytes against what Megatron prints, the activation
+formula on a tiny config worked by hand, the pipeline-stage split, Megatron's FLOPs against the
+committed records, the validation table on the committed runs, and the CLI's exit codes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megalab import catalog
+from megalab import estimate as E
+from megalab.catalog import Experiment
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 2**20
+
+# A tiny model for hand arithmetic: s=32, h=64, a=4, 2 layers, vocab 1000.
+TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+        "max_position_embeddings": 32, "vocab_size": 1000}
+
+
+def tiny(**kw) -> Experiment:
+    base = dict(id="tiny", chapter=0, about="", model="gpt2-xl", gpus=1, gbs=2, mbs=2)
+    return Experiment(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- parameters and state
+
+def test_gpt2xl_parameters_as_megatron_prints():
+    est = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"))
+    assert est.vocab == 50257 and est.vocab_padded == 50304
+    assert est.params_total == 1_557_686_400  # "> number of parameters on ... rank (0, 0, 0)"
+    assert est.params_per_gpu == [1_557_686_400]
+
+
+def test_vocab_padding_is_a_multiple_of_128_times_tp():
+    assert E.padded_vocab(50257, 1) == 50304
+    assert E.padded_vocab(50257, 2) == 50432  # 50304 is not a multiple of 256
+    assert E.padded_vocab(50257, 8) == 51200
+
+
+def test_tensor_parallel_params_per_gpu_as_megatron_prints():
+    est = E.estimate(catalog.get("003-gpt2large-tp2-gbs64"))
+    assert est.params_per_gpu == [387_921_920]  # logs of results/runs/*003*
+
+
+def test_weight_and_optimizer_dp1_matches_megatron():
+    st = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16")).stages[0]
+    assert st.state_bytes == 18 * 1_557_686_400
+    assert abs(st.state_bytes / MB / 26699.47 - 1) < 0.005
+    # The 0.15% is Megatron's formula leaving out biases (9h per layer) and positions (s x h).
+    h, layers = 1600, 48
+    megatron_count = 1_557_686_400 - 9 * h * layers - 1024 * h
+    assert round(18 * megatron_count / MB, 2) == 26699.47
+
+
+@pytest.mark.parametrize("target", ["122-gpt2xl-dp2-gbs32-zero2", "152-gpt2xl-dp2-gbs30-zero2"])
+def test_weight_and_optimizer_dp2_zero2_matches_megatron(target):
+    st = E.estimate(catalog.get(target)).stages[0]
+    assert st.state_bytes == pytest.approx((6 + 12 / 2) * 1_557_686_400)
+    assert abs(st.state_bytes / MB / 17799.65 - 1) < 0.005
+
+
+def test_zero2_at_dp1_shards_nothing():
+    assert E.estimate(catalog.get("121-gpt2xl-dp1-gbs16-oom")).stages[0].state_bytes == 18 * 1_557_686_400
+
+
+def test_moe_params_by_hand_without_biases():
+    # An OLMoE-like preset: 16 layers, h 1024, expert FFN 1024, 64 experts, no linear biases.
+    cfg = {"num_layers": 16, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 4096,
+           "max_position_embeddings": 4096, "vocab_size": 50257, "disable_bias_linear": True,
+           "moe_ffn_hidden_size": 1024, "moe_router_topk": 8}
+    h, L = 1024, 16
+    experts = L * 64 * 2 * h * 1024
+    dense = L * (4 * h * h + 64 * h + 2 * 2 * h) + 2 * h + 50304 * h + 4096 * h
+    est = E.estimate(tiny(gpus=8, gbs=32, mbs=4, num_experts=64, zero2=True), model_cfg=cfg)
+    assert est.params_total == experts + dense == 2_271_414_272
+    ep8 = E.estimate(tiny(gpus=8, gbs=32, mbs=4, num_experts=64, zero2=True, ep=8), model_cfg=cfg)
+    assert ep8.params_per_gpu == [dense + experts // 8]
+
+
+# --------------------------------------------------------------------------- activations by hand
+
+def test_activation_formula_tiny_by_hand():
+    s, b, h, a = 32, 2, 64, 4
+    sbh = s * b * h  # 4096
+    # megalab (SDPA): sbh(34 + 4a/h) = 4096 x 34.25 = 140288 bytes per layer
+    est = E.estimate(tiny(), model_cfg=TINY)
+    assert est.per_layer_sbh == pytest.approx(34.25)
+    st = est.stages[0]
+    embed = 8 * s * b + sbh  # token ids (int64) + embedding dropout mask
+    assert st.activations_bytes == pytest.approx(2 * 140288 + embed)
+    # logits: b s V_pad x (2 + 4) with V_pad = 1024; plus the final-LN tensors 4sbh
+    assert st.head_bytes == pytest.approx(6 * s * b * 1024 + 4 * sbh)
+    # local spec keeps the scores: sbh(34 + 5as/h) = 4096 x (34 + 10) = 180224 bytes per layer
+    loc = E.estimate(tiny(), model_cfg=TINY, spec="local")
+    assert loc.per_layer_sbh * sbh == pytest.approx(180224)
+    assert 5 * a * s / h == 10
+
+
+def test_activation_formula_tp_sp_recompute_by_hand():
+    sh = E.Shape.of(TINY)
+    f = E.layer_activation_sbh
+    # TP=2 (local): 10 + 24/2 + 5 x 4 x 32 / (64 x 2) = 22 + 5 = 27
+    assert f(sh, tp=2, sp=False, spec="local", selective=False) == pytest.approx(27)
+    # TP=2 + SP (local): 34/2 + 5 = 22
+    assert f(sh, tp=2, sp=True, spec="local", selective=False) == pytest.approx(22)
+    # selective recompute drops the score term: 10 + 24/2 = 22
+    assert f(sh, tp=2, sp=False, spec="local", selective=True) == pytest.approx(22)
+    # megalab TP=2 + SP: 17 + 4 x 4 / (64 x 2) = 17.125
+    assert f(sh, tp=2, sp=True, spec="megalab", selective=False) == pytest.approx(17.125)
+    # full recompute, uniform 1: 2sbh per layer kept + one layer's full activations live
+    est = E.estimate(tiny(recompute="full-uniform-1"), model_cfg=TINY)
+    sbh = 32 * 2 * 64
+    assert est.stages[0].activations_bytes == pytest.approx(2 * 2 * sbh + 34.25 * sbh + 8 * 32 * 2 + sbh)
+
+
+def test_context_parallel_divides_the_sequence():
+    one = E.estimate(tiny(gpus=2, gbs=4), model_cfg=TINY).stages[0]
+    cp2 = E.estimate(tiny(gpus=2, cp=2), model_cfg=TINY).stages[0]
+    assert cp2.head_bytes == pytest.approx(one.head_bytes / 2)
+
+
+# --------------------------------------------------------------------------- pipeline stages
+
+def test_pipeline_stage_split_gpt2large_pp2():
+    est = E.estimate(catalog.get("006-gpt2large-pp2-gbs64-m1"))
+    first, last = est.stages
+    # Megatron's per-rank parameter counts (logs of results/runs/*006*): embeddings + positions on
+    # the first stage; final LN + a copy of the tied word embedding on the last.
+    assert (first.params, last.params) == (419_893_760, 418_585_600)
+    assert est.params_total == 774_090_240  # the copy counts once
+    assert first.head_bytes == 0 and last.head_bytes > 0
+    assert (first.inflight, last.inflight) == (1, 1)  # one microbatch: nothing else in flight
+
+
+def test_pipeline_inflight_microbatches_1f1b_and_interleaved():
+    cfg = {**TINY, "num_layers": 8}
+    est = E.estimate(tiny(gpus=4, pp=4, gbs=16), model_cfg=cfg)  # m = 8
+    assert [s.inflight for s in est.stages] == [4, 3, 2, 1]
+    est = E.estimate(tiny(gpus=4, pp=4, gbs=4), model_cfg=cfg)  # m = 2 < p
+    assert [s.inflight for s in est.stages] == [2, 2, 2, 1]
+    # interleaved, v = 2 chunks of 1 layer: first stage holds p(1 + (p-1)/(pv)) = 5.5 microbatches
+    est = E.estimate(tiny(gpus=4, pp=4, gbs=16, layers_per_virtual_stage=1), model_cfg=cfg)
+    assert est.virtual_stages == 2
+    assert est.stages[0].inflight == pytest.approx(4 * (1 + 3 / 8))
+
+
+# --------------------------------------------------------------------------- fit, FLOPs, render
+
+def test_local_spec_at_mbs15_does_not_fit_an_h100():
+    exp = catalog.get("111-gpt2xl-dp1-fit-80GB")
+    assert E.estimate(exp).fits
+    loc = E.estimate(exp, spec="local")
+    assert not loc.fits and loc.gpu_mem_gib == pytest.approx(79.65, abs=0.01)
+    assert E.estimate(exp, spec="local", gpu_mem_gib=400).fits
+
+
+def test_gpu_mem_gb_80_is_an_h100():
+    assert E.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
+    assert E.gpu_spec("NVIDIA H200")[0] == pytest.approx(143771 / 1024)
+
+
+def _records():
+    for d in E.RECORD_DIRS:
+        for p in sorted((ROOT / d).glob("*/run.json")):
+            yield json.loads(p.read_text())
+
+
+def test_flops_are_megatrons_on_committed_runs():
+    """Megatron logs TFLOP/s = its FLOPs / step time / GPUs; ours times the same step must agree."""
+    n = 0
+    for rec in _records():
+        if rec.get("status") != "ok" or not rec.get("tflops_per_gpu"):
+            continue
+        est = E.estimate_record(rec)
+        logged = rec["tflops_per_gpu"] * 1e12 * rec["step_ms_median"] / 1e3 * est.gpus
+        assert est.flops_per_step == pytest.approx(logged, rel=0.01), rec["target"]
+        n += 1
+    assert n >= 20
+
+
+def test_step_time_at_mfu():
+    est = E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), mfu=0.35)
+    assert est.step_ms == pytest.approx(est.flops_per_step / (989e12 * 0.35) * 1e3)
+    assert est.tflops_per_gpu == pytest.approx(989 * 0.35)
+    full = E.estimate(tiny(recompute="full-uniform-1"), model_cfg=TINY)
+    assert full.hw_flops_per_step > full.flops_per_step  # Megatron's count has no recompute term
+
+
+def test_render_names_formulas_in_gib():
+    text = E.render(E.estimate(catalog.get("152-gpt2xl-dp2-gbs30-zero2")))
+    assert "6 + 12/2 B/param" in text and "Korthikanti" in text and "num_floating_point_operations" in text
+    assert "GiB" in text and "fits" in text
+    assert all(len(line) < 300 for line in text.splitlines())
+
+
+# --------------------------------------------------------------------------- validation
+
+def test_validation_on_committed_records():
+    rows = E.validation_rows(ROOT)
+    ran = [r for r in rows if r["status"] == "ok"]
+    ooms = [r for r in rows if r["status"] == "oom"]
+    assert len(ran) >= 20 and ooms
+    misses = [f"{r['run']}: {r['err']:+.1%}" for r in ran if abs(r["err"]) > 0.10]
+    assert not misses, "outside 10%: " + "; ".join(misses)
+    assert all(not r["fits"] for r in ooms), [r["run"] for r in ooms if r["fits"]]
+
+
+def test_validation_table_is_generated_markdown():
+    text = E.validation_table(ROOT)
+    assert text.startswith("# Memory estimate vs measured")
+    assert "generated by" in text.splitlines()[2]
+    assert "OOM, predicted" in text
+
+
+# --------------------------------------------------------------------------- CLI
+
+def test_cli_unknown_target_exits_2(capsys):
+    assert E.cli(["plan", "999-nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("megalab: unknown target") and "\n" not in err
+
+
+def test_cli_plan_prints_render(capsys):
+    assert E.cli(["plan", "111", "--spec", "local", "--gpu-mem-gb", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "79.6 GiB" in out
+
+
+def test_cli_validate_writes_the_table(tmp_path, capsys):
+    for d in E.RECORD_DIRS:
+        (tmp_path / d).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / d).symlink_to(ROOT / d)
+    assert E.cli(["plan", "--validate", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / "results" / "estimate-vs-measured.md").read_text().startswith("# Memory estimate")
+    assert "within 10%" in capsys.readouterr().out
+
+
+def test_cli_no_target_exits_2(capsys):
+    assert E.cli(["plan"]) == 2
