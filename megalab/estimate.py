@@ -333,32 +333,6 @@ class Estimate:
         return [s.params for s in self.stages]
 
 
-@dataclasses.dataclass
-class _Layout:
-    """The Experiment fields estimate() reads (a catalog entry or a run record's config)."""
-    id: str
-    model: str
-    gpus: int
-    gbs: int
-    mbs: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    sp: bool = False
-    zero2: bool = False
-    recompute: str = "none"
-    layers_per_virtual_stage: int | None = None
-    num_experts: int | None = None
-    topk: int | None = None
-
-
-def _layout(exp: Any) -> _Layout:
-    names = {f.name for f in dataclasses.fields(_Layout)}
-    return _Layout(**{n: getattr(exp, n) for n in names if hasattr(exp, n)})
-
-
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float = DEFAULT_MFU,
              model_cfg: dict[str, Any] | None = None) -> Estimate:
@@ -369,7 +343,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     (Megatron's DotProductAttention). model_cfg overrides exp.model_cfg (a run record's preset)."""
     if spec not in SPECS:
         raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
-    e = _layout(exp)
+    e = exp  # a catalog.Experiment (for a run record: rebuilt from its config)
     cfg = model_cfg if model_cfg is not None else exp.model_cfg
     sh = Shape.of(cfg, e)
     t, p, cp = e.tp, e.pp, e.cp
@@ -551,10 +525,10 @@ RECORD_DIRS = ("results/runs", "results/bench/runs")
 NOTE_ABOVE = 0.05
 
 
-def _record_layout(rec: dict) -> tuple[_Layout, dict[str, Any], str]:
+def _record_layout(rec: dict) -> tuple[catalog.Experiment, dict[str, Any], str]:
     cfg = rec["config"]
-    names = {f.name for f in dataclasses.fields(_Layout)}
-    lay = _Layout(**{n: cfg[n] for n in names if n in cfg})
+    names = {f.name for f in dataclasses.fields(catalog.Experiment)}
+    lay = catalog.Experiment(**{n: cfg[n] for n in names if n in cfg})
     preset = cfg.get("model_preset") or catalog.models()[lay.model]
     spec = "local" if cfg.get("spec") == "local" and cfg.get("transformer_impl") != "transformer_engine" else "megalab"
     return lay, preset, spec
@@ -575,27 +549,18 @@ def estimate_record(rec: dict) -> Estimate:
                     model_cfg=preset)
 
 
-_MEM_LINE = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]+) \| "
-                       r"max allocated: ([\d.]+) \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
-
-
 def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
     """Megatron's memory line per logged rank (its last report), from the raw log beside the record
     (Megatron prints rank 0 and, with PP, the last stage's first rank), else from the record."""
-    out: dict[int, tuple[int, dict[str, float]]] = {}
+    from megalab import logparse
+
     log = run_dir / ((rec.get("files") or {}).get("log") or "logs.txt")
     try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        text = ""
-    for m in _MEM_LINE.finditer(text):
-        rank, it = int(m.group(1)), int(m.group(2))
-        vals = dict(zip(("allocated_mb", "max_allocated_mb", "reserved_mb", "max_reserved_mb"),
-                        map(float, m.group(3, 4, 5, 6))))
-        if rank not in out or it >= out[rank][0]:
-            out[rank] = (it, vals)
-    if out:
-        return {r: v for r, (_, v) in sorted(out.items())}
+        mem = logparse.parse_file(log).megatron_mem
+    except logparse.LogReadError:
+        mem = {}
+    if mem:
+        return {int(r): v for r, v in mem.items()}
     by_rank = rec.get("megatron_mem_by_rank") or {}
     if by_rank:
         return {int(r): v for r, v in by_rank.items()}
