@@ -18,13 +18,14 @@ PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
 export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
+export DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE
 
 .PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
 
 help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
 	@echo
-	@echo "Everyday: make list | make quickstart | make test | make tables | make check | make setup | make clean"
+	@echo "Everyday: make list | make quickstart | make test | make tables | make check | make prepare-data | make setup | make clean"
 
 list:
 	@$(PY) -m megalab list
@@ -55,7 +56,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/pip install -q "$(TORCH_SPEC)"
 	$(VENV)/bin/pip install -q numpy pybind11 setuptools wheel triton typing_extensions packaging
 	$(VENV)/bin/pip install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION)
-	$(VENV)/bin/pip install -q --no-build-isolation -e '.[dev]'
+	$(VENV)/bin/pip install -q --no-build-isolation -e '.[dev,data]'
 	touch $@
 
 setup: $(VENV)/.stamp
@@ -82,6 +83,20 @@ tables:
 # A FAIL is a finding and exits 0; STRICT=1 makes it an error.
 check:
 	@$(PY) -m megalab check $(if $(filter 1,$(STRICT)),--strict)
+
+# ---- data: tokenize a corpus into Megatron's indexed dataset (python -m megalab prepare-data --help)
+#   make prepare-data                          openwebtext-10k (Hub), GPT-2 BPE -> data/openwebtext-10k_text_document
+#   make prepare-data DATA_SOURCE='corpus/*.jsonl' TOKENIZER=train:8192    offline: a BPE trained on the corpus
+# Also: DATA_PREFIX=, WORKERS=, LIMIT_DOCS=, FORCE=1, VOCAB_FILE=/MERGE_FILE= (with TOKENIZER=gpt2).
+DATA_SOURCE ?= stas/openwebtext-10k
+TOKENIZER ?= gpt2
+DATA_PREFIX ?=
+.PHONY: prepare-data
+prepare-data:
+	@$(PY) -m megalab prepare-data --source '$(DATA_SOURCE)' --tokenizer '$(TOKENIZER)' \
+	    $(if $(DATA_PREFIX),--out '$(DATA_PREFIX)') $(if $(WORKERS),--workers $(WORKERS)) \
+	    $(if $(LIMIT_DOCS),--limit-docs $(LIMIT_DOCS)) $(if $(filter 1,$(FORCE)),--force) \
+	    $(if $(filter gpt2,$(TOKENIZER)),$(if $(VOCAB_FILE),--vocab-file '$(VOCAB_FILE)') $(if $(MERGE_FILE),--merge-file '$(MERGE_FILE)'))
 
 # Removes local scratch only; committed results/ are never touched.
 clean:

@@ -7,6 +7,7 @@
   tables         rebuild results/*.md from committed run records (make tables)
   plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
   check          evaluate the papers' trend claims against the records (make check)
+  prepare-data   tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)
   refresh DIR..  recompute run records' measured fields from their raw log and memory CSV
 """
 from __future__ import annotations
@@ -57,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             from megalab import logparse
 
             return logparse.cli(rest)
+        if cmd == "prepare-data":
+            from megalab import data
+
+            return data.cli(rest)
         if cmd == "plan":
             from megalab import estimate
 

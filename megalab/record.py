@@ -93,6 +93,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes, "extra_args": opts.extra_args,
         "fastpath": os.environ.get("MEGALAB_FAST") or None,
+        "data": os.environ.get("DATA") or "mock",
     }
     used = monitor.peak_mib if monitor.peak_mib else []
     rec = {

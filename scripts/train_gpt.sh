@@ -100,13 +100,23 @@ case "$RECOMPUTE" in
 esac
 
 # Mock data by default: throughput rows do not depend on the text. The tokenizer only sets the vocab.
+# Real data: `make prepare-data` prints DATA=<prefix>_text_document TOKENIZER_MODEL=<folder> [SPLIT=...].
 DATA=${DATA:-mock}
+SPLIT=${SPLIT:-949,50,1}   # Megatron 0.19 hangs building an empty split: prepare-data says when to change it
 if [ "$DATA" = mock ]; then
-    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size "$VOCAB_SIZE" --split 949,50,1)
+    DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size "$VOCAB_SIZE" --split "$SPLIT")
 else
-    DATA_ARGS=(--data-path "$DATA" --tokenizer-type GPT2BPETokenizer
-               --vocab-file "${VOCAB_FILE:?set VOCAB_FILE for DATA=$DATA}"
-               --merge-file "${MERGE_FILE:?set MERGE_FILE for DATA=$DATA}" --split 949,50,1)
+    if [ "${DRY_RUN:-0}" != 1 ] && [ ! -f "$DATA.idx" ]; then
+        echo "train_gpt.sh: $DATA.idx not found; fix: make prepare-data (it prints DATA=...)" >&2; exit 2
+    fi
+    if [ -n "${TOKENIZER_MODEL:-}" ]; then   # the tokenizer folder saved beside the data: offline, exact
+        DATA_ARGS=(--data-path "$DATA" --tokenizer-type HuggingFaceTokenizer
+                   --tokenizer-model "$TOKENIZER_MODEL" --split "$SPLIT")
+    else  # mcore 0.19's GPT2BPETokenizer loads the Hub's `gpt2` (its tokenizer.json): GPT-2 itself, online only
+        DATA_ARGS=(--data-path "$DATA" --tokenizer-type GPT2BPETokenizer
+                   --vocab-file "${VOCAB_FILE:?set TOKENIZER_MODEL (or VOCAB_FILE+MERGE_FILE) for DATA=$DATA}"
+                   --merge-file "${MERGE_FILE:?set MERGE_FILE for DATA=$DATA}" --split "$SPLIT")
+    fi
 fi
 
 # Log every iteration (the harness takes a median) with Megatron's own TFLOP/s estimate.

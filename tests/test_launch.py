@@ -158,3 +158,16 @@ def test_context_parallel_without_te_is_refused_before_launch():
     assert "context parallelism (CP=2)" in _one_error_line(out.stderr)
     dry = _make("005-gpt2large-cp2-gbs64", DRY_RUN="1")
     assert dry.returncode == 0 and "warning    target 005" in dry.stdout
+
+
+def test_real_data_flags_and_missing_dataset(tmp_path):
+    from megalab import catalog
+
+    env = launch.wrapper_env(catalog.get("101"), launch.Options(), "local")
+    data = {"DATA": str(tmp_path / "owt_text_document"), "TOKENIZER_MODEL": str(tmp_path / "tok"), "SPLIT": "98,2,0"}
+    cmd = launch.torchrun_command({**env, **data})
+    assert f"--data-path {tmp_path}/owt_text_document --tokenizer-type HuggingFaceTokenizer" in cmd
+    assert "--split 98\\,2\\,0" in cmd and "--mock-data" not in cmd
+    out = subprocess.run(["bash", str(launch.WRAPPER)], env={**os.environ, **env, **data},
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "owt_text_document.idx not found; fix: make prepare-data" in out.stderr
