@@ -219,7 +219,10 @@ def plan_lines(exp: Experiment, opts: Options, inv: dict) -> str:
 
     cap = estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else None
     gpu = (inv.get("names") or [None])[0]
-    est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu)
+    try:
+        est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu)
+    except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
+        return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)
     if not est.fits:
         text += "\nwarning    predicted not to fit in GPU memory: expect an out-of-memory error (starting anyway)"
