@@ -6,7 +6,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [p for p in ROOT.rglob("*.md")
-        if not any(part in (".venv", "node_modules", ".git", "outdir", "fixtures") for part in p.parts)]
+        if not any(part in (".venv", "node_modules", ".git", "outdir", "fixtures", ".pytest_cache", "data")
+                       for part in p.parts)]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
