@@ -309,8 +309,6 @@ def run(target: str, opts: Options | None = None) -> int:
 
     started = dt.datetime.now(dt.timezone.utc)
     interrupted = False
-    from megalab.monitor import GpuMemoryMonitor  # noqa: F811
-
     with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
         proc = subprocess.Popen(["bash", str(WRAPPER)], env=child_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -326,9 +324,8 @@ def run(target: str, opts: Options | None = None) -> int:
     rec = record.build(
         exp=exp, opts=opts, impl=impl, command=command, run_dir=run_dir, returncode=rc,
         interrupted=interrupted, monitor=mon, inventory=inv, started=started, ended=ended,
-        hostname=socket.gethostname(),
+        hostname=socket.gethostname(), dropped_flags=dropped_flags(exp, impl),
     )
-    rec["config"]["dropped_flags"] = dropped_flags(exp, impl)
     record.write(rec, run_dir / "run.json")
     print(record.one_line(rec))
     return 0 if rec["status"] == "ok" else 1

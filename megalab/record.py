@@ -74,38 +74,47 @@ def versions(driver: str | None) -> dict:
     }
 
 
-def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
-          started, ended, hostname) -> dict:
+def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: list[int],
+             peak: float | None) -> dict:
+    """The record's measured fields, all derived from the raw log and the memory peaks.
+
+    The status is the log's, corrected by what the log cannot know: a run stopped by the user is
+    `incomplete`, a clean-looking log whose process exited non-zero is `failed`.
+    """
     from megalab import logparse
 
-    summary = logparse.parse_file(run_dir / "logs.txt")
-    fields = logparse.summary_fields(summary, warmup=opts.warmup)
-    status = fields["status"]
-    if interrupted or (status == "ok" and returncode not in (0, None)):
-        status = "incomplete" if interrupted else "failed"
-    if status == "empty":
+    fields = logparse.summary_fields(logparse.parse_file(log), warmup=warmup)
+    status = fields.pop("status")
+    if status == "empty" or (status == "ok" and returncode not in (0, None)):
         status = "failed"
+    if interrupted:
+        status = "incomplete"
+    tflops = fields.get("tflops_per_gpu")
+    return {"status": status, **fields,
+            "mfu": round(tflops / peak, 4) if (tflops and peak) else None,
+            "mem_peak_mib": used_mib, "mem_peak_gib": [round(u / 1024, 2) for u in used_mib]}
+
+
+def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
+          started, ended, hostname, dropped_flags=()) -> dict:
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
-    tflops = fields.get("tflops_per_gpu")
+    meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak)
     config = dataclasses.asdict(exp) | {
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes, "extra_args": opts.extra_args,
         "fastpath": os.environ.get("MEGALAB_FAST") or None,
         "data": os.environ.get("DATA") or "mock",
+        "dropped_flags": list(dropped_flags),
     }
-    used = monitor.peak_mib if monitor.peak_mib else []
     rec = {
         "schema": SCHEMA,
         "target": exp.id,
-        "status": status,
+        "status": meas.pop("status"),
         "returncode": returncode,
-        **{k: v for k, v in fields.items() if k != "status"},
+        **meas,
         "peak_tflops": peak,
-        "mfu": round(tflops / peak, 4) if (tflops and peak) else None,
-        "mem_peak_mib": used,
-        "mem_peak_gib": [round(u / 1024, 2) for u in used],
         "mem_baseline_mib": monitor.baseline_mib,
         "mem_samples": monitor.samples,
         "monitor_error": monitor.error,
@@ -171,22 +180,13 @@ def refresh(run_dir: Path) -> dict:
     """
     import datetime as dt
 
-    from megalab import logparse
-
     run_dir = Path(run_dir)
     rec = load(run_dir / "run.json")
-    fields = logparse.summary_fields(logparse.parse_file(run_dir / rec["files"]["log"]),
-                                     warmup=rec.get("warmup_iters") or 3)
-    status = fields.pop("status")
-    if status == "empty" or (status == "ok" and rec.get("returncode") not in (0, None)):
-        status = "failed"
-    if rec.get("status") == "incomplete":  # interrupted by the user: the log cannot tell
-        status = "incomplete"
     used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
-    tflops = fields.get("tflops_per_gpu")
-    rec.update(fields, status=status, mem_peak_mib=used,
-               mem_baseline_mib=(rec.get("mem_baseline_mib") or [])[: rec["num_gpus"]], mem_peak_gib=[round(u / 1024, 2) for u in used],
-               mfu=round(tflops / rec["peak_tflops"], 4) if (tflops and rec.get("peak_tflops")) else None)
+    # the log cannot tell a user's interrupt: keep `incomplete` as the launcher recorded it
+    rec.update(measured(run_dir / rec["files"]["log"], rec.get("warmup_iters") or 3, rec.get("returncode"),
+                        rec.get("status") == "incomplete", used, rec.get("peak_tflops")),
+               mem_baseline_mib=(rec.get("mem_baseline_mib") or [])[: rec["num_gpus"]])
     rec.setdefault("refreshed", []).append(
         {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"})
     write(rec, run_dir / "run.json")
