@@ -132,7 +132,6 @@ class Experiment:
                 f"{where}: recompute '{self.recompute}' is not one of none, selective, full-uniform-N, "
                 f"full-block-N; fix the catalog entry")
 
-
     def _validate_moe(self, where: str) -> None:
         m = self.model_cfg
         moe_preset = any(k.startswith("moe_") for k in m)
