@@ -4,7 +4,8 @@
 #   DRY_RUN=1 make 128-gpt2xl-dp8-gbs128-zero2   print the preflight and the exact torchrun command
 #
 # Variables (environment or make arguments): ITERS (100), GPU_MEM_GB (cap, e.g. 80 on an H200),
-# DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), NNODES, NODE_RANK, MASTER_ADDR,
+# DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), FAST (fast-path patches, none|all|list),
+# CUDA_GRAPH (1: Megatron's full-iteration CUDA graph), NNODES, NODE_RANK, MASTER_ADDR,
 # MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py).
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -17,7 +18,7 @@ PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 # Target ids, straight from the catalog (no Python needed to list them).
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
-export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
+export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
 export DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE
 
 .PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
@@ -78,6 +79,16 @@ quickstart:
 
 tables:
 	@$(PY) -m megalab tables
+
+# Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
+# Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.
+# "--parts cases,ablation --budget-s 500". Needs a GPU; `bench-report` rebuilds the page anywhere.
+.PHONY: bench bench-report
+bench:
+	@$(PY) -m megalab.bench run $(BENCH_ARGS)
+
+bench-report:
+	@$(PY) -m megalab.bench report
 
 # The papers' scaling claims (configs/checks.yaml) against the records -> results/checks.md.
 # A FAIL is a finding and exits 0; STRICT=1 makes it an error.

@@ -6,8 +6,10 @@ that touch every parameter:
   - the gradient norm for clipping: `local_multi_tensor_l2_norm`, one torch.norm per tensor and a
     device-to-host copy of each result (a sync per parameter tensor);
   - gradient scaling / main-to-model copies: `local_multi_tensor_scale`, a temporary per tensor.
-Each patch below replaces one of them with PyTorch's fused or foreach kernel. They are opt-in
-(MEGALAB_FAST=fused_adam,foreach_norm,foreach_scale or MEGALAB_FAST=all) so a benchmark can show
+Each patch below replaces one of them with PyTorch's fused or foreach kernel. A fourth,
+`cudnn_sdpa`, puts cuDNN's fused attention first in PyTorch's SDPA backend order (PyTorch
+prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). They are opt-in
+(MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 
 import torch
 
-PATCHES = ("fused_adam", "foreach_norm", "foreach_scale")
+PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa")
 
 
 def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -49,6 +51,16 @@ class FusedAdamW(torch.optim.AdamW):
         kwargs.setdefault("fused", True)
         kwargs.pop("foreach", None)
         super().__init__(params, *args, **kwargs)
+
+
+def prefer_cudnn_attention() -> bool:
+    """Order SDPA's backends cuDNN, flash, memory-efficient, math for the rest of the process."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    sdpa_kernel(order, set_priority=True).__enter__()  # entered for good: never exited
+    return True
 
 
 def requested(env=os.environ) -> list[str]:
@@ -85,4 +97,6 @@ def apply(names: list[str]) -> list[str]:
         if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
             optmod.multi_tensor_scale_impl = foreach_scale
         applied.append("foreach_scale")
+    if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
+        applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied

@@ -43,6 +43,9 @@ class Options:
     master_port: int = 6000
     extra_args: str = ""
     warmup: int = 3
+    # megalab's TE-free speed-ups (megalab/fastpath.py): None = the default for the spec
+    fast: str | None = None
+    cuda_graph: bool = False  # Megatron's full-iteration CUDA graph (--cuda-graph-impl full_iteration)
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Options":
@@ -64,9 +67,30 @@ class Options:
                 master_port=int(get("MASTER_PORT", 6000)),
                 extra_args=get("EXTRA_ARGS", ""),
                 warmup=int(get("WARMUP", 3)),
+                fast=get("FAST", None),
+                cuda_graph=get("CUDA_GRAPH", "0") not in ("0", "false", "no"),
             )
         except ValueError as e:
             raise LaunchError(f"a make variable is not a number ({e}); fix: e.g. ITERS=20 NNODES=2") from None
+
+
+# The optimizer-side fast path is exact (tests/test_fastpath.py) and never slower, so it is on by
+# default for megalab's spec; Megatron's stock local spec stays stock, as a fair baseline.
+DEFAULT_FAST = "fused_adam,foreach_norm,foreach_scale"
+
+
+def fast_patches(opts: Options, impl: str) -> str:
+    """MEGALAB_FAST for the entry point: the user's FAST, else the default for this spec."""
+    from megalab import fastpath
+
+    if impl != "local":
+        return "none"  # Transformer Engine brings its own fused optimizer and kernels
+    value = opts.fast if opts.fast is not None else (DEFAULT_FAST if opts.spec == "megalab" else "none")
+    try:
+        names = fastpath.requested({"MEGALAB_FAST": value})
+    except ValueError as e:
+        raise LaunchError(f"FAST={value}: {str(e).split(': ', 1)[1]}") from None
+    return ",".join(names) or "none"
 
 
 def te_available() -> str | None:
@@ -139,6 +163,7 @@ def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None 
         "MASTER_ADDR": opts.master_addr, "MASTER_PORT": opts.master_port,
         "TE_IMPL": impl, "SPEC": opts.spec,
         "EXTRA_ARGS": " ".join([*exp.extra_args, opts.extra_args]).strip(),
+        "CUDA_GRAPH": int(opts.cuda_graph), "MEGALAB_FAST": fast_patches(opts, impl),
     }
     if run_dir is not None:
         env["RUN_DIR"] = run_dir
@@ -175,6 +200,8 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
         f"recompute: {exp.recompute}; GPU cap: {opts.gpu_mem_gb + ' GB' if opts.gpu_mem_gb else 'none'}",
         f"impl       {impl}" + (" (Transformer Engine)" if impl == "transformer_engine"
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})"),
+        f"speed      fast path: {fast_patches(opts, impl)}; full-iteration CUDA graph: "
+        f"{'on' if opts.cuda_graph else 'off (CUDA_GRAPH=1)'}",
         f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
         + (f"; Megatron timers at --timing-log-level {exp.timing_log_level}" if exp.timing_log_level else ""),
     ]
@@ -269,9 +296,10 @@ def _stream(proc: subprocess.Popen, log_path: Path) -> None:
             sys.stdout.flush()
 
 
-def run(target: str, opts: Options | None = None) -> int:
+def run(target: str, opts: Options | None = None, exp: Experiment | None = None) -> int:
+    """Launch a catalog target (or `exp`, a variant of one built by the benchmark)."""
     opts = opts or Options.from_env()
-    exp = catalog.get(target)
+    exp = exp or catalog.get(target)
     exp.validate()
     impl = transformer_impl(opts)
     from megalab.monitor import GpuMemoryMonitor, gpu_inventory

@@ -97,6 +97,8 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
 
 def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
           started, ended, hostname, dropped_flags=()) -> dict:
+    from megalab.launch import fast_patches  # launch imports this module
+
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
     meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak)
@@ -104,7 +106,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes, "extra_args": opts.extra_args,
-        "fastpath": os.environ.get("MEGALAB_FAST") or None,
+        "fastpath": fast_patches(opts, impl), "cuda_graph": opts.cuda_graph,
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),
     }

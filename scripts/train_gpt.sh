@@ -31,6 +31,9 @@ MOE_FORCE_BALANCE=${MOE_FORCE_BALANCE:-0}
 # Transformer Engine kernels: the launcher sets these to 0 without TE (and records the drop).
 MOE_GROUPED_GEMM=${MOE_GROUPED_GEMM:-0}; MOE_PERMUTE_FUSION=${MOE_PERMUTE_FUSION:-0}
 
+# ---- speed (megalab/fastpath.py patches come in MEGALAB_FAST; the launcher sets them) ------------
+CUDA_GRAPH=${CUDA_GRAPH:-0}             # 1: Megatron's full-iteration CUDA graph of forward+backward
+
 # ---- logging ---------------------------------------------------------------------------------------
 TIMING_LOG_LEVEL=${TIMING_LOG_LEVEL:-0}  # 2: per-microbatch forward/backward timers (profile-* targets)
 
@@ -136,6 +139,11 @@ else
     [ "$SPEC" = megalab ] && IMPL_ARGS+=(--spec megalab.spec megalab_layer_spec)
 fi
 
+# One CUDA graph replays the whole forward+backward: no per-kernel launch cost, which is most of
+# a small-batch step without TE's fused kernels. Megatron requires the NaN check off with it.
+PERF_ARGS=()
+[ "$CUDA_GRAPH" = 1 ] && PERF_ARGS+=(--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad)
+
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 
 if [ -n "${MEGATRON_LM:-}" ]; then
@@ -151,7 +159,7 @@ export PYTHONPATH="$ROOT${MEGATRON_LM:+:$MEGATRON_LM}${PYTHONPATH:+:$PYTHONPATH}
 
 CMD=(torchrun "${DISTRIBUTED_ARGS[@]}" "${ENTRY[@]}"
      "${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${MOE_ARGS[@]}"
-     "${RECOMPUTE_ARGS[@]}" "${DATA_ARGS[@]}" "${LOGGING_ARGS[@]}" "${IMPL_ARGS[@]}" "${EXTRA[@]}")
+     "${RECOMPUTE_ARGS[@]}" "${DATA_ARGS[@]}" "${LOGGING_ARGS[@]}" "${IMPL_ARGS[@]}" "${PERF_ARGS[@]}" "${EXTRA[@]}")
 
 if [ "${DRY_RUN:-0}" = 1 ]; then
     printf '%q ' "${CMD[@]}"; echo

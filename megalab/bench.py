@@ -1,0 +1,370 @@
+"""`make bench`: Megatron's stock local spec vs megalab's TE-free spec, measured in one GPU run.
+
+    python -m megalab.bench run            the whole benchmark (configs/bench.yaml) -> results/bench/
+    python -m megalab.bench matmul         the bf16 8192^3 matmul ceiling only
+    python -m megalab.bench trace FILE     where a step's time goes, from a torch profiler trace
+    python -m megalab.bench report         rebuild results/bench/README.md from the committed runs
+
+Every case is an ordinary megalab launch (`launch.run`): same wrapper, same monitor, same record,
+so a bench number and a table number are measured the same way. Cases that differ from a catalog
+target only by batch size carry their own id (`<target>@gbs<N>`) and their full layout in the record.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from megalab.catalog import ROOT
+
+CONFIG = ROOT / "configs" / "bench.yaml"
+BENCH_DIR = ROOT / "results" / "bench"
+
+DATASHEET_TFLOPS = 989.0  # H100 SXM dense bf16 (the H200 has the same compute)
+
+
+class BenchError(RuntimeError):
+    """One-line, user-facing."""
+
+
+def require_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BenchError("bench: no CUDA GPU found (torch.cuda.is_available() is False); "
+                         "fix: run `make bench` on a GPU machine (it never runs in CI)")
+
+
+# --------------------------------------------------------------------------- the ceiling
+def matmul_tflops(n: int = 8192, iters: int = 50, warmup: int = 10) -> dict:
+    """bf16 n^3 matmul throughput: the practical ceiling an MFU can be compared with."""
+    import torch
+
+    require_gpu()
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(warmup):
+        a @ b
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    med = times[len(times) // 2]
+    return {"n": n, "iters": iters, "median_ms": round(med, 4),
+            "tflops": round(2 * n**3 / (med * 1e-3) / 1e12, 1),
+            "tflops_best": round(2 * n**3 / (times[0] * 1e-3) / 1e12, 1),
+            "gpu_name": torch.cuda.get_device_name(0), "torch": torch.__version__}
+
+
+# --------------------------------------------------------------------------- trace reading
+def _merge(intervals: list[tuple[float, float]]) -> float:
+    """Total length of a union of [start, end) intervals."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def trace_summary(path: Path, top: int = 15) -> dict:
+    """Per profiled step: wall time, GPU-busy time (union of kernels), and the costliest kernels.
+
+    A step whose GPU is busy for much less than its wall time is bound by the host (Python,
+    kernel launches, syncs), not by the GPU: fusing kernels or CUDA graphs pay there, faster
+    kernels do not.
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                   if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    out = {"steps": [], "kernels": []}
+    for s, e, name in steps:
+        inside = [(max(k["ts"], s), min(k["ts"] + k["dur"], e)) for k in gpu if k["ts"] < e and k["ts"] + k["dur"] > s]
+        out["steps"].append({"step": name, "wall_ms": round((e - s) / 1e3, 2),
+                             "gpu_busy_ms": round(_merge(inside) / 1e3, 2), "kernels": len(inside)})
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for k in gpu:
+        by_name[k["name"]][0] += k["dur"]
+        by_name[k["name"]][1] += 1
+    n = max(1, len(steps))
+    for name, (dur, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
+        out["kernels"].append({"name": name[:90], "ms_per_step": round(dur / 1e3 / n, 2), "calls_per_step": count // n})
+    return out
+
+
+def render_trace(summary: dict) -> str:
+    lines = ["step | wall ms | GPU-busy ms | busy % | kernels", "--- | --- | --- | --- | ---"]
+    for s in summary["steps"]:
+        busy = 100 * s["gpu_busy_ms"] / s["wall_ms"] if s["wall_ms"] else 0
+        lines.append(f"{s['step']} | {s['wall_ms']} | {s['gpu_busy_ms']} | {busy:.0f} | {s['kernels']}")
+    lines += ["", "kernel | ms/step | calls/step", "--- | --- | ---"]
+    lines += [f"{k['name']} | {k['ms_per_step']} | {k['calls_per_step']}" for k in summary["kernels"]]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the runs
+def load_config(path: Path = CONFIG) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One launch: a catalog target, optionally at another batch size, under a spec and levers."""
+
+    target: str
+    spec: str
+    fast: str = "none"  # MEGALAB_FAST, comma-separated patch names
+    cuda_graph: bool = False
+    gbs: int | None = None  # None: the target's own
+    iters: int = 15
+    extra_args: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.target if self.gbs is None else f"{self.target}.gbs{self.gbs}"
+
+    def key(self) -> tuple:
+        return (self.id, self.spec, self.fast, self.cuda_graph, self.iters, self.extra_args)
+
+    def experiment(self):
+        from megalab import catalog
+
+        exp = catalog.get(self.target)
+        if self.gbs is None or self.gbs == exp.gbs:
+            return exp
+        dp = exp.dp
+        return dataclasses.replace(exp, id=self.id, gbs=self.gbs * dp, mbs=self.gbs, ref=None, analogue_of=None)
+
+    def label(self) -> str:
+        extra = [self.fast] if self.fast != "none" else []
+        extra += ["cuda_graph"] if self.cuda_graph else []
+        return f"{self.id} [{self.spec}{': ' + ' + '.join(extra) if extra else ''}]"
+
+
+def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None, extra_args="") -> Run:
+    fast, graph = [], False
+    for name in levers:
+        lever = cfg["levers"][name]
+        if lever.get("fast"):
+            fast.append(lever["fast"])
+        graph = graph or bool(lever.get("cuda_graph"))
+    return Run(target=target, spec=spec, fast=",".join(fast) or "none", cuda_graph=graph, gbs=gbs,
+               iters=iters or cfg["iters"], extra_args=extra_args)
+
+
+def spec_run(cfg: dict, case: dict, spec_name: str) -> Run:
+    spec = cfg["specs"][spec_name]
+    return make_run(cfg, case["target"], spec["spec"], spec["levers"], case.get("gbs"))
+
+
+def ablation_runs(cfg: dict) -> list[tuple[str, list[str], Run]]:
+    """(case name, levers, run) for every ablation step and alternative."""
+    ab = cfg["ablation"]
+    cases = {c["name"]: c for c in cfg["cases"]}
+    out = []
+    for name in ab["cases"]:
+        case = cases[name]
+        for levers in ab["steps"]:
+            out.append((name, list(levers), make_run(cfg, case["target"], "megalab", levers, case.get("gbs"))))
+        for alt in ab.get("alternatives", []):
+            levers = list(ab["steps"][-1]) + [alt]
+            out.append((name, levers, make_run(cfg, case["target"], "megalab", levers, case.get("gbs"))))
+    return out
+
+
+def parity_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
+    par = cfg["parity"]
+    out = []
+    for pair in par["pairs"]:
+        a, b = (Run(target=side["target"], spec=side["spec"],
+                    fast="none" if side["spec"] == "local" else ",".join(
+                        cfg["levers"][n]["fast"] for n in cfg["specs"]["megalab"]["levers"]
+                        if cfg["levers"][n].get("fast")),
+                    cuda_graph=bool(side.get("cuda_graph")), gbs=side.get("gbs"), iters=par["iters"],
+                    extra_args=par["extra_args"]) for side in (pair["a"], pair["b"]))
+        out.append((pair, a, b))
+    return out
+
+
+def record_key(rec: dict) -> tuple:
+    c = rec.get("config") or {}
+    return (c.get("id"), c.get("spec") or "local", c.get("fastpath") or "none", bool(c.get("cuda_graph")),
+            c.get("iters"), c.get("extra_args") or "")
+
+
+def load_runs(runs_dir: Path) -> dict[tuple, dict]:
+    """Newest record per run key (its directory under `_dir`)."""
+    found: dict[tuple, dict] = {}
+    for path in sorted(runs_dir.glob("*/run.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        rec["_dir"] = path.parent
+        k = record_key(rec)
+        if k not in found or rec.get("started", "") >= found[k].get("started", ""):
+            found[k] = rec
+    return found
+
+
+class Runner:
+    """Launches runs it has no record of yet, until its time budget is spent (resumable)."""
+
+    def __init__(self, runs_dir: Path, budget_s: float | None, gpus: int):
+        self.runs_dir, self.budget_s, self.gpus = runs_dir, budget_s, gpus
+        self.start = time.monotonic()
+        self.records = load_runs(runs_dir)
+        self.out_of_time = False
+
+    def get(self, run: Run) -> dict | None:
+        rec = self.records.get(run.key())
+        if rec is not None:
+            return rec
+        if self.budget_s is not None and time.monotonic() - self.start > self.budget_s:
+            self.out_of_time = True
+            return None
+        from megalab import launch
+
+        exp = run.experiment()
+        if exp.gpus > self.gpus:
+            return None
+        opts = launch.Options.from_env()
+        opts = dataclasses.replace(opts, spec=run.spec, fast=run.fast, cuda_graph=run.cuda_graph,
+                                   iters=run.iters, extra_args=run.extra_args, outdir=self.runs_dir,
+                                   dry_run=False)
+        print(f"bench: {run.label()}", flush=True)
+        launch.run(exp.id, opts, exp=exp)
+        self.records = load_runs(self.runs_dir)
+        return self.records.get(run.key())
+
+
+def fits(rec: dict | None) -> bool | None:
+    if rec is None:
+        return None
+    if rec["status"] == "ok":
+        return True
+    if rec["status"] == "oom":
+        return False
+    return None
+
+
+def search(runner: Runner, cfg: dict, spec_name: str) -> dict:
+    """Bisection for the largest GBS that fits: `lo` known to fit (measured), `hi` not to."""
+    s = cfg["search"]
+    spec = cfg["specs"][spec_name]
+    tried: dict[int, bool | None] = {}
+
+    def probe(g: int) -> bool | None:
+        rec = runner.get(make_run(cfg, s["target"], spec["spec"], spec["levers"], g))
+        tried[g] = fits(rec)
+        return tried[g]
+
+    lo, hi = s["start"][spec_name], None
+    if not probe(lo):
+        return {"spec": spec_name, "largest": None, "tried": tried}
+    g = lo
+    while hi is None:  # double until something does not fit
+        g = min(2 * g, s["up_to"] + 1)
+        r = probe(g) if g <= s["up_to"] else False
+        if r is None:
+            return {"spec": spec_name, "largest": None, "tried": tried, "incomplete": True}
+        if r:
+            lo = g
+        else:
+            hi = g
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = probe(mid)
+        if r is None:
+            return {"spec": spec_name, "largest": None, "tried": tried, "incomplete": True}
+        lo, hi = (mid, hi) if r else (lo, mid)
+    return {"spec": spec_name, "largest": lo, "tried": tried}
+
+
+def run_all(cfg: dict, runs_dir: Path, budget_s: float | None, parts: list[str]) -> Runner:
+    import torch
+
+    require_gpu()
+    runner = Runner(runs_dir, budget_s, torch.cuda.device_count())
+    if "matmul" in parts and not (runs_dir.parent / "matmul.json").exists():
+        (runs_dir.parent / "matmul.json").write_text(json.dumps(matmul_tflops(), indent=1) + "\n")
+    if "cases" in parts:
+        for case in cfg["cases"]:
+            for spec_name in cfg["specs"]:
+                runner.get(spec_run(cfg, case, spec_name))
+    if "ablation" in parts:
+        for _, _, run in ablation_runs(cfg):
+            runner.get(run)
+    if "search" in parts:
+        for spec_name in cfg["specs"]:
+            search(runner, cfg, spec_name)
+    if "parity" in parts:
+        for _, a, b in parity_runs(cfg):
+            runner.get(a)
+            runner.get(b)
+    return runner
+
+
+PARTS = ("matmul", "cases", "ablation", "search", "parity")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m megalab.bench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("matmul")
+    t = sub.add_parser("trace")
+    t.add_argument("file", type=Path)
+    r = sub.add_parser("run")
+    r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    r.add_argument("--budget-s", type=float, default=None,
+                   help="start no new launch after this many seconds (run again to resume)")
+    sub.add_parser("report")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "run":
+            parts = [x for x in args.parts.split(",") if x]
+            bad = sorted(set(parts) - set(PARTS))
+            if bad:
+                raise BenchError(f"bench: unknown part(s) {bad}; fix: --parts from {','.join(PARTS)}")
+            runner = run_all(load_config(), BENCH_DIR / "runs", args.budget_s, parts)
+            from megalab import benchreport
+
+            benchreport.write(BENCH_DIR)
+            if runner.out_of_time:
+                print("bench: time budget spent; run it again to measure the rest (finished runs are kept)")
+        elif args.cmd == "report":
+            from megalab import benchreport
+
+            print(benchreport.write(BENCH_DIR))
+        elif args.cmd == "matmul":
+            print(json.dumps(matmul_tflops()))
+        elif args.cmd == "trace":
+            print(render_trace(trace_summary(args.file)))
+    except BenchError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
