@@ -162,14 +162,16 @@ class Run:
 
 
 def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None, extra_args="") -> Run:
-    fast, graph = [], False
+    fast, graph, args = [], False, [extra_args] if extra_args else []
     for name in levers:
         lever = cfg["levers"][name]
         if lever.get("fast"):
             fast.append(lever["fast"])
+        if lever.get("args"):
+            args.append(lever["args"])
         graph = graph or bool(lever.get("cuda_graph"))
     return Run(target=target, spec=spec, fast=",".join(fast) or "none", cuda_graph=graph, gbs=gbs,
-               iters=iters or cfg["iters"], extra_args=extra_args)
+               iters=iters or cfg["iters"], extra_args=" ".join(args))
 
 
 def spec_run(cfg: dict, case: dict, spec_name: str) -> Run:

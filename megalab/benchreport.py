@@ -17,11 +17,10 @@ from megalab.bench import DATASHEET_TFLOPS
 PARITY_MAX_REL = 0.02   # any single step
 PARITY_MEAN_REL = 0.005  # averaged over the steps
 
-GOALS = [  # (what, case name or key, comparison, number)
-    ("row 111 (GBS 15) median step", "row 111, GBS 15", "ms", 393.0),
-    ("row 111 (GBS 15) stretch", "row 111, GBS 15", "ms", 340.0),
-    ("row 111 (GBS 15) peak memory (GiB, as nvidia-smi's MiB / 1024)", "row 111, GBS 15", "gb", 78.5),
-    ("row 101 (GBS 1) median step", "row 101, GBS 1", "ms", 220.0),
+GOALS = [  # (what, case name, step ms at most, peak GiB at most or None)
+    ("row 111 (GBS 15): median step at the reference's memory", "row 111, GBS 15", 393.0, 78.5),
+    ("row 111 (GBS 15): stretch", "row 111, GBS 15", 340.0, 78.5),
+    ("row 101 (GBS 1): median step", "row 101, GBS 1", 220.0, None),
 ]
 
 
@@ -108,7 +107,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
         ref = _ref_row(case["ref"]) if case.get("ref") else None
         ratio = (f"{a['step_ms_median'] / b['step_ms_median']:.2f}x" if _ok(a) and _ok(b)
                  else ("(a) out of memory" if a and a["status"] == "oom" and _ok(b) else ""))
-        tf = b["tflops_per_gpu"] if _ok(b) else None
+        tf = round(b["tflops_per_gpu"], 1) if _ok(b) else None
         ref_cell = f"{ref['ms']:.0f} / {ref['gb']}" if ref else "-"
         L.append(f"| {case['name']} | {ref_cell} | {_ms(a)} | {_gib(a)} | "
                  f"{_ms(b)} | {_gib(b)} | {ratio} | {tf if tf is not None else ''} | "
@@ -177,14 +176,19 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     # -- goals ----------------------------------------------------------------------------------
     cases = {c["name"]: c for c in cfg["cases"]}
     L += ["## Goals", "", "| goal | target | measured | verdict |", "| --- | --- | --- | --- |"]
-    for what, case_name, kind, limit in GOALS:
-        rec = get(bench.spec_run(cfg, cases[case_name], "megalab"))
-        if not _ok(rec):
-            L.append(f"| {what} | <= {limit:g} {'ms' if kind == 'ms' else 'GB'} | not run | - |")
+    for what, case_name, ms_max, gib_max in GOALS:
+        # every megalab-spec run of this case (the spec's levers, each ablation step, each alternative)
+        runs = [bench.spec_run(cfg, cases[case_name], "megalab")]
+        runs += [r for n, _, r in bench.ablation_runs(cfg) if n == case_name]
+        ok = [(get(r), r) for r in runs if _ok(get(r))]
+        limit = f"<= {ms_max:g} ms" + (f" at <= {gib_max:g} GiB" if gib_max else "")
+        if not ok:
+            L.append(f"| {what} | {limit} | not run | - |")
             continue
-        val = rec["step_ms_median"] if kind == "ms" else _gb(rec)
-        unit = "ms" if kind == "ms" else "GB"
-        L.append(f"| {what} | <= {limit:g} {unit} | {val:.1f} {unit} | {'met' if val <= limit else 'missed'} |")
+        meets = [(rec, r) for rec, r in ok if rec["step_ms_median"] <= ms_max and (not gib_max or _gb(rec) <= gib_max)]
+        rec, r = min(meets or ok, key=lambda x: x[0]["step_ms_median"])
+        L.append(f"| {what} | {limit} | {rec['step_ms_median']:.0f} ms, {_gb(rec):.1f} GiB ({r.label()}) | "
+                 f"{'met' if meets else 'missed'} |")
     g4 = cases.get("GBS 4")
     if g4:
         a, b = get(bench.spec_run(cfg, g4, "local")), get(bench.spec_run(cfg, g4, "megalab"))
