@@ -119,12 +119,13 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     s = cfg["search"]
     L += ["## Largest GBS that fits", "",
           f"{s['target']} with GBS = MBS (one micro-batch per step), bisection from a size known to fit.", "",
-          "| spec | largest GBS that fits | sizes tried (fits / out of memory) |", "| --- | --- | --- |"]
+          "| spec | levers | largest GBS that fits | sizes tried (fits / out of memory) |", "| --- | --- | --- | --- |"]
     largest = {}
-    for spec_name, spec in cfg["specs"].items():
+    for spec_name, levers in s["levers"].items():
+        spec = cfg["specs"][spec_name]
         tried = {}
         for run_key, rec in recs.items():
-            run = bench.make_run(cfg, s["target"], spec["spec"], spec["levers"], None)
+            run = bench.make_run(cfg, s["target"], spec["spec"], levers, None)
             if run_key[1:] == run.key()[1:] and run_key[0].startswith(s["target"]):
                 g = rec["config"]["mbs"]
                 tried[g] = bench.fits(rec)
@@ -133,7 +134,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
         best = max(fit) if fit and nofit and min(nofit) == max(fit) + 1 else None
         largest[spec_name] = best
         desc = ", ".join(f"{g}: {'fits' if ok else ('oom' if ok is False else '?')}" for g, ok in sorted(tried.items()))
-        L.append(f"| {spec_name} | {best if best else ('>= ' + str(max(fit)) if fit else 'not run')} | {desc} |")
+        L.append(f"| {spec_name} | {' + '.join(levers) or 'none'} | {best if best else ('>= ' + str(max(fit)) if fit else 'not run')} | {desc} |")
     L.append("")
 
     # -- ablation -------------------------------------------------------------------------------
