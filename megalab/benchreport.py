@@ -11,11 +11,14 @@ from pathlib import Path
 from megalab import bench, logparse
 from megalab.bench import DATASHEET_TFLOPS
 
-# Loss parity tolerance (justified in the page): bf16 keeps 8 significant bits, so one rounding is
-# ~0.4% relative; two implementations that differ in kernel choice and summation order drift apart
-# by a few such roundings over 50 Adam steps, never by a trend.
-PARITY_MAX_REL = 0.02   # any single step
-PARITY_MEAN_REL = 0.005  # averaged over the steps
+# Loss parity tolerance (justified in the page). The first steps test the function itself: same
+# initial weights, same data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far
+# above bf16 rounding. Later, loss spikes of early training amplify any rounding difference (even
+# between two runs of one configuration: flash attention's backward is not bitwise deterministic),
+# so there only the typical (median) difference is bounded.
+PARITY_EARLY_STEPS = 5
+PARITY_EARLY_MAX_REL = 0.001   # steps 1-5
+PARITY_MEDIAN_REL = 0.015      # median over all steps
 
 GOALS = [  # (what, case name, step ms at most, peak GiB at most or None)
     ("row 111 (GBS 15): median step at the reference's memory", "row 111, GBS 15", 393.0, 78.5),
@@ -66,11 +69,14 @@ def parity(a: dict, b: dict) -> dict:
     la, lb = _losses(a), _losses(b)
     common = sorted(set(la) & set(lb))
     rel = [abs(la[i] - lb[i]) / abs(la[i]) for i in common]
+    early = [r for i, r in zip(common, rel) if i <= PARITY_EARLY_STEPS]
     out = {"steps": len(common), "max_rel": max(rel) if rel else None,
-           "mean_rel": sum(rel) / len(rel) if rel else None,
+           "early_max_rel": max(early) if early else None,
+           "median_rel": sorted(rel)[len(rel) // 2] if rel else None,
            "first": (la[common[0]], lb[common[0]]) if common else None,
            "last": (la[common[-1]], lb[common[-1]]) if common else None}
-    out["pass"] = bool(rel) and out["max_rel"] <= PARITY_MAX_REL and out["mean_rel"] <= PARITY_MEAN_REL
+    out["pass"] = (len(early) == PARITY_EARLY_STEPS and out["early_max_rel"] <= PARITY_EARLY_MAX_REL
+                   and out["median_rel"] <= PARITY_MEDIAN_REL)
     return out
 
 
@@ -155,23 +161,26 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     par = cfg["parity"]
     L += ["## Loss parity", "",
           f"Same seed and mock data, dropout off, {par['iters']} steps; relative difference of the logged loss per "
-          f"step. Pass: every step within {PARITY_MAX_REL:.0%} and the mean within {PARITY_MEAN_REL:.1%}. Why these: "
-          "bf16 keeps 8 significant bits (one rounding is ~0.4% relative) and the two sides use different kernels "
-          "(attention, fused vs plain Adam) whose rounding differs; over 50 steps that gives a wobble of a few "
-          "roundings, while a real bug (a wrong mask, a missed gradient) moves the loss by far more, and in one "
-          "direction.", "",
-          "| pair | (a) | (b) | steps | first loss a / b | last loss a / b | max rel diff | mean rel diff | verdict |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          f"step. Pass: steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%} and the median over all steps "
+          f"within {PARITY_MEDIAN_REL:.1%}. Why: the first steps test the function itself (same initial weights and "
+          "data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far above bf16 rounding). After "
+          "that, the loss spikes of early training amplify any rounding difference chaotically, even between two runs "
+          "of the same math with different kernel order (the CUDA-graph pair), so the largest single-step difference "
+          "is reported, not bounded; the median stays near bf16 rounding when nothing is wrong.", "",
+          "| pair | (a) | (b) | steps | first loss a / b | last loss a / b | steps 1-5 max | median | max (any step) "
+          "| verdict |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for pair, a_run, b_run in bench.parity_runs(cfg):
         a, b = get(a_run), get(b_run)
         if not (_ok(a) and _ok(b)):
             why = "not run" if a is None or b is None else f"{a['status']} / {b['status']}"
-            L.append(f"| {pair['name']} | {a_run.label()} | {b_run.label()} | | | | | | {why} |")
+            L.append(f"| {pair['name']} | {a_run.label()} | {b_run.label()} | | | | | | | {why} |")
             continue
         r = parity(a, b)
         L.append(f"| {pair['name']} | {a_run.label()} | {b_run.label()} | {r['steps']} | "
                  f"{r['first'][0]:.4f} / {r['first'][1]:.4f} | {r['last'][0]:.4f} / {r['last'][1]:.4f} | "
-                 f"{r['max_rel']:.2%} | {r['mean_rel']:.3%} | {'PASS' if r['pass'] else 'FAIL'} |")
+                 f"{r['early_max_rel']:.3%} | {r['median_rel']:.2%} | {r['max_rel']:.1%} | "
+                 f"{'PASS' if r['pass'] else 'FAIL'} |")
     L.append("")
 
     # -- goals ----------------------------------------------------------------------------------
