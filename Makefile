@@ -90,6 +90,11 @@ bench:
 bench-report:
 	@$(PY) -m megalab.bench report
 
+# The results pages' figures (results/plots/*.svg); `make tables` redraws them too, as the pages link them.
+.PHONY: plots
+plots:
+	@$(PY) -m megalab plots
+
 # The papers' scaling claims (configs/checks.yaml) against the records -> results/checks.md.
 # A FAIL is a finding and exits 0; STRICT=1 makes it an error.
 check:

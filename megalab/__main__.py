@@ -4,7 +4,8 @@
   list           every target: id, GPUs, what it shows (make list)
   targets        target ids only, one per line (the Makefile reads these)
   parse LOG      summarise a Megatron log (--json for the record fields)
-  tables         rebuild results/*.md from committed run records (make tables)
+  tables         rebuild results/*.md and their figures from committed run records (make tables)
+  plots          redraw the figures only, results/plots/*.svg (make plots; --out DIR)
   plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
   check          evaluate the papers' trend claims against the records (make check)
   prepare-data   tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)
@@ -78,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             for d in rest:
                 print(record.one_line(record.refresh(Path(d))))
             return 0
+        if cmd == "plots":
+            from megalab import plots
+
+            return plots.cli(rest)
         if cmd == "tables":
             from megalab import tables
 

@@ -2,7 +2,8 @@
 
 `make tables` (python -m megalab tables) reads every committed run record
 (results/runs/*/run.json), picks one per target, and writes each chapter's page
-(the `table:` path of configs/experiments/NN-*.yaml, e.g. results/01-dp-zero2.md).
+(the `table:` path of configs/experiments/NN-*.yaml, e.g. results/01-dp-zero2.md) with the
+figures it links (results/plots/*.svg, megalab/plots.py).
 Pages are generated, deterministic and only rewritten when their content changes, so
 `python -m megalab tables --check` can tell CI whether the committed pages are current.
 
@@ -707,6 +708,10 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
         "",
         block,
     ]
+    from megalab import plots  # the figures drawn beside this page (write_tables draws them)
+
+    if figures := plots.page_links(ctx, meta["table"]):
+        lines += ["", *figures]
     if meta.get("tutorial") and (catalog.ROOT / meta["tutorial"]).exists():
         lines += ["", f"Tutorial: [{meta['tutorial']}](../{meta['tutorial']}). "
                       "Run a row with `make <make target>`, then `make tables`."]
@@ -731,7 +736,9 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
     root = Path(root) if root is not None else ROOT
     records = load_records(root / "results" / "runs")
     reference, twogpu = load_reference(), load_twogpu_reference()
-    changed = []
+    from megalab import plots  # the pages link these figures: drawn first, so no link is ever dangling
+
+    changed = plots.write_plots(root, records=records, check=check)
     for chapter, meta in catalog.chapters().items():
         path = root / meta["table"]
         text = render_chapter(chapter, records, reference, twogpu=twogpu)
@@ -795,7 +802,7 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"tables up to date ({n} file{'s' * (n != 1)})")
         return 0
     for p in changed:
-        print(f"wrote {_rel(p, root)}")
+        print(f"{'wrote' if p.exists() else 'removed'} {_rel(p, root)}")
     if not changed:
         print(f"tables up to date ({n} file{'s' * (n != 1)})")
     return 0

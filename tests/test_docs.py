@@ -27,3 +27,26 @@ def test_every_chapter_tutorial_embeds_its_table():
         tut = ROOT / meta["tutorial"]
         if tut.exists():
             assert f"<!-- megalab:table chapter={chapter} -->" in tut.read_text(), tut.name
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)|<img\s[^>]*src=[\"']([^\"']+)[\"']")
+PAGES = sorted([*ROOT.glob("results/*.md"), *ROOT.glob("tutorials/*.md")])
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_images_resolve(doc):
+    """A results page or tutorial never shows a broken image (markdown or <img>, relative links)."""
+    for md, html in IMAGE.findall(doc.read_text(encoding="utf-8")):
+        target = md or html
+        if re.match(r"[a-z]+://", target):
+            continue
+        path = (doc.parent / target).resolve()
+        assert path.is_file() and path.stat().st_size > 0, f"{doc.relative_to(ROOT)} shows missing image {target}"
+        assert path.suffix in (".svg", ".png", ".jpg", ".gif"), f"{doc.relative_to(ROOT)}: {target} is not an image"
+
+
+def test_every_plot_is_shown_on_a_page():
+    shown = {(doc.parent / (md or html)).resolve() for doc in PAGES
+             for md, html in IMAGE.findall(doc.read_text(encoding="utf-8"))}
+    orphans = [p.name for p in sorted((ROOT / "results" / "plots").glob("*")) if p.resolve() not in shown]
+    assert not orphans, f"results/plots has figures no page shows: {orphans}; fix: make tables"
