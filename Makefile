@@ -27,6 +27,7 @@ help:
 	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
 	@echo
 	@echo "Everyday: make list | make quickstart | make test | make tables | make check | make prepare-data | make setup | make clean"
+	@echo "Beyond one node: make slurm-<target> [GPUS_PER_NODE=8 DRY_RUN=1] | in a container: make docker-build, make docker-run"
 
 list:
 	@$(PY) -m megalab list
@@ -40,9 +41,32 @@ batch:
 	@fails=0; for id in $(IDS); do $(PY) -m megalab run $$id || fails=$$((fails+1)); done; \
 	 echo "batch: $$fails of $(words $(IDS)) run(s) did not end ok"
 
+# ---- beyond one node: SLURM (megalab/slurm.py). GPUS_PER_NODE (8) sets the nodes; SBATCH_ARGS
+# (e.g. '--partition=gpu --time=1:00:00') go to sbatch, SRUN_ARGS (e.g. pyxis' --container-image) to srun.
+export GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS
+$(addprefix slurm-,$(TARGETS)): slurm-%:
+	@$(PY) -m megalab slurm $*
+
+# ---- docker/Dockerfile: NGC PyTorch (Transformer Engine included) + megalab. The repo is mounted
+# over the image's copy, so edits and outdir/ stay on the host. --ipc=host shares the host's /dev/shm
+# (NCCL, DataLoader workers; --shm-size is the limit instead with DOCKER_ARGS=--ipc=private);
+# pinned memory needs no memlock limit.
+DOCKER_IMAGE ?= megalab
+DOCKER_SHM ?= 16g
+DOCKER_CMD ?= bash
+.PHONY: docker-build docker-run docker-found
+docker-found:
+	@command -v docker >/dev/null || { echo "make: docker not found; fix: install Docker and the NVIDIA Container Toolkit" >&2; exit 2; }
+docker-build: docker-found
+	docker build -f docker/Dockerfile -t $(DOCKER_IMAGE) .
+docker-run: docker-found
+	docker run --rm $(if $(shell [ -t 0 ] && echo tty),-it) --gpus all --ipc=host --shm-size=$(DOCKER_SHM) \
+	    --ulimit memlock=-1 --ulimit stack=67108864 -v "$(CURDIR)":/workspace/megalab \
+	    $(if $(OUTDIR),-v "$(abspath $(OUTDIR))":/outdir -e OUTDIR=/outdir) $(DOCKER_ARGS) $(DOCKER_IMAGE) $(DOCKER_CMD)
+
 # Anything else is not a target: let the catalog say so (with the closest ids) instead of make.
 .DEFAULT:
-	@$(PY) -m megalab run $@
+	@$(PY) -m megalab $(if $(filter slurm-%,$@),slurm $(@:slurm-%=%),run $@)
 
 # ---- set-up on a CPU machine (CI, laptops): a venv with CPU torch and megatron-core 0.19.2 -------
 # megatron-core 0.17+ declares Python >= 3.12 and ships cp312 wheels only; its source imports on

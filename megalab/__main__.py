@@ -1,6 +1,7 @@
 """`python -m megalab <command>`: what the Makefile calls.
 
   run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
+  slurm TARGET   write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)
   list           every target: id, GPUs, what it shows (make list)
   targets        target ids only, one per line (the Makefile reads these)
   parse LOG      summarise a Megatron log (--json for the record fields)
@@ -48,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
             from megalab import launch
 
             return launch.run(rest[0])
+        if cmd == "slurm":
+            if len(rest) != 1:
+                raise LaunchError("usage: python -m megalab slurm TARGET")
+            from megalab import slurm
+
+            return slurm.submit(rest[0])
         if cmd == "list":
             return _list()
         if cmd == "targets":

@@ -268,6 +268,22 @@ def check_megatron_installed() -> None:
                           "fix: pip install --no-deps megatron-core==0.19.2")
 
 
+def check_gpus(exp: Experiment, opts: Options, inv: dict) -> int:
+    """GPUs per node, or a LaunchError when NNODES x the GPUs found here fall short of the target's."""
+    per_node = gpus_per_node(exp, opts)
+    found = inv["count"]
+    if found >= per_node:
+        return per_node
+    why = f" ({inv['why']})" if inv.get("why") else ""
+    if found and exp.gpus % found == 0:  # enough GPUs exist across nodes like this one
+        fix = (f"NNODES={exp.gpus // found} with NODE_RANK and MASTER_ADDR on each node, "
+               f"or make slurm-{exp.id} GPUS_PER_NODE={found}")
+    else:
+        fix = f"run on {opts.nnodes} node(s) with {per_node} GPUs each, or DRY_RUN=1 to see the plan"
+    raise LaunchError(f"target {exp.id} needs {per_node} GPUs per node, found {found}{why}: "
+                      f"{opts.nnodes} node(s) x {found} = {opts.nnodes * found} of {exp.gpus} GPUs; fix: {fix}")
+
+
 def make_run_dir(outdir: Path, target: str) -> Path:
     try:
         outdir.mkdir(parents=True, exist_ok=True)
@@ -321,11 +337,7 @@ def run(target: str, opts: Options | None = None, exp: Experiment | None = None)
 
     if te_problem:
         raise LaunchError(te_problem)
-    per_node = gpus_per_node(exp, opts)
-    if inv["count"] < per_node:
-        raise LaunchError(f"target {exp.id} needs {per_node} GPUs per node, found {inv['count']}"
-                          f"{' (' + inv['why'] + ')' if inv.get('why') else ''}; "
-                          f"fix: run on a machine with {per_node} GPUs, or DRY_RUN=1 to see the plan")
+    per_node = check_gpus(exp, opts, inv)
     check_megatron_installed()
     run_dir = make_run_dir(opts.outdir, exp.id)
     env = wrapper_env(exp, opts, impl, run_dir)

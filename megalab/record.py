@@ -75,17 +75,21 @@ def versions(driver: str | None) -> dict:
 
 
 def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: list[int],
-             peak: float | None) -> dict:
+             peak: float | None, one_node: bool = True) -> dict:
     """The record's measured fields, all derived from the raw log and the memory peaks.
 
     The status is the log's, corrected by what the log cannot know: a run stopped by the user is
-    `incomplete`, a clean-looking log whose process exited non-zero is `failed`.
+    `incomplete`, a clean-looking log whose process exited non-zero is `failed`. A node of a multi-node
+    run sees part of the story (Megatron prints its arguments and the end of training on rank 0, the
+    iterations on the last rank): there a clean exit code decides between `incomplete` and `ok`.
     """
     from megalab import logparse
 
     fields = logparse.summary_fields(logparse.parse_file(log), warmup=warmup)
     status = fields.pop("status")
-    if status == "empty" or (status == "ok" and returncode not in (0, None)):
+    if status in ("empty", "incomplete") and not one_node and returncode == 0:
+        status = "ok"
+    elif status == "empty" or (status == "ok" and returncode not in (0, None)):
         status = "failed"
     if interrupted:
         status = "incomplete"
@@ -101,11 +105,13 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
 
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
-    meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak)
+    meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak,
+                    one_node=opts.nnodes == 1)
     config = dataclasses.asdict(exp) | {
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
-        "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes, "extra_args": opts.extra_args,
+        "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes,
+        "node_rank": opts.node_rank, "extra_args": opts.extra_args,
         "fastpath": fast_patches(opts, impl), "cuda_graph": opts.cuda_graph,
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),
@@ -184,10 +190,12 @@ def refresh(run_dir: Path) -> dict:
 
     run_dir = Path(run_dir)
     rec = load(run_dir / "run.json")
+    cfg = rec.get("config") or {}
     used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
     # the log cannot tell a user's interrupt: keep `incomplete` as the launcher recorded it
     rec.update(measured(run_dir / rec["files"]["log"], rec.get("warmup_iters") or 3, rec.get("returncode"),
-                        rec.get("status") == "incomplete", used, rec.get("peak_tflops")),
+                        rec.get("status") == "incomplete", used, rec.get("peak_tflops"),
+                        one_node=cfg.get("nnodes", 1) == 1),
                mem_baseline_mib=(rec.get("mem_baseline_mib") or [])[: rec["num_gpus"]])
     rec.setdefault("refreshed", []).append(
         {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"})

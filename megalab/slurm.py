@@ -1,0 +1,148 @@
+"""`make slurm-<target>`: write an sbatch script for a target and submit it with sbatch.
+
+sbatch allocates the nodes; `srun` starts one task per node; each task runs `make <target>` with
+NNODES, NODE_RANK (= SLURM_NODEID) and MASTER_ADDR (the job's first host), so every node goes
+through the same preflight, GPU monitor and run record as a one-node run, and starts one torchrun
+that meets the others at MASTER_ADDR:MASTER_PORT. No launcher of our own: sbatch, srun, torchrun.
+
+Records: each node writes its own run folder under the job folder (node0/, node1/, ...), with the
+memory of its own GPUs. Megatron prints iteration lines on the last rank only (`print_rank_last`),
+which torchrun places on the last node: that node's run.json holds the step times.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from megalab import catalog, launch
+from megalab.catalog import ROOT, Experiment
+from megalab.launch import LaunchError, Options
+
+DEFAULT_GPUS_PER_NODE = 8
+# Make variables a node's `make <target>` reads; those set at submission are written into the script
+# so that it reruns the same way (`sbatch job.sbatch`).
+FORWARDED = ("ITERS", "WARMUP", "GPU_MEM_GB", "SPEC", "TE", "EXTRA_ARGS", "MEGATRON_LM", "DATA",
+             "TOKENIZER_MODEL", "SPLIT", "VOCAB_FILE", "MERGE_FILE", "MEGALAB_FAST")
+
+
+@dataclasses.dataclass
+class Layout:
+    nodes: int
+    gpus_per_node: int
+
+
+def layout(exp: Experiment, env=os.environ) -> Layout:
+    """Nodes x GPUs per node for a target: GPUS_PER_NODE (default 8) or NNODES, never both at odds."""
+    def number(name: str) -> int | None:
+        v = env.get(name, "")
+        if v == "":
+            return None
+        if not v.isdigit() or int(v) < 1:
+            raise LaunchError(f"{name}={v} is not a positive whole number; fix: e.g. {name}=8")
+        return int(v)
+
+    per, nnodes = number("GPUS_PER_NODE"), number("NNODES")
+    if per is None and nnodes is not None:
+        per = launch.gpus_per_node(exp, Options(nnodes=nnodes))
+    per = min(exp.gpus, per or DEFAULT_GPUS_PER_NODE)  # a 2-GPU target takes 2 GPUs of one node
+    if exp.gpus % per:
+        raise LaunchError(f"target {exp.id} needs {exp.gpus} GPUs, which do not fill nodes of "
+                          f"GPUS_PER_NODE={per}; fix: GPUS_PER_NODE dividing {exp.gpus}")
+    out = Layout(nodes=exp.gpus // per, gpus_per_node=per)
+    if nnodes is not None and nnodes != out.nodes:
+        raise LaunchError(f"NNODES={nnodes} and GPUS_PER_NODE={per} disagree for target {exp.id} "
+                          f"({exp.gpus} GPUs = {out.nodes} x {per}); fix: set only one of them")
+    return out
+
+
+def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
+    """The sbatch script: one srun task per node, each running `make <target>` for its NODE_RANK."""
+    forwarded = [f"export {k}={shlex.quote(env[k])}" for k in FORWARDED if env.get(k)]
+    port = env.get("MASTER_PORT") or "$((20000 + SLURM_JOB_ID % 20000))"
+    srun_args = env.get("SRUN_ARGS", "")
+    node_cmd = (f"NODE_RANK=$SLURM_NODEID OUTDIR={shlex.quote(str(job_dir))}/node$SLURM_NODEID "
+                f"exec make --no-print-directory {exp.id}")
+    return "\n".join([
+        "#!/bin/bash",
+        f"# megalab target {exp.id}: {lay.nodes} node(s) x {lay.gpus_per_node} GPU(s), written by "
+        f"`make slurm-{exp.id}` on {dt.datetime.now():%Y-%m-%d %H:%M}.",
+        "# Submit again with `sbatch` and this file. Each node runs `make <target>` (preflight, GPU",
+        "# monitor, run record in node<N>/); the last node's record holds the step times.",
+        "# The repo and OUTDIR must sit on a file system every node sees.",
+        f"#SBATCH --job-name=megalab-{exp.id}",
+        f"#SBATCH --nodes={lay.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={lay.gpus_per_node}",
+        "#SBATCH --exclusive",
+        "# --exclusive: a measurement wants no neighbours on its nodes.",
+        f"#SBATCH --output={job_dir}/slurm-%j.out",
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(ROOT))}",
+        "export NNODES=$SLURM_NNODES",
+        '# torchrun rendezvous on the first node; a port from the job id keeps two jobs on one node apart.',
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export MASTER_PORT={port}",
+        *forwarded,
+        "# One task per node, given all of the node's CPUs (torchrun starts one process per GPU).",
+        "srun --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_ON_NODE --kill-on-bad-exit=1"
+        + (f" {srun_args}" if srun_args else "")
+        + f" bash -c {shlex.quote(node_cmd)}",
+        "",
+    ])
+
+
+def node_commands(exp: Experiment, lay: Layout, impl: str) -> list[str]:
+    """The torchrun command of node 0 and of the last node, as the script's tasks will run them."""
+    ranks = sorted({0, lay.nodes - 1})
+    lines = []
+    for rank in ranks:
+        opts = Options(nnodes=lay.nodes, node_rank=rank, master_addr="MEGALAB_MASTER_ADDR", master_port=1)
+        cmd = launch.torchrun_command(launch.wrapper_env(exp, opts, impl))
+        cmd = cmd.replace("MEGALAB_MASTER_ADDR", "$MASTER_ADDR").replace("--master_port 1 ", "--master_port $MASTER_PORT ")
+        lines.append(f"node {rank}     {cmd}")
+    return lines
+
+
+def submit(target: str, env=os.environ) -> int:
+    exp = catalog.get(target)
+    exp.validate()
+    lay = layout(exp, env)
+    dry = env.get("DRY_RUN", "0") not in ("", "0", "false", "no")
+    sbatch = shutil.which("sbatch")
+    if not dry and sbatch is None:
+        raise LaunchError("sbatch not found: this machine is not a SLURM login node; fix: run "
+                          f"`make slurm-{exp.id}` where sbatch is, or DRY_RUN=1 to write the script only")
+    opts = dataclasses.replace(Options.from_env(env), nnodes=lay.nodes, node_rank=0)
+    impl = launch.transformer_impl(opts)
+    command = launch.torchrun_command(launch.wrapper_env(exp, opts, impl))
+    print("\n".join(launch.preflight(exp, opts, impl, None)))
+    print(launch.megatron_check(exp, command))
+    te_problem = launch.needs_te(exp, impl)
+    if te_problem:  # the login node may lack TE while the job's image has it: each node checks again
+        print(f"warning    here: {te_problem}")
+
+    job_dir = launch.make_run_dir(opts.outdir / "slurm", exp.id)
+    path = job_dir / "job.sbatch"
+    path.write_text(script(exp, lay, job_dir, env))
+    sbatch_cmd = ["sbatch", *shlex.split(env.get("SBATCH_ARGS", "")), str(path)]
+    print(f"slurm      {lay.nodes} node(s) x {lay.gpus_per_node} GPU(s); one srun task per node runs "
+          f"`make {exp.id}` with NODE_RANK=$SLURM_NODEID")
+    print("\n".join(node_commands(exp, lay, impl)))
+    print(f"script     {path}")
+    print(path.read_text().rstrip())
+    if dry:
+        print(f"submit     (DRY_RUN=1, not submitted) {shlex.join(sbatch_cmd)}")
+        return 0
+    out = subprocess.run([sbatch, *sbatch_cmd[1:]], capture_output=True, text=True)
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise LaunchError(f"sbatch refused the job: {last}; fix: SBATCH_ARGS='--partition=... "
+                          f"--account=...' (the script is kept in {path})")
+    print(f"submit     {shlex.join(sbatch_cmd)}: {out.stdout.strip()}")
+    print(f"follow     tail -f {job_dir}/slurm-<jobid>.out; records in {job_dir}/node*/")
+    return 0
