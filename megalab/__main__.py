@@ -9,6 +9,7 @@
   check          evaluate the papers' trend claims against the records (make check)
   prepare-data   tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)
   refresh DIR..  recompute run records' measured fields from their raw log and memory CSV
+  arguments      Megatron's flags, by group (--count: how many; PATTERN: only matching ones)
 """
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             for d in rest:
                 print(record.one_line(record.refresh(Path(d))))
             return 0
+        if cmd == "arguments":
+            from megalab import arguments
+
+            return arguments.cli(rest)
         if cmd == "tables":
             from megalab import tables
 

@@ -96,7 +96,7 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
 
 
 def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
-          started, ended, hostname, dropped_flags=()) -> dict:
+          started, ended, hostname, dropped_flags=(), outputs=None) -> dict:
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
     meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak)
@@ -107,6 +107,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "fastpath": os.environ.get("MEGALAB_FAST") or None,
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),
+        **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
     }
     rec = {
         "schema": SCHEMA,
@@ -130,7 +131,9 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "command": command,
         "config": config,
         "versions": versions(inventory.get("driver")),
-        "files": {"log": "logs.txt", "memory": "gpu_memory.csv"},
+        "files": {"log": "logs.txt", "memory": "gpu_memory.csv",
+                  **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}
+                     if (run_dir / "torch_profile").is_dir() else {})},
     }
     return rec
 
@@ -158,6 +161,17 @@ def one_line(rec: dict) -> str:
         f"peak memory {' / '.join(f'{m:.1f}' for m in mem)} GiB" if mem else "peak memory n/a",
     ]
     return " | ".join(p for p in parts if p)
+
+
+def profile_lines(rec: dict, run_dir: Path) -> list[str]:
+    """The step breakdown (Megatron's timers) and where the profiler traces are, when there are any."""
+    out = []
+    b = rec.get("breakdown_ms")
+    if b:
+        out.append("breakdown  median ms per step: " + " | ".join(f"{k} {v:.1f}" for k, v in b.items()))
+    for trace in rec.get("files", {}).get("traces", []):
+        out.append(f"trace      {run_dir / trace}  (open it in https://ui.perfetto.dev)")
+    return out
 
 
 def memory_peaks_from_csv(csv_path: Path, num_gpus: int) -> list[int]:
