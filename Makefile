@@ -7,6 +7,10 @@
 # DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), FAST (fast-path patches, none|all|list),
 # CUDA_GRAPH (1: Megatron's full-iteration CUDA graph), NNODES, NODE_RANK, MASTER_ADDR,
 # MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py).
+
+# DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), NNODES, NODE_RANK, MASTER_ADDR,
+# MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py),
+# SAVE=1 [SAVE_INTERVAL], LOAD=<checkpoint dir>, WANDB=1 [WANDB_PROJECT, WANDB_ENTITY], VERBOSE=1.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -20,14 +24,37 @@ TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/
 
 export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
 export DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE
+export SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY VERBOSE
 
 .PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
 
 help:
-	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
 	@echo
 	@echo "Everyday: make list | make quickstart | make test | make tables | make check | make prepare-data | make setup | make clean"
 	@echo "Beyond one node: make slurm-<target> [GPUS_PER_NODE=8 DRY_RUN=1] | in a container: make docker-build, make docker-run"
+
+	@echo "Everyday commands:"
+	@sed -n 's/^#> /  make /p' Makefile
+
+#> list                    every target: id, GPUs, what it shows
+#> quickstart              the first run (on a CPU: a plan and the tables)
+#> test                    the CPU test suite
+#> tables                  rebuild results/*.md from the committed run records
+#> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
+#> plots                   redraw results/plots/*.svg (make tables does it too)
+#> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
+#> bench-report            rebuild results/bench/README.md from the committed bench runs
+#> prepare-data            tokenize a corpus for DATA=... runs
+#> batch IDS="101 111"     several targets in a row, past failures
+#> profile-<id>            a target with Megatron's timers and a torch profiler trace (Perfetto)
+#> resume-<id>             train ITERS/2, checkpoint, resume to ITERS, check the loss continues
+#> monitor-gpu             live GPU view (nvitop if installed, else nvidia-smi -l 1)
+#> tensorboard             serve outdir/ in TensorBoard (PORT=6006)
+#> show-arguments          every Megatron flag of the installed version, by group (GREP=ckpt)
+#> count-arguments         how many Megatron flags, per group
+#> setup                   .venv with CPU torch and megatron-core (CPU machines)
+#> clean                   remove outdir/ and caches; never results/
 
 list:
 	@$(PY) -m megalab list
@@ -142,3 +169,21 @@ prepare-data:
 clean:
 	rm -rf outdir .pytest_cache
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
+
+# ---- everyday commands around runs ---------------------------------------------------------------
+# profile-<id> and resume-<id> need no rule here: the catch-all above hands them to the launcher.
+PORT ?= 6006
+.PHONY: monitor-gpu tensorboard show-arguments count-arguments
+monitor-gpu:
+	@nvidia-smi -L >/dev/null 2>&1 || { echo "monitor-gpu: no NVIDIA GPU here (nvidia-smi -L failed); fix: run it on the GPU machine" >&2; exit 2; }
+	@if $(PY) -c "import nvitop" 2>/dev/null; then exec $(PY) -m nvitop; else exec nvidia-smi -l 1; fi
+
+tensorboard:
+	@$(PY) -c "import tensorboard" 2>/dev/null || { echo "tensorboard: not installed; fix: pip install tensorboard (or pip install -e '.[logging]')" >&2; exit 2; }
+	$(PY) -m tensorboard.main --logdir $(or $(OUTDIR),outdir) --bind_all --port $(PORT)
+
+show-arguments:
+	@$(PY) -m megalab arguments $(if $(GREP),'$(GREP)')
+
+count-arguments:
+	@$(PY) -m megalab arguments --count

@@ -11,6 +11,7 @@
   check          evaluate the papers' trend claims against the records (make check)
   prepare-data   tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)
   refresh DIR..  recompute run records' measured fields from their raw log and memory CSV
+  arguments      Megatron's flags, by group (--count: how many; PATTERN: only matching ones)
 """
 from __future__ import annotations
 
@@ -90,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
             from megalab import plots
 
             return plots.cli(rest)
+
+        if cmd == "arguments":
+            from megalab import arguments
+
+            return arguments.cli(rest)
         if cmd == "tables":
             from megalab import tables
 

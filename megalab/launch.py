@@ -46,6 +46,13 @@ class Options:
     # megalab's TE-free speed-ups (megalab/fastpath.py): None = the default for the spec
     fast: str | None = None
     cuda_graph: bool = False  # Megatron's full-iteration CUDA graph (--cuda-graph-impl full_iteration)
+    save: bool = False  # SAVE=1: checkpoint into the run dir (torch_dist)
+    save_interval: int | None = None  # SAVE_INTERVAL (None: at the end of the run)
+    load: Path | None = None  # LOAD=<dir>: resume from a checkpoint
+    wandb: bool = False  # WANDB=1
+    verbose: bool = False  # VERBOSE=1: the whole log on the terminal, not the progress line
+    profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
+    exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Options":
@@ -69,9 +76,15 @@ class Options:
                 warmup=int(get("WARMUP", 3)),
                 fast=get("FAST", None),
                 cuda_graph=get("CUDA_GRAPH", "0") not in ("0", "false", "no"),
+
+                save=get("SAVE", "0") not in ("0", "false", "no"),
+                save_interval=int(get("SAVE_INTERVAL", 0)) or None,
+                load=Path(get("LOAD", "")) if get("LOAD", "") else None,
+                wandb=get("WANDB", "0") not in ("0", "false", "no"),
+                verbose=get("VERBOSE", "0") not in ("0", "false", "no"),
             )
         except ValueError as e:
-            raise LaunchError(f"a make variable is not a number ({e}); fix: e.g. ITERS=20 NNODES=2") from None
+            raise LaunchError(f"a make variable is not a number ({e}); fix: e.g. ITERS=20 NNODES=2 SAVE_INTERVAL=50") from None
 
 
 # The optimizer-side fast path is exact (tests/test_fastpath.py) and never slower, so it is on by
@@ -165,9 +178,104 @@ def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None 
         "EXTRA_ARGS": " ".join([*exp.extra_args, opts.extra_args]).strip(),
         "CUDA_GRAPH": int(opts.cuda_graph), "MEGALAB_FAST": fast_patches(opts, impl),
     }
+    env |= {"SAVE": int(opts.save), "SAVE_INTERVAL": opts.save_interval or "", "LOAD": opts.load or "",
+            "WANDB": int(opts.wandb), "PROFILE": int(opts.profile), "EXIT_INTERVAL": opts.exit_interval or ""}
+    if opts.profile:
+        env["PROFILE_START"] = profile_start(opts.iters)
     if run_dir is not None:
         env["RUN_DIR"] = run_dir
     return {k: str(v) for k, v in env.items()}
+
+
+# ---- checkpoints, wandb, profiling: checked before a GPU hour is spent -----------------------------
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's marker of a complete checkpoint directory
+
+
+def checkpoint_dir(load: Path) -> Path:
+    """The Megatron checkpoint directory LOAD names: itself, or a run dir's checkpoints/."""
+    for d in (load, load / "checkpoints"):
+        if (d / TRACKER).is_file():
+            return d.resolve()
+    if not load.is_dir():
+        raise LaunchError(f"LOAD={load}: no such directory; fix: LOAD=<run dir>/checkpoints of a run made with SAVE=1")
+    raise LaunchError(f"LOAD={load} holds no Megatron checkpoint (no {TRACKER}); "
+                      "fix: point LOAD at the checkpoints/ folder of a run made with SAVE=1")
+
+
+def wandb_mode(env=os.environ) -> str:
+    """offline unless an API key is set (scripts/train_gpt.sh applies the same rule)."""
+    return env.get("WANDB_MODE") or ("online" if env.get("WANDB_API_KEY") else "offline")
+
+
+def check_options(opts: Options) -> Options:
+    """One-line errors for SAVE/LOAD/WANDB/profile settings; returns opts with LOAD resolved."""
+    if opts.save_interval is not None and opts.save_interval < 0:
+        raise LaunchError(f"SAVE_INTERVAL={opts.save_interval} must be positive; fix: e.g. SAVE_INTERVAL=50")
+    if opts.load is not None:
+        opts = dataclasses.replace(opts, load=checkpoint_dir(opts.load))
+    if opts.wandb and importlib.util.find_spec("wandb") is None:
+        raise LaunchError("WANDB=1 needs the wandb package, which is not installed; "
+                          "fix: pip install wandb (or pip install -e '.[wandb]'), or drop WANDB=1")
+    if opts.profile and opts.iters < 3:
+        raise LaunchError(f"profiling traces two steps after a warm-up one, ITERS={opts.iters} is too few; "
+                          "fix: ITERS=3 or more (the default 100 traces steps 10-11)")
+    return opts
+
+
+def profile_start(iters: int) -> int:
+    """First traced step: Megatron's default 10, earlier when the run is shorter (two steps traced)."""
+    return min(10, iters - 2)
+
+
+def outputs_lines(opts: Options) -> list[str]:
+    """Preflight lines for checkpoints, wandb and profiling."""
+    lines = []
+    if opts.save:
+        lines.append(f"checkpoint save to <run dir>/checkpoints every {opts.save_interval or opts.iters} "
+                     "iterations (torch_dist)")
+    if opts.load:
+        lines.append(f"checkpoint resume from {opts.load} (weights, optimizer, RNG, iteration count)")
+    if opts.exit_interval:
+        lines.append(f"stop       at iteration {opts.exit_interval} of {opts.iters}, as an interrupted job would")
+    if opts.wandb:
+        lines.append(f"wandb      project {os.environ.get('WANDB_PROJECT') or 'megalab'}, mode {wandb_mode()}, "
+                     "files in <run dir>/wandb")
+    if opts.profile:
+        s = profile_start(opts.iters)
+        lines.append(f"profile    torch profiler trace of steps {s}-{s + 1} -> <run dir>/torch_profile/"
+                     "rank-N.json.gz (open in https://ui.perfetto.dev)")
+    return lines
+
+
+def outputs_config(opts: Options) -> dict:
+    """What the run.json config records about checkpoints, wandb and profiling."""
+    return {"save": opts.save, "save_interval": (opts.save_interval or opts.iters) if opts.save else None,
+            "load": str(opts.load) if opts.load else None, "exit_interval": opts.exit_interval,
+            "wandb": {"project": os.environ.get("WANDB_PROJECT") or "megalab", "mode": wandb_mode(),
+                      "entity": os.environ.get("WANDB_ENTITY") or None} if opts.wandb else None,
+            "profile": opts.profile}
+
+
+# ---- variants of every target: `make profile-<id>`, `make resume-<id>` -----------------------------
+VARIANTS = ("profile", "resume")
+
+
+def resolve(target: str) -> tuple[Experiment, str | None]:
+    """A catalog target, or a variant of one (a catalog id such as profile-282 wins)."""
+    try:
+        return catalog.get(target), None
+    except CatalogError:
+        variant, _, rest = target.partition("-")
+        if variant not in VARIANTS or not rest:
+            raise
+    return catalog.get(rest), variant
+
+
+def profiled(exp: Experiment, opts: Options) -> tuple[Experiment, Options]:
+    """profile-<id>: Megatron's per-microbatch timers plus a torch profiler trace, recorded under
+    its own target name so a profiled (slower, synchronised) step never stands in a table."""
+    return (dataclasses.replace(exp, id=f"profile-{exp.id}", timing_log_level=2),
+            dataclasses.replace(opts, profile=True))
 
 
 def torchrun_command(env: dict[str, str]) -> str:
@@ -303,27 +411,44 @@ def make_run_dir(outdir: Path, target: str) -> Path:
     return run_dir
 
 
-def _stream(proc: subprocess.Popen, log_path: Path) -> None:
+def _stream(proc: subprocess.Popen, log_path: Path, progress) -> None:
     with open(log_path, "wb") as log:
         for line in iter(proc.stdout.readline, b""):
             log.write(line)
             log.flush()
-            sys.stdout.buffer.write(line)
-            sys.stdout.flush()
+            progress.feed(line.decode("utf-8", errors="replace"))
+
+
+def _tail(log_path: Path, n: int = 15) -> str:
+    lines = log_path.read_text(errors="replace").splitlines()[-n:] if log_path.exists() else []
+    return "\n".join(f"log        {line}" for line in lines)
 
 
 def run(target: str, opts: Options | None = None, exp: Experiment | None = None) -> int:
     """Launch a catalog target (or `exp`, a variant of one built by the benchmark)."""
     opts = opts or Options.from_env()
-    exp = exp or catalog.get(target)
+    exp, variant = (exp, None) if exp is not None else resolve(target)
+    if variant == "resume":
+        from megalab import resume
+
+        return resume.run(exp, opts)
+    if variant == "profile":
+        exp, opts = profiled(exp, opts)
+    done = launch(exp, opts)
+    return 0 if done is None or done[0]["status"] == "ok" else 1
+
+
+def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
+    """Preflight, and unless DRY_RUN, one launch: its run record and run dir (None for a dry run)."""
     exp.validate()
+    opts = check_options(opts)
     impl = transformer_impl(opts)
     from megalab.monitor import GpuMemoryMonitor, gpu_inventory
 
     inv = gpu_inventory()
     env = wrapper_env(exp, opts, impl)
     command = torchrun_command(env)
-    print("\n".join(preflight(exp, opts, impl, inv["count"])))
+    print("\n".join(preflight(exp, opts, impl, inv["count"]) + outputs_lines(opts)))
     print(megatron_check(exp, command))
     print(plan_lines(exp, opts, inv))
 
@@ -333,7 +458,7 @@ def run(target: str, opts: Options | None = None, exp: Experiment | None = None)
             print(f"warning    {te_problem}")
         print("command    (DRY_RUN=1, not started)")
         print(command)
-        return 0
+        return None
 
     if te_problem:
         raise LaunchError(te_problem)
@@ -345,27 +470,36 @@ def run(target: str, opts: Options | None = None, exp: Experiment | None = None)
     child_env = {**os.environ, **env}
     if opts.gpu_mem_gb:
         child_env["MEGALAB_GPU_MEM_GB"] = opts.gpu_mem_gb
-    print(f"run dir    {run_dir}")
+    print(f"run dir    {run_dir}  (full log: logs.txt)")
 
     started = dt.datetime.now(dt.timezone.utc)
     interrupted = False
+    from megalab.progress import Progress
+
+    progress = Progress(verbose=opts.verbose)
     with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
         proc = subprocess.Popen(["bash", str(WRAPPER)], env=child_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _stream(proc, run_dir / "logs.txt")
+            _stream(proc, run_dir / "logs.txt", progress)
             rc = proc.wait()
         except KeyboardInterrupt:
             interrupted = True
             os.killpg(proc.pid, signal.SIGTERM)
             rc = proc.wait()
+        finally:
+            progress.close()
     ended = dt.datetime.now(dt.timezone.utc)
 
     rec = record.build(
         exp=exp, opts=opts, impl=impl, command=command, run_dir=run_dir, returncode=rc,
         interrupted=interrupted, monitor=mon, inventory=inv, started=started, ended=ended,
-        hostname=socket.gethostname(), dropped_flags=dropped_flags(exp, impl),
+        hostname=socket.gethostname(), dropped_flags=dropped_flags(exp, impl), outputs=outputs_config(opts),
     )
     record.write(rec, run_dir / "run.json")
+    if rec["status"] != "ok" and not opts.verbose:
+        print(_tail(run_dir / "logs.txt"))
     print(record.one_line(rec))
-    return 0 if rec["status"] == "ok" else 1
+    for line in record.profile_lines(rec, run_dir):
+        print(line)
+    return rec, run_dir

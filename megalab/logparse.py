@@ -9,6 +9,8 @@ installs at process-group init, global rank). From it we recover:
   (timestamp with or without microseconds, or none; with or without
   ``throughput per GPU (TFLOP/s/GPU)``; MoE/MTP extra losses), one entry per
   iteration number even when several pipeline stages print the same iteration;
+* Megatron's timers (``--timing-log-level`` 1 or 2): the block printed after each iteration
+  line (``forward-compute .....: (min, max)`` in ms), kept per iteration as the max over ranks;
 * the arguments dump (``train_iters ....... 100``), ``[Rank N] ... memory (MB)``
   reports, ``Theoretical memory footprints: ...``, the per-(tp, pp) parameter
   counts, and our own ``megalab: k=v ...`` lines;
@@ -41,6 +43,7 @@ __all__ = [
     "LogReadError",
     "parse_log",
     "parse_file",
+    "parse_iteration_line",
     "step_stats",
     "summary_fields",
     "cli",
@@ -70,6 +73,8 @@ class LogSummary:
     megatron_mem: dict[int, dict[str, float]] = field(default_factory=dict)
     theoretical_mem_mb: dict[str, float] = field(default_factory=dict)
     params: dict[tuple[int, int], int] = field(default_factory=dict)
+    # iteration -> timer name -> ms (max over ranks), from the block after that iteration's line
+    timers: dict[int, dict[str, float]] = field(default_factory=dict)
     finished: bool = False
     oom: bool = False
     oom_rank: int | None = None
@@ -106,6 +111,8 @@ _THEO_ITEM_RE = re.compile(r"([A-Za-z][A-Za-z _]*?)\s*=\s*([-+]?\d+(?:\.\d+)?(?:
 _PARAMS_RE = re.compile(
     r"number of parameters on \(([^)]*)\) model parallel\s+rank \(([^)]*)\):\s*(\d+(?:\.\d+)?)\s*([KMBT]?)\b"
 )
+# Timers.log(): "    forward-compute ......: (12.34, 15.67)" (min, max) or "...: 15.67" (max only).
+_TIMER_RE = re.compile(r"^\s+([A-Za-z][\w/-]*) \.+: (?:\(([\d.]+), ([\d.]+)\)|([\d.]+))\s*$")
 _MEGALAB_RE = re.compile(r"^\s*megalab:\s+(.*)$")
 _ARGS_START_RE = re.compile(r"^-{3,} arguments -{3,}\s*$")
 _ARGS_END_RE = re.compile(r"^-{3,} end of arguments -{3,}\s*$")
@@ -279,6 +286,7 @@ def _parse(text) -> LogSummary:
     other_crash: str | None = None
 
     last = len(lines) - 1
+    last_iter: int | None = None  # timer blocks belong to the iteration logged just before
     for idx, raw in enumerate(lines):
         line, rank = _strip_prefix(raw)
         partial = cut_mid_line and idx == last  # numbers on a cut line may be cut too
@@ -295,7 +303,17 @@ def _parse(text) -> LogSummary:
                     it.extra["timestamp"] = ts.group(1)
                 _parse_iteration_fields(it, line[m.end():end])
                 iters[it.iteration] = _merge(iters[it.iteration], it) if it.iteration in iters else it
+                last_iter = it.iteration
             if matches:
+                recognised = True
+                continue
+
+        # ---- timers (start-up blocks come before any iteration and are not kept)
+        if "..: " in line and not partial:
+            m = _TIMER_RE.match(line)
+            if m:
+                if last_iter is not None:
+                    s.timers.setdefault(last_iter, {})[m.group(1)] = float(m.group(3) or m.group(4))
                 recognised = True
                 continue
 
@@ -559,6 +577,7 @@ def summary_fields(s: LogSummary, warmup: int = 3) -> dict:
     tflops, _ = _steady(s.iterations, "tflops_per_gpu", warmup)
     losses = [it.lm_loss for it in s.iterations if it.lm_loss is not None]
     tp0 = [n for (tp, _pp), n in s.params.items() if tp == 0]
+    timers = timer_medians(s, warmup)
     return {
         "status": s.status,
         "step_ms_median": st["median"],
@@ -577,10 +596,47 @@ def summary_fields(s: LogSummary, warmup: int = 3) -> dict:
         "megatron_mem_by_rank": {r: dict(m) for r, m in sorted(s.megatron_mem.items())},
         "theoretical_mem_mb": dict(s.theoretical_mem_mb) or None,
         "params_total": sum(tp0) if tp0 else None,
+        "timers_ms": timers or None,
+        "breakdown_ms": breakdown(timers, st["median"]),
         "oom_rank": s.oom_rank,
         "error": s.error,
         "missing": list(s.missing),
     }
+
+
+def timer_medians(s: LogSummary, warmup: int = 3) -> dict[str, float]:
+    """Median per step of each timer over the steady iterations (same warm-up rule as steps)."""
+    if not s.timers:
+        return {}
+    cutoff = min(s.timers) + max(0, int(warmup))
+    steady = [t for i, t in s.timers.items() if i >= cutoff] or list(s.timers.values())
+    names = sorted({n for t in steady for n in t})
+    return {n: round(_stats([t[n] for t in steady if n in t])["median"], 2) for n in names}
+
+
+def breakdown(timers: dict[str, float], step_ms: float | None) -> dict[str, float] | None:
+    """A step split into forward / backward / optimizer / other (ms, medians).
+
+    forward-compute and backward-compute sum a step's microbatches (--timing-log-level 2);
+    `other` is what the step spends outside them: pipeline sends/receives, gradient all-reduce
+    or reduce-scatter, the data loader, the timers' own synchronisation.
+    """
+    need = ("forward-compute", "backward-compute", "optimizer")
+    if step_ms is None or any(n not in timers for n in need):
+        return None
+    f, b, o = (timers[n] for n in need)
+    return {"forward": f, "backward": b, "optimizer": o, "other": round(step_ms - f - b - o, 2)}
+
+
+def parse_iteration_line(line: str) -> IterationLine | None:
+    """The iteration a single log line reports (for live progress), or None."""
+    line, _ = _strip_prefix(line.rstrip("\r\n"))
+    m = _ITER_RE.search(line)
+    if not m:
+        return None
+    it = IterationLine(iteration=int(m.group(1)), train_iters=int(m.group(2)))
+    _parse_iteration_fields(it, line[m.end():])
+    return it
 
 
 # --------------------------------------------------------------------------- cli

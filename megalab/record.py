@@ -100,7 +100,7 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
 
 
 def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
-          started, ended, hostname, dropped_flags=()) -> dict:
+          started, ended, hostname, dropped_flags=(), outputs=None) -> dict:
     from megalab.launch import fast_patches  # launch imports this module
 
     gpu_name = inventory["names"][0] if inventory.get("names") else None
@@ -115,6 +115,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "fastpath": fast_patches(opts, impl), "cuda_graph": opts.cuda_graph,
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),
+        **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
     }
     rec = {
         "schema": SCHEMA,
@@ -138,7 +139,9 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "command": command,
         "config": config,
         "versions": versions(inventory.get("driver")),
-        "files": {"log": "logs.txt", "memory": "gpu_memory.csv"},
+        "files": {"log": "logs.txt", "memory": "gpu_memory.csv",
+                  **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}
+                     if (run_dir / "torch_profile").is_dir() else {})},
     }
     return rec
 
@@ -166,6 +169,17 @@ def one_line(rec: dict) -> str:
         f"peak memory {' / '.join(f'{m:.1f}' for m in mem)} GiB" if mem else "peak memory n/a",
     ]
     return " | ".join(p for p in parts if p)
+
+
+def profile_lines(rec: dict, run_dir: Path) -> list[str]:
+    """The step breakdown (Megatron's timers) and where the profiler traces are, when there are any."""
+    out = []
+    b = rec.get("breakdown_ms")
+    if b:
+        out.append("breakdown  median ms per step: " + " | ".join(f"{k} {v:.1f}" for k, v in b.items()))
+    for trace in rec.get("files", {}).get("traces", []):
+        out.append(f"trace      {run_dir / trace}  (open it in https://ui.perfetto.dev)")
+    return out
 
 
 def memory_peaks_from_csv(csv_path: Path, num_gpus: int) -> list[int]:

@@ -62,11 +62,15 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
         import megatron.training.arguments as margs
         from megatron.training.arguments import parse_and_validate_args
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+        from megatron.training import global_vars
         from megatron.training.global_vars import destroy_global_vars
 
     saved_argv = sys.argv
     saved_env = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "CUDA_DEVICE_MAX_CONNECTIONS")}
     saved_arch = margs.get_device_arch_version
+    # Checking flags must not open a TensorBoard event file or a wandb run (WANDB=1, PROFILE=1).
+    saved_writers = global_vars._set_tensorboard_writer, global_vars._set_wandb_writer
+    global_vars._set_tensorboard_writer = global_vars._set_wandb_writer = lambda args: None
     sys.argv = ["pretrain_gpt.py", *args]
     # the environment scripts/train_gpt.sh gives every rank
     os.environ.update(WORLD_SIZE=str(world_size), RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
@@ -86,6 +90,7 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
         raise MegatronRejected(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
     finally:
         margs.get_device_arch_version = saved_arch
+        global_vars._set_tensorboard_writer, global_vars._set_wandb_writer = saved_writers
         quiet.setLevel(level)
         destroy_global_vars()  # so the next validation starts from a clean slate
         destroy_num_microbatches_calculator()

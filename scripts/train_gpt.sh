@@ -36,6 +36,10 @@ CUDA_GRAPH=${CUDA_GRAPH:-0}             # 1: Megatron's full-iteration CUDA grap
 
 # ---- logging ---------------------------------------------------------------------------------------
 TIMING_LOG_LEVEL=${TIMING_LOG_LEVEL:-0}  # 2: per-microbatch forward/backward timers (profile-* targets)
+SAVE=${SAVE:-0}; LOAD=${LOAD:-}; WANDB=${WANDB:-0}; PROFILE=${PROFILE:-0}
+# Where checkpoints, wandb files and profiler traces go: the run directory (`python -m megalab run`
+# sets RUN_DIR; a dry run shows the placeholder).
+OUT_DIR=${RUN_DIR:-RUN_DIR}
 
 # ---- launch (single node by default; set NNODES/NODE_RANK/MASTER_ADDR for more) ------------------
 GPUS_PER_NODE=${GPUS_PER_NODE:-1}
@@ -127,8 +131,38 @@ LOGGING_ARGS=(
     --log-interval 1 --log-throughput --eval-iters 0 --eval-interval "$ITERS"
     --log-memory-to-tensorboard --log-timers-to-tensorboard
 )
-[ -n "${RUN_DIR:-}" ] && LOGGING_ARGS+=(--tensorboard-dir "$RUN_DIR/tensorboard")
+# Megatron's wandb logs only where TensorBoard does, and its profiler writes beside that directory.
+if [ -n "${RUN_DIR:-}" ] || [ "$WANDB" = 1 ] || [ "$PROFILE" = 1 ]; then
+    LOGGING_ARGS+=(--tensorboard-dir "$OUT_DIR/tensorboard")
+fi
 [ "$TIMING_LOG_LEVEL" -gt 0 ] && LOGGING_ARGS+=(--timing-log-level "$TIMING_LOG_LEVEL")
+if [ "$WANDB" = 1 ]; then
+    LOGGING_ARGS+=(--wandb-project "${WANDB_PROJECT:-megalab}" --wandb-exp-name "$(basename "$OUT_DIR")"
+                   --wandb-save-dir "$OUT_DIR/wandb")
+    [ -n "${WANDB_ENTITY:-}" ] && LOGGING_ARGS+=(--wandb-entity "$WANDB_ENTITY")
+    # No API key: log offline into the run dir (`wandb sync` uploads it later), never prompt.
+    [ -z "${WANDB_API_KEY:-}" ] && export WANDB_MODE=${WANDB_MODE:-offline}
+fi
+
+# ---- checkpoints: SAVE=1 writes RUN_DIR/checkpoints, LOAD=<dir> resumes from one -----------------
+# torch_dist is Megatron's sharded format (each rank writes its shard; reloadable under another
+# TP/PP). Resuming restores weights, optimizer, RNG and the iteration count; the data loader skips
+# the samples already consumed. A LOAD without a checkpoint stops instead of training from scratch.
+CHECKPOINT_ARGS=()
+[ "$SAVE" = 1 ] && CHECKPOINT_ARGS+=(--save "$OUT_DIR/checkpoints" --save-interval "${SAVE_INTERVAL:-$ITERS}")
+[ -n "$LOAD" ] && CHECKPOINT_ARGS+=(--load "$LOAD" --exit-on-missing-checkpoint)
+[ "${#CHECKPOINT_ARGS[@]}" -gt 0 ] && CHECKPOINT_ARGS+=(--ckpt-format torch_dist)
+# Stop at this iteration as an interrupted job would (resume-* targets): the LR schedule still
+# spans ITERS, so the resumed run continues the very same schedule.
+[ -n "${EXIT_INTERVAL:-}" ] && CHECKPOINT_ARGS+=(--exit-interval "$EXIT_INTERVAL")
+
+# ---- PROFILE=1: a torch profiler trace of two steps (Megatron writes RUN_DIR/torch_profile/rank-N.json.gz)
+PROFILE_ARGS=()
+if [ "$PROFILE" = 1 ]; then
+    PROFILE_START=${PROFILE_START:-10}   # Megatron's default; the launcher moves it for ITERS < 12
+    PROFILE_ARGS=(--profile --use-pytorch-profiler --profile-step-start "$PROFILE_START"
+                  --profile-step-end "$(( PROFILE_START + 2 ))")
+fi
 
 if [ "$TE_IMPL" = transformer_engine ]; then
     IMPL_ARGS=(--transformer-impl transformer_engine)
@@ -159,7 +193,8 @@ export PYTHONPATH="$ROOT${MEGATRON_LM:+:$MEGATRON_LM}${PYTHONPATH:+:$PYTHONPATH}
 
 CMD=(torchrun "${DISTRIBUTED_ARGS[@]}" "${ENTRY[@]}"
      "${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${PARALLEL_ARGS[@]}" "${MOE_ARGS[@]}"
-     "${RECOMPUTE_ARGS[@]}" "${DATA_ARGS[@]}" "${LOGGING_ARGS[@]}" "${IMPL_ARGS[@]}" "${PERF_ARGS[@]}" "${EXTRA[@]}")
+     "${RECOMPUTE_ARGS[@]}" "${DATA_ARGS[@]}" "${LOGGING_ARGS[@]}" "${CHECKPOINT_ARGS[@]}"
+     "${PROFILE_ARGS[@]}" "${IMPL_ARGS[@]}" "${PERF_ARGS[@]}" "${EXTRA[@]}")
 
 if [ "${DRY_RUN:-0}" = 1 ]; then
     printf '%q ' "${CMD[@]}"; echo

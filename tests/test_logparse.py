@@ -402,7 +402,7 @@ SUMMARY_KEYS = {
     "status", "step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_min", "step_ms_max",
     "step_count", "warmup_iters", "tflops_per_gpu", "loss_first", "loss_last", "iters_logged",
     "train_iters", "megatron_mem", "megatron_mem_by_rank", "theoretical_mem_mb", "params_total",
-    "oom_rank", "error", "missing",
+    "oom_rank", "error", "missing", "timers_ms", "breakdown_ms",
 }
 
 
