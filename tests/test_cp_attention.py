@@ -82,3 +82,52 @@ def test_math_block_backward_matches_autograd(causal):
     grads = C.block_backward(dout, q, k, v, out, lse, causal, 0.5)
     for g, t in zip(grads, (qa, ka, va)):
         torch.testing.assert_close(g.double(), t.grad, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ on GPUs (skipped on CPU machines)
+# The fused path (flash-attention kernels that return the log-sum-exp) only runs on CUDA in bf16.
+# `python -m pytest -q tests/test_cp_attention.py` on the GPU rig runs these too.
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_block_matches_math_in_bf16(causal):
+    torch.manual_seed(2)
+    q, k, v, dout = (torch.randn(2, 4, 256, 96, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = C.block_forward(q, k, v, causal, 0.1)
+    ref_out, ref_lse = C.block_forward(*(t.float() for t in (q, k, v)), causal, 0.1)
+    torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+    grads = C.block_backward(dout, q, k, v, out, lse, causal, 0.1)
+    ref = C.block_backward(*(t.float() for t in (dout, q, k, v, out)), lse, causal, 0.1)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, atol=5e-2, rtol=5e-2)
+
+
+def _nccl_worker(rank, cp, port):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cp)
+    try:
+        torch.manual_seed(0)
+        shape = (2, 8, 2048, 96)
+        q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        qf, kf, vf = (t.clone().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=0.1)
+        ref.backward(dout)
+        for mode in C.MODES:
+            ql, kl, vl = (_local(t, rank, cp).requires_grad_() for t in (q, k, v))
+            out = C.attention(ql, kl, vl, mode, dist.group.WORLD, 0.1)
+            out.backward(_local(dout, rank, cp))
+            for name, ours, theirs in [("out", out, ref), ("dq", ql.grad, qf.grad),
+                                       ("dk", kl.grad, kf.grad), ("dv", vl.grad, vf.grad)]:
+                torch.testing.assert_close(ours.float(), _local(theirs, rank, cp).float(), atol=3e-2, rtol=3e-2,
+                                           msg=lambda m: f"{mode} rank {rank} {name}: {m}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_every_cp_mode_on_two_gpus_with_nccl_in_bf16():
+    mp.spawn(_nccl_worker, args=(2, _free_port()), nprocs=2, join=True)
