@@ -136,10 +136,12 @@ def all_gather_attention(q, k, v, group, scale, dropout_p=0.0):
     outs = []
     for half, j in zip(q.split(c, dim=2), chunk_ids(rank, cp)):
         end = (j + 1) * c
-        outs.append(F.scaled_dot_product_attention(
+        o = F.scaled_dot_product_attention(
             half, k_all[:, :, :end], v_all[:, :, :end], attn_mask=causal_lower_right(c, end),
-            dropout_p=dropout_p, scale=scale))
-    return torch.cat(outs, dim=2)
+            dropout_p=dropout_p, scale=scale)
+        outs.append(o.permute(2, 0, 1, 3))
+    # Joined in [s, b, n, d] memory order, so the caller's reshape to [s, b, n*d] is a view.
+    return torch.cat(outs, dim=0).permute(1, 2, 0, 3)
 
 
 # ------------------------------------------------------------------ mode 2: all-to-all (Ulysses)
@@ -255,7 +257,10 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, scale):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         kv = torch.stack([k, v]).contiguous()
-        out = torch.zeros(q.shape, dtype=_acc(q), device=q.device)
+        # Stored [s, b, n, d] and viewed as [b, n, s, d]: the caller's reshape to [s, b, n*d] is then
+        # a view, so the output saved here is the same memory as the projection's input.
+        b, n, sq, d = q.shape
+        out = torch.zeros(sq, b, n, d, dtype=_acc(q), device=q.device).permute(1, 2, 0, 3)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=_acc(q), device=q.device)
         for step in range(cp):
             # Start moving the chunk we hold to the next rank before computing with it.
@@ -265,7 +270,7 @@ class _RingAttention(torch.autograd.Function):
             _merge(_half(out, rows), _half(lse, rows), o, l)
             _wait(reqs)
             kv = nxt
-        out = out.to(q.dtype)
+        out = out.to(q.dtype)  # keeps the [s, b, n, d] memory order
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale = group, scale
         return out

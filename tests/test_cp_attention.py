@@ -45,6 +45,8 @@ def _check(rank, cp, mode):
     ql, kl, vl = (_local(t, rank, cp).requires_grad_() for t in (q, k, v))
     out = C.attention(ql, kl, vl, mode, dist.group.WORLD, scale)
     out.backward(_local(dout, rank, cp))
+    if mode != "a2a":  # [s, b, n, d] memory: SDPAttention's reshape to [s, b, n*d] copies nothing
+        assert out.permute(2, 0, 1, 3).is_contiguous()
 
     qf, kf, vf = (t.clone().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, scale=scale)
