@@ -123,6 +123,7 @@ class Experiment:
             raise CatalogError(
                 f"{where}: sequence {self.seq_length} must divide into 2 x CP = {2 * self.cp} chunks; "
                 f"fix: choose a sequence length that is a multiple of {2 * self.cp}")
+        self._validate_cp(where)
         self._validate_moe(where)
         if self.timing_log_level not in (0, 1, 2):
             raise CatalogError(f"{where}: timing_log_level must be 0, 1 or 2 (Megatron's --timing-log-level); "
@@ -131,6 +132,16 @@ class Experiment:
             raise CatalogError(
                 f"{where}: recompute '{self.recompute}' is not one of none, selective, full-uniform-N, "
                 f"full-block-N; fix the catalog entry")
+
+    def _validate_cp(self, where: str) -> None:
+        if self.cp_comm is not None and self.cp_comm not in CP_COMM_TYPES:
+            raise CatalogError(f"{where}: cp_comm '{self.cp_comm}' is not one of Megatron's --cp-comm-type "
+                               f"values ({', '.join(CP_COMM_TYPES)}); fix the catalog entry")
+        heads = self.model_cfg["num_attention_heads"]
+        if self.cp > 1 and self.cp_comm == "a2a" and heads % (self.tp * self.cp):
+            raise CatalogError(
+                f"{where}: cp_comm a2a gives each of TP x CP = {self.tp * self.cp} GPUs whole heads, and "
+                f"{heads} heads do not divide by that; fix: use p2p or all_gather, or a CP dividing {heads // self.tp}")
 
     def _validate_moe(self, where: str) -> None:
         m = self.model_cfg
@@ -161,6 +172,9 @@ class Experiment:
             raise CatalogError(f"{where}: Megatron's MoE layers need sequence parallelism when TP > 1; "
                                "fix: set sp: true")
 
+
+# Megatron's --cp-comm-type values (a2a+p2p also needs --hierarchical-context-parallel-sizes).
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 # Preset keys and what they are (scripts/train_gpt.sh turns each into flags; launch.wrapper_env
 # passes them). Anything else in configs/models.yaml is a typo and refused.

@@ -208,7 +208,7 @@ def total_params(sh: Shape, tp: int = 1) -> int:
 # --------------------------------------------------------------------------- activations
 
 def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: bool,
-                         seq: int | None = None, etp: int = 1) -> float:
+                         seq: int | None = None, etp: int = 1, cp: int = 1, cp_comm: str | None = None) -> float:
     """Bytes one layer stores for backward, in units of s*b*h (Korthikanti et al., Table 2).
 
     34 = attention 11 (QKV input 2, Q K 4, V 2, proj input 2, dropout mask 1) + MLP 19 (fc1 input
@@ -217,6 +217,9 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     the MLP's 16 is 4f/h (6f/h with SwiGLU: a 2f-wide fc1 output and the f-wide product). With SDPA
     (spec megalab) the score term 5as/(ht) gives way to the fp32 logsumexp, 4bas/t bytes = 4a/(ht)
     per s*b*h. seq: this GPU's sequence (s/CP).
+    CP (megalab/cp_attention.py, like TE's): p2p and a2a keep the same Q, K, V bytes (the ring's K/V
+    chunks are transient; Ulysses keeps full-sequence tensors of 1/CP of the heads); all_gather keeps
+    the gathered K and V of the whole sequence for backward: 4(CP - 1)g/(at) more.
     MoE (approximate, unvalidated: no MoE run is committed yet): each of the top-k routed copies of
     a token keeps its fc1 input (2h), the f-wide tensors (4f or 6f) and its expert output for the
     probability-weighted combine (2h), split by ETP; the router keeps fp32 logits and probabilities
@@ -238,6 +241,8 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
             per += 5 * a * seq / (h * t)
         else:
             per += 4 * a / (h * t)
+    if cp > 1 and cp_comm == "all_gather":
+        per += 2 * 2 * (cp - 1) * sh.groups / (a * t)
     return per
 
 
@@ -362,7 +367,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     sp_div = t if e.sp else 1
     gran, method, nrec = parse_recompute(e.recompute)
     per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec, selective=(gran == "selective"),
-                                         seq=s, etp=e.etp)
+                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm)
     layer_bytes = per_layer_sbh * sbh
     ckpt_bytes = 2 * sbh / sp_div  # a checkpointed layer input
 

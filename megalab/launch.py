@@ -307,7 +307,9 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
         f"memory     ZeRO-2 (distributed optimizer): {'on' if exp.zero2 else 'off'}; "
         f"recompute: {exp.recompute}; GPU cap: {opts.gpu_mem_gb + ' GB' if opts.gpu_mem_gb else 'none'}",
         f"impl       {impl}" + (" (Transformer Engine)" if impl == "transformer_engine"
-                                 else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})"),
+                                 else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})")
+        + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/cp_attention.py'}"
+           if exp.cp > 1 else ""),
         f"speed      fast path: {fast_patches(opts, impl)}; full-iteration CUDA graph: "
         f"{'on' if opts.cuda_graph else 'off (CUDA_GRAPH=1)'}",
         f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
@@ -321,16 +323,42 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
                      "SequentialMLP with unfused permutation); recorded as config.dropped_flags")
     checks = [f"GBS {exp.gbs} % (MBS {exp.mbs} x DP {exp.dp}) == 0",
               f"GPUs {exp.gpus} % (TP x PP x CP = {exp.model_parallel}) == 0"]
+    if exp.cp > 1:
+        checks.append(f"seq {exp.seq_length} % (2 x CP = {2 * exp.cp}) == 0")
+    if exp.cp > 1 and exp.cp_comm == "a2a":
+        checks.append(f"heads {m['num_attention_heads']} % (TP x CP = {exp.tp * exp.cp}) == 0")
     lines.append("checks     " + "; ".join(checks) + ": ok")
     return lines
 
 
-def needs_te(exp: Experiment, impl: str) -> str | None:
-    """Why this target cannot run on the TE-free path, or None."""
-    if exp.cp > 1 and impl != "transformer_engine":
-        return (f"target {exp.id} uses context parallelism (CP={exp.cp}), which Megatron implements only in "
-                "Transformer Engine's attention and megalab's TE-free spec does not have yet; "
-                "fix: run it where Transformer Engine is installed (TE=1), or pick a target without CP")
+def attention_dropout(exp: Experiment, opts: Options) -> float:
+    """The --attention-dropout the run gets: the last one in the extra args, else Megatron's 0.1."""
+    args = [*exp.extra_args, *opts.extra_args.split()]
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--attention-dropout"]
+    return float(values[-1]) if values else 0.1
+
+
+def cp_problem(exp: Experiment, opts: Options, impl: str) -> str | None:
+    """Why this target's context parallelism cannot run on this path, or None.
+
+    Megatron has CP only inside Transformer Engine's attention; megalab's TE-free spec has its own
+    (megalab/cp_attention.py) for p2p, all_gather and a2a. Megatron's stock local spec has none.
+    """
+    if exp.cp <= 1 or impl == "transformer_engine":
+        return None
+    if opts.spec != "megalab":
+        return (f"target {exp.id} uses context parallelism (CP={exp.cp}), which Megatron's local spec lacks "
+                "(only Transformer Engine's attention has it); fix: drop SPEC=local (megalab's spec has CP) "
+                "or run with Transformer Engine (TE=1)")
+    from megalab.cp_attention import MODES
+
+    mode = exp.cp_comm or "p2p"
+    if mode not in MODES:
+        return (f"target {exp.id}: cp_comm {mode} is not one of megalab's CP modes ({', '.join(MODES)}); "
+                "fix: pick one of those, or run with Transformer Engine (TE=1)")
+    if mode == "p2p" and attention_dropout(exp, opts) > 0:
+        return (f"target {exp.id}: megalab's ring attention (cp_comm p2p) has no attention dropout and Megatron's "
+                "default is 0.1; fix: add --attention-dropout 0 to the target's extra_args (or EXTRA_ARGS)")
     return None
 
 
@@ -452,16 +480,16 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     print(megatron_check(exp, command))
     print(plan_lines(exp, opts, inv))
 
-    te_problem = needs_te(exp, impl)
+    problem = cp_problem(exp, opts, impl)  # depends on this machine (TE or not): a dry run only warns
     if opts.dry_run:
-        if te_problem:
-            print(f"warning    {te_problem}")
+        if problem:
+            print(f"warning    {problem}")
         print("command    (DRY_RUN=1, not started)")
         print(command)
         return None
 
-    if te_problem:
-        raise LaunchError(te_problem)
+    if problem:
+        raise LaunchError(problem)
     per_node = check_gpus(exp, opts, inv)
     check_megatron_installed()
     run_dir = make_run_dir(opts.outdir, exp.id)

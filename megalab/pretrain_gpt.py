@@ -186,8 +186,13 @@ def _report_implementation(args, fast: list[str]) -> None:
         te = getattr(transformer_engine, "__version__", "present")
     except Exception:
         pass
+    # Whose context parallelism ran: Megatron's lives in TE's attention, megalab's in cp_attention.py.
+    cp = "none"
+    if args.context_parallel_size > 1:
+        by = "te" if args.transformer_impl == "transformer_engine" else "megalab"
+        cp = f"{by}-{'+'.join(dict.fromkeys(args.cp_comm_type))}"
     print(f"megalab: transformer_impl={args.transformer_impl} spec={spec} transformer_engine={te} "
-          f"fastpath={','.join(fast) or 'none'}", flush=True)
+          f"fastpath={','.join(fast) or 'none'} cp={cp}", flush=True)
 
 
 def main() -> None:

@@ -116,6 +116,8 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),
         **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
+        # whose context parallelism ran: TE's attention, or megalab/cp_attention.py without TE
+        "cp_impl": None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),
     }
     rec = {
         "schema": SCHEMA,

@@ -14,6 +14,9 @@ checkpoints match) and swaps in:
 
 * `SDPAttention`: `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
   (FlashAttention, cuDNN or memory-efficient) that never stores the s x s matrix.
+* Context parallelism (`--context-parallel-size`, all three `--cp-comm-type` modes p2p,
+  all_gather, a2a) in `SDPAttention`, from megalab/cp_attention.py: Megatron has CP only inside
+  Transformer Engine's attention.
 * `Norm`: LayerNorm/RMSNorm that marks its parameters `sequence_parallel`, the contract Megatron's
   own SP-capable norms follow, so `finalize_model_grads` sums their gradients over the TP group.
   It is also the final norm of the block.
@@ -24,12 +27,15 @@ Use it with `--transformer-impl local --spec megalab.spec megalab_layer_spec`, a
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
 from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
+
+from megalab import cp_attention  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -100,10 +106,6 @@ class SDPAttention(MegatronModule):
         super().__init__(config=config)
         self.config: TransformerConfig = config
 
-        if config.context_parallel_size > 1:
-            raise NotImplementedError(
-                "SDPAttention does not support context parallelism (context_parallel_size > 1) yet"
-            )
         if config.softmax_type != "vanilla":
             raise NotImplementedError(
                 f"SDPAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}"
@@ -118,10 +120,23 @@ class SDPAttention(MegatronModule):
         self.attention_type = attention_type
 
         if pg_collection is None:
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         self.tp_group = pg_collection.tp
         world_size = pg_collection.tp.size()
+
+        # Context parallelism (megalab/cp_attention.py): Megatron's own CP lives only in TE's
+        # attention (DotProductAttention asserts "only supported by TEDotProductAttention").
+        # TransformerLayer passes config.cp_comm_type in as cp_comm_type when CP > 1.
+        self.cp_size = config.context_parallel_size
+        self.cp_group = getattr(pg_collection, "cp", None) if self.cp_size > 1 else None
+        if self.cp_size > 1 and self.cp_group is None:
+            self.cp_group = parallel_state.get_context_parallel_group()
+        self.cp_comm_type = cp_comm_type or "p2p"
+        if self.cp_size > 1 and self.cp_comm_type not in cp_attention.MODES:
+            raise NotImplementedError(
+                f"megalab's context parallelism has cp_comm_type {', '.join(cp_attention.MODES)}, not "
+                f"{self.cp_comm_type!r}; fix: --cp-comm-type p2p (or all_gather, a2a)")
 
         projection_size = config.kv_channels * config.num_attention_heads
         self.hidden_size_per_partition = divide(projection_size, world_size)
@@ -139,6 +154,10 @@ class SDPAttention(MegatronModule):
         self.attention_dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
+        if self.cp_size > 1 and self.cp_comm_type == "p2p" and self.attention_dropout_p > 0:
+            raise NotImplementedError(
+                "megalab's ring attention (cp_comm_type p2p) has no attention dropout; "
+                "fix: add --attention-dropout 0, or use --cp-comm-type all_gather or a2a")
 
     def forward(
         self,
@@ -172,6 +191,9 @@ class SDPAttention(MegatronModule):
 
         # [s, b, n, h] -> [b, n, s, h] (a view: the head dim stays contiguous, as SDPA needs).
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+
+        if self.cp_size > 1:
+            return self._context_parallel(q, k, v, mask_type, attention_mask)
 
         causal = mask_type in (
             AttnMaskType.causal, AttnMaskType.causal_bottom_right, AttnMaskType.padding_causal
@@ -213,6 +235,25 @@ class SDPAttention(MegatronModule):
 
         # [b, n, sq, h] -> [sq, b, n * h]
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+
+    def _context_parallel(self, q, k, v, mask_type, attention_mask) -> Tensor:
+        """This rank's 2 of 2*CP sequence chunks attend over the whole sequence (cp_attention.py).
+
+        Only the plain causal mask is supported: it is what GPT pre-training uses, and each mode
+        builds it from the chunks' positions (the `attention_mask` argument is ignored, as in the
+        CP-free causal path).
+        """
+        if mask_type != AttnMaskType.causal:
+            raise NotImplementedError(
+                f"megalab's context parallelism supports the causal mask only, got {mask_type.name}; "
+                "fix: drop padding/arbitrary masks or run without --context-parallel-size")
+        dropout_p = self.attention_dropout_p if self.training else 0.0
+        sq = q.size(2)
+        with tensor_parallel.get_cuda_rng_tracker().fork() if dropout_p else contextlib.nullcontext():
+            out = cp_attention.attention(q, k, v, self.cp_comm_type, self.cp_group,
+                                         self.softmax_scale, dropout_p)
+        return out.permute(2, 0, 1, 3).reshape(sq, q.size(0), self.hidden_size_per_partition)
 
 
 class Norm(torch.nn.Module):

@@ -211,8 +211,6 @@ def fmt_hardware(rec: dict) -> str:
 def not_run_reason(exp: catalog.Experiment) -> str:
     if exp.gpus > RIG_GPUS:
         return f"not run: needs {exp.gpus} GPUs"
-    if exp.cp > 1:
-        return "not run: context parallel needs Transformer Engine (or megalab's TE-free CP, not built yet)"
     return "not run yet"
 
 
@@ -415,6 +413,21 @@ def _bubble_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
     return None if b is None else f"{_fixed(b * 100, 1)}%"
 
 
+def recompute_baseline(exp: catalog.Experiment, exps: list[catalog.Experiment]) -> catalog.Experiment | None:
+    """Chapter 3's full-recompute row at exp's sequence length and GBS, which its speedups are against."""
+    return next((e for e in exps if e.recompute.startswith("full") and e.seq_length == exp.seq_length
+                 and e.gbs == exp.gbs), None)
+
+
+def _speedup_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
+    base = recompute_baseline(exp, ctx.exps)
+    if base is None:
+        return None
+    vals = [(b / ms if (b is not None and ms) else None) for b, ms in
+            ((f(base), f(exp)) for f in (ctx.ref_ms, ctx.our_ms))]
+    return _ref_and_ours(*(None if v is None else f"{_fixed(v, 2)}x" for v in vals))
+
+
 def _experts_per_gpu(exp: catalog.Experiment, ctx: Context) -> str | None:
     return None if exp.num_experts is None else _int_or_1(exp.num_experts / exp.ep)
 
@@ -448,7 +461,12 @@ CHAPTER_COLUMNS: dict[int, list[Column]] = {
                     "strong-scaling series (ids 23x/24x, same model and GBS); each as `published / ours`, "
                     "— where that side has no step time."),
         Column("strong eff.", _strong_cell, where="result")],
-    3: [C_CP, C_CP_COMM, C_RECOMPUTE],
+    3: [C_CP, C_CP_COMM, C_RECOMPUTE,
+        Column("speedup vs recompute", _speedup_cell, where="result",
+               note="speedup vs recompute = step ms of the full-recompute row with the same sequence length "
+                    "and GBS (300 at 4096, 331 at 32768) / this row's step ms, as `published / ours`; — where "
+                    "that side has no step time, empty where no such row exists (the reference's 16k rows)."),
+        ],
     4: [C_TP, C_SP, C_PP,
         Column("m", lambda e, c: e.num_microbatches),
         Column("v", lambda e, c: _int_or_1(virtual_stages(e))),

@@ -34,7 +34,7 @@ def _int(cell, default):
     return int(cell) if cell.strip() else default
 
 
-@pytest.mark.parametrize("chapter,count", [(1, 13), (2, 19), (4, 15), (5, 9)])
+@pytest.mark.parametrize("chapter,count", [(1, 13), (2, 19), (3, 10), (4, 15), (5, 9)])
 def test_every_reference_row_has_its_target_with_the_same_numbers(chapter, count):
     rows = _reference_rows(chapter)
     assert len(rows) == count
@@ -80,6 +80,34 @@ def test_chapter2_sweeps_have_their_1_and_2_gpu_points_as_reference_rows():
     assert {e.id for e in cat.values() if e.analogue_of in ("C1", "C2", "C3")} >= {
         "285-gpt2-1.2B-tp2-gbs24-len2048-oom", "286-gpt2-1.2B-tp2-gbs24-len2048-sp",
         "287-gpt2-1.2B-tp2-gbs24-len2048-ra"}
+
+
+def test_chapter3_cp_targets_and_their_2gpu_points():
+    cat = catalog.catalog()
+    # 300/301/302 need 1-2 GPUs: run as they are, no second name; the analogues cover the rest
+    for prefix in ("300", "301", "302"):
+        assert catalog.get(prefix).ref and catalog.get(prefix).gpus <= 2
+    ch3 = [e for e in cat.values() if e.chapter == 3]
+    two = {e.id for e in ch3 if e.analogue_of}
+    assert two == {"312-cp2-gpt2-1.2B-gbs8-len4096-ag", "322-cp2-gpt2-1.2B-gbs8-len4096-a2a",
+                   "330-dp2-gpt2-1.2B-gbs8-len32k-oom", "331-dp2-gpt2-1.2B-gbs8-len32k-ra",
+                   "332-cp2-gpt2-1.2B-gbs8-len32k", "342-cp2-gpt2-1.2B-gbs8-len32k-ag",
+                   "352-cp2-gpt2-1.2B-gbs8-len32k-a2a"}
+    # the three modes at CP=2, at 4096 and at 32768
+    for seq in (4096, 32768):
+        assert {e.cp_comm for e in ch3 if e.cp == 2 and e.seq_length == seq} == {"p2p", "all_gather", "a2a"}
+    # megalab's ring attention has no attention dropout: every chapter-3 row (baselines too) runs without
+    for e in ch3:
+        assert launch.attention_dropout(e, _opts()) == 0.0, e.id
+        assert launch.cp_problem(e, _opts(), "local") is None, e.id
+
+
+def test_cp_flags_reach_megatron():
+    for target, mode in (("302", "p2p"), ("312", "all_gather"), ("352", "a2a")):
+        exp = catalog.get(target)
+        cmd = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
+        args = validate.validate(validate.entry_args(cmd), exp.gpus)
+        assert (args.context_parallel_size, args.cp_comm_type, args.attention_dropout) == (2, [mode], 0.0)
 
 
 def test_profile_targets_turn_on_megatrons_timers():
@@ -155,6 +183,9 @@ def _bad(**kw):
     (dict(gpus=2, pp=2, layers_per_virtual_stage=5, gbs=16), "virtual stages"),
     (dict(sp=True), "sequence parallel needs TP >= 2"),
     (dict(recompute="sometimes"), "recompute"),
+    (dict(model="gpt2-large", gpus=8, gbs=8, mbs=8, cp=8, cp_comm="a2a"), "a2a gives each of TP x CP = 8 GPUs whole heads"),
+    (dict(model="gpt2-large", cp=2, cp_comm="ring"), "not one of Megatron's --cp-comm-type"),
+    (dict(model="gpt2-large", gpus=3, gbs=8, mbs=8, cp=3), "must divide into 2 x CP = 6 chunks"),
 ])
 def test_layouts_megatron_would_reject_fail_early_with_a_fix(kw, msg):
     with pytest.raises(CatalogError, match=msg) as e:

@@ -120,6 +120,11 @@ def test_context_parallel_divides_the_sequence():
     one = E.estimate(tiny(gpus=2, gbs=4), model_cfg=TINY).stages[0]
     cp2 = E.estimate(tiny(gpus=2, cp=2), model_cfg=TINY).stages[0]
     assert cp2.head_bytes == pytest.approx(one.head_bytes / 2)
+    # all_gather keeps the whole sequence's K and V: 2 tensors x 2 bytes x (CP - 1) more, per s b h
+    sh = E.Shape.of(TINY)
+    ring, ag = (E.layer_activation_sbh(sh, tp=1, sp=False, spec="megalab", selective=False, cp=4, cp_comm=c)
+                for c in ("p2p", "all_gather"))
+    assert ag - ring == pytest.approx(4 * 3 * sh.groups / sh.heads)
 
 
 # --------------------------------------------------------------------------- pipeline stages

@@ -1,5 +1,6 @@
 """Bad input gets one line naming the problem and the fix, a non-zero exit, and nothing lost."""
 import csv
+import dataclasses
 import os
 import subprocess
 import sys
@@ -152,12 +153,30 @@ def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables():
     assert "torchrun --nproc_per_node 1" in out.stdout and "tables" in out.stdout
 
 
-def test_context_parallel_without_te_is_refused_before_launch():
+def test_context_parallel_runs_on_megalab_spec_and_is_refused_on_the_local_spec():
+    # megalab's spec has CP (megalab/cp_attention.py): the launch gets as far as counting GPUs
     out = _make("005-gpt2large-cp2-gbs64")
+    assert out.returncode != 0 and "needs 2 GPUs per node, found 0" in _one_error_line(out.stderr)
+    # Megatron's stock local spec has none (only TE's attention has it): one line, before launch
+    out = _make("005-gpt2large-cp2-gbs64", SPEC="local")
     assert out.returncode != 0
-    assert "context parallelism (CP=2)" in _one_error_line(out.stderr)
-    dry = _make("005-gpt2large-cp2-gbs64", DRY_RUN="1")
+    assert "context parallelism (CP=2), which Megatron's local spec lacks" in _one_error_line(out.stderr)
+    dry = _make("005-gpt2large-cp2-gbs64", DRY_RUN="1", SPEC="local")
     assert dry.returncode == 0 and "warning    target 005" in dry.stdout
+
+
+def test_ring_attention_needs_attention_dropout_off():
+    from megalab import catalog
+
+    exp = catalog.get("005")
+    assert launch.cp_problem(exp, launch.Options(), "local") is None
+    assert launch.cp_problem(exp, launch.Options(), "transformer_engine") is None
+    problem = launch.cp_problem(exp, launch.Options(extra_args="--attention-dropout 0.1"), "local")
+    assert "--attention-dropout 0" in problem and "fix" in problem
+    ag = dataclasses.replace(exp, cp_comm="all_gather", extra_args=())
+    assert launch.cp_problem(ag, launch.Options(), "local") is None  # SDPA keeps dropout there
+    hier = dataclasses.replace(exp, cp_comm="a2a+p2p")
+    assert "not one of megalab's CP modes" in launch.cp_problem(hier, launch.Options(), "local")
 
 
 def test_real_data_flags_and_missing_dataset(tmp_path):

@@ -226,11 +226,16 @@ def test_sdpa_matches_megatron_dot_product_attention(megatron_on_cpu, overrides)
         torch.testing.assert_close(a, w, atol=ATOL32, rtol=RTOL32)
 
 
-def test_sdpa_rejects_context_parallel_and_packed_sequences(world1):
-    cfg = _config()
-    cfg.context_parallel_size = 2
-    with pytest.raises(NotImplementedError, match="context parallel"):
-        SDPAttention(cfg, 1, AttnMaskType.causal, "self")
+def test_sdpa_rejects_what_its_context_parallelism_lacks_and_packed_sequences(world1):
+    with pytest.raises(NotImplementedError, match="--attention-dropout 0"):
+        SDPAttention(_config(context_parallel_size=2, attention_dropout=0.1), 1,
+                     AttnMaskType.causal, "self", cp_comm_type="p2p")
+    with pytest.raises(NotImplementedError, match="a2a\\+p2p"):
+        SDPAttention(_config(context_parallel_size=2), 1, AttnMaskType.causal, "self",
+                     cp_comm_type="a2a+p2p")
+    # all_gather and a2a keep attention dropout (plain SDPA underneath)
+    SDPAttention(_config(context_parallel_size=2, attention_dropout=0.1), 1,
+                 AttnMaskType.causal, "self", cp_comm_type="a2a")
     attn = SDPAttention(_config(), 1, AttnMaskType.causal, "self")
     q, k, v = _qkv(4, 1, 4, 4, 8)
     with pytest.raises(NotImplementedError, match="packed"):
@@ -482,3 +487,56 @@ def test_spec_accepts_gpt_model_config_and_vp_stage(world1):
     spec = megalab_layer_spec(GPTModelConfig(transformer=cfg, vocab_size=64), vp_stage=None)
     assert len(spec.submodules.layer_specs) == 3
     assert spec.submodules.layer_norm is Norm
+
+
+# ---------------------------------------------------------------------------- context parallel GPT
+
+
+def _cp_gpt_worker(rank: int, port: int, cp: int, modes):
+    """A 2-layer GQA GPT with CP=cp against the same weights without CP, on the full sequence.
+
+    Tokens and positions are cut as megatron.core.utils.get_batch_on_this_cp_rank cuts them; the
+    per-token losses must equal the full model's at this rank's positions, and the parameter
+    gradients summed over the CP group (what Megatron's DP x CP gradient all-reduce does) must
+    equal the full model's.
+    """
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cp)
+    parallel_state.initialize_model_parallel(1, 1, context_parallel_size=cp)
+    try:
+        b, s = 2, 16
+        torch.manual_seed(6)
+        full = {"tokens": torch.randint(0, 64, (b, s)), "labels": torch.randint(0, 64, (b, s)),
+                "position_ids": torch.arange(s).expand(b, s)}
+        kw = dict(num_query_groups=2, params_dtype=torch.float64)
+        ref = _gpt(_config(**kw), megalab_layer_spec(_config(**kw)))
+        ref_loss = ref(full["tokens"], full["position_ids"], None, labels=full["labels"])
+        ref_loss.sum().backward()
+        local = get_batch_on_this_cp_rank(dict(full, cu_seqlens=None), is_hybrid_cp=False,
+                                          cp_group=parallel_state.get_context_parallel_group())
+        want = local["labels"]  # ref_loss at this rank's positions: cut the same way
+        want_loss = get_batch_on_this_cp_rank({"labels": ref_loss.detach(), "cu_seqlens": None},
+                                              is_hybrid_cp=False,
+                                              cp_group=parallel_state.get_context_parallel_group())["labels"]
+        assert want.shape == (b, s // cp)
+        for mode in modes:
+            cfg = _config(context_parallel_size=cp, cp_comm_type=mode, **kw)
+            model = _gpt(cfg, megalab_layer_spec(cfg))  # same seed: same weights as ref
+            loss = model(local["tokens"], local["position_ids"], None, labels=local["labels"])
+            torch.testing.assert_close(loss, want_loss, rtol=1e-9, atol=1e-9,
+                                       msg=lambda m, mode=mode: f"{mode} rank {rank} loss: {m}")
+            loss.sum().backward()
+            ref_grads = dict(ref.named_parameters())
+            for n, p in model.named_parameters():
+                dist.all_reduce(p.grad)
+                torch.testing.assert_close(p.grad, ref_grads[n].grad, rtol=1e-8, atol=1e-10,
+                                           msg=lambda m, n=n, mode=mode: f"{mode} {n}: {m}")
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def test_gpt_with_context_parallel_matches_the_full_sequence():
+    # spawn, not fork: this process may hold world1's process group, which a child cannot drop
+    mp.spawn(_cp_gpt_worker, args=(_free_port(), 2, ("p2p", "all_gather", "a2a")), nprocs=2, join=True)

@@ -226,14 +226,25 @@ def test_chapter_0_hand_checked_rows():
     assert _row("002-gpt2large-dp2-gbs64", recs, 0)["idea"] == "DP=2"
 
 
-def test_context_parallel_not_run_reason_comes_from_cp():
-    want = "not run: context parallel needs Transformer Engine (or megalab's TE-free CP, not built yet)"
+def test_context_parallel_runs_without_te_so_only_the_gpu_count_stops_it():
     r = _row("005-gpt2large-cp2-gbs64", {}, 0)
-    assert (r["idea"], r["ref GiB GPU0"], r["ref GiB GPU1"], r["status"]) == ("CP=2", "80.0", "79.6", want)
+    assert (r["idea"], r["ref GiB GPU0"], r["ref GiB GPU1"], r["status"]) == ("CP=2", "80.0", "79.6", "not run yet")
     other = catalog.Experiment(id="999-anything", chapter=3, about="", model="gpt2-large", gpus=2, gbs=8,
                                mbs=8, cp=2)
-    assert tables.not_run_reason(other) == want
+    assert tables.not_run_reason(other) == "not run yet"
     assert tables.not_run_reason(dataclasses.replace(other, gpus=8, cp=8)) == "not run: needs 8 GPUs"
+
+
+def test_chapter3_speedup_is_against_the_recompute_row_of_the_same_sequence(tmp_path):
+    recs = {"300-cp1-gpt2-1.2B-gbs8-len4096-ra": {"status": "ok", "step_ms_median": 1000.0},
+            "312-cp2-gpt2-1.2B-gbs8-len4096-ag": {"status": "ok", "step_ms_median": 400.0},
+            "332-cp2-gpt2-1.2B-gbs8-len32k": {"status": "ok", "step_ms_median": 900.0}}
+    col = "speedup vs recompute"
+    assert _row("300-cp1-gpt2-1.2B-gbs8-len4096-ra", recs, 3)[col] == "1.00x / 1.00x"
+    assert _row("302-cp2-gpt2-1.2B-gbs8-len4096", recs, 3)[col] == "2.09x / —"  # published 995 / 475 ms
+    assert _row("312-cp2-gpt2-1.2B-gbs8-len4096-ag", recs, 3)[col] == "— / 2.50x"
+    assert _row("332-cp2-gpt2-1.2B-gbs8-len32k", recs, 3)[col] == ""  # neither side has 331 timed here
+    assert _row("338-cp8-gpt2-1.2B-gbs8-len16k", recs, 3)[col] == ""  # no recompute row at 16k
 
 
 # --------------------------------------------------------------------------- chapter-specific columns
