@@ -203,8 +203,9 @@ def parity_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
                     fast="none" if side["spec"] == "local" else ",".join(
                         cfg["levers"][n]["fast"] for n in cfg["specs"]["megalab"]["levers"]
                         if cfg["levers"][n].get("fast")),
-                    cuda_graph=bool(side.get("cuda_graph")), gbs=side.get("gbs"), iters=par["iters"],
-                    extra_args=par["extra_args"]) for side in (pair["a"], pair["b"]))
+                    cuda_graph=bool(side.get("cuda_graph")), gbs=side.get("gbs"),
+                    iters=pair.get("iters", par["iters"]), extra_args=pair.get("extra_args", par["extra_args"]))
+                for side in (pair["a"], pair["b"]))
         out.append((pair, a, b))
     return out
 
@@ -216,9 +217,13 @@ def record_key(rec: dict) -> tuple:
 
 
 def load_runs(runs_dir: Path) -> dict[tuple, dict]:
-    """Newest record per run key (its directory under `_dir`)."""
+    """Newest record per run key (its directory under `_dir`), from the bench's runs and the table
+    rows' (a parity pair may compare two catalog runs as they are)."""
     found: dict[tuple, dict] = {}
-    for path in sorted(runs_dir.glob("*/run.json")):
+    table_runs = ROOT / "results" / "runs"
+    paths = sorted(runs_dir.glob("*/run.json")) + (sorted(table_runs.glob("*/run.json"))
+                                                   if runs_dir.resolve() != table_runs.resolve() else [])
+    for path in paths:
         try:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -160,7 +160,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     # -- parity ---------------------------------------------------------------------------------
     par = cfg["parity"]
     L += ["## Loss parity", "",
-          f"Same seed and mock data, dropout off, {par['iters']} steps; relative difference of the logged loss per "
+          f"Same seed and mock data, dropout off, {par['iters']} steps (30 for the CP pairs); relative difference of the logged loss per "
           f"step. Pass: steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%} and the median over all steps "
           f"within {PARITY_MEDIAN_REL:.1%}. Why: the first steps test the function itself (same initial weights and "
           "data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far above bf16 rounding). After "
@@ -216,8 +216,12 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     L.append("")
     L += ["## Runs", "", "| run | record |", "| --- | --- |"]
     for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):
+        rel = rec["_dir"].relative_to(bench_dir.parent) if rec["_dir"].is_relative_to(bench_dir.parent) else rec["_dir"]
+        link = f"runs/{rec['_dir'].name}" if rec["_dir"].parent == bench_dir / "runs" else f"../{rel}"
+        if rec["_dir"].parent != bench_dir / "runs" and not any(k == r.key() for p_ in bench.parity_runs(cfg) for r in p_[1:]):
+            continue  # a table row no bench section uses
         L.append(f"| {k[0]} [{k[1]}; fast={k[2]}; cuda_graph={k[3]}; iters={k[4]}{'; ' + k[5] if k[5] else ''}] "
-                 f"| [{rec['_dir'].name}](runs/{rec['_dir'].name}/run.json) |")
+                 f"| [{rec['_dir'].name}]({link}/run.json) |")
     return "\n".join(L) + "\n"
 
 
