@@ -53,6 +53,9 @@ help:
 #> tensorboard             serve outdir/ in TensorBoard (PORT=6006)
 #> show-arguments          every Megatron flag of the installed version, by group (GREP=ckpt)
 #> count-arguments         how many Megatron flags, per group
+#> slurm-<id>              write and submit an sbatch script: one torchrun per node (DRY_RUN=1: write only)
+#> docker-build            build the NGC-based image (docker/Dockerfile)
+#> docker-run              a shell in it with the GPUs, the repo mounted (DOCKER_CMD=... to run one command)
 #> setup                   .venv with CPU torch and megatron-core (CPU machines)
 #> clean                   remove outdir/ and caches; never results/
 
@@ -81,7 +84,7 @@ $(addprefix slurm-,$(TARGETS)): slurm-%:
 DOCKER_IMAGE ?= megalab
 DOCKER_SHM ?= 16g
 DOCKER_CMD ?= bash
-.PHONY: docker-build docker-run docker-found
+.PHONY: docker-build docker-run
 docker-found:
 	@command -v docker >/dev/null || { echo "make: docker not found; fix: install Docker and the NVIDIA Container Toolkit" >&2; exit 2; }
 docker-build: docker-found

@@ -94,8 +94,11 @@ def trace_summary(path: Path, top: int = 15) -> dict:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
         events = json.load(f)["traceEvents"]
-    steps = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                   if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    seen: dict[str, tuple] = {}  # a step is logged on the CPU timeline and again on the GPU's: keep one
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+            seen.setdefault(e["name"], (e["ts"], e["ts"] + e["dur"], e["name"]))
+    steps = sorted(seen.values())
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     out = {"steps": [], "kernels": []}
     for s, e, name in steps:

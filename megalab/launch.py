@@ -383,7 +383,8 @@ def plan_lines(exp: Experiment, opts: Options, inv: dict) -> str:
     cap = estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else None
     gpu = (inv.get("names") or [None])[0]
     try:
-        est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu)
+        est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu,
+                                fused_adam="fused_adam" in fast_patches(opts, transformer_impl(opts)))
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)

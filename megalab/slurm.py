@@ -122,7 +122,7 @@ def submit(target: str, env=os.environ) -> int:
     command = launch.torchrun_command(launch.wrapper_env(exp, opts, impl))
     print("\n".join(launch.preflight(exp, opts, impl, None)))
     print(launch.megatron_check(exp, command))
-    te_problem = launch.needs_te(exp, impl)
+    te_problem = launch.cp_problem(exp, opts, impl)
     if te_problem:  # the login node may lack TE while the job's image has it: each node checks again
         print(f"warning    here: {te_problem}")
 

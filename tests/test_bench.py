@@ -1,0 +1,147 @@
+"""The benchmark's CPU side: configuration, run identity, bisection, parity verdicts, trace reading,
+the committed report, and a clean refusal without a GPU."""
+import dataclasses
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megalab import bench, benchreport, launch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_refuses_to_run_without_a_gpu():
+    out = subprocess.run([sys.executable, "-m", "megalab.bench", "run"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "fix:" in lines[0]
+
+
+def test_unknown_part_is_a_one_line_error():
+    out = subprocess.run([sys.executable, "-m", "megalab.bench", "run", "--parts", "cases,warp"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown part" in out.stderr and "fix:" in out.stderr
+
+
+def test_committed_bench_report_is_up_to_date():
+    text = benchreport.render(bench.BENCH_DIR)
+    assert (bench.BENCH_DIR / "README.md").read_text(encoding="utf-8") == text, "run `make bench-report` and commit"
+
+
+def test_config_names_only_known_levers_and_targets():
+    from megalab import catalog
+
+    cfg = bench.load_config()
+    known = set(cfg["levers"])
+    for spec in cfg["specs"].values():
+        assert set(spec["levers"]) <= known
+    for step in cfg["ablation"]["steps"]:
+        assert set(step) <= known
+    assert set(cfg["ablation"]["alternatives"]) <= known
+    targets = [c["target"] for c in cfg["cases"]] + [cfg["search"]["target"]]
+    targets += [p[s]["target"] for p in cfg["parity"]["pairs"] for s in ("a", "b")]
+    for t in targets:
+        catalog.get(t)  # raises for an unknown id
+
+
+def test_a_batch_override_is_a_new_run_with_its_own_id():
+    run = bench.Run(target="101-gpt2xl-dp1-gbs1-bf16", spec="megalab", gbs=8)
+    exp = run.experiment()
+    assert exp.id == "101-gpt2xl-dp1-gbs1-bf16.gbs8" and exp.gbs == 8 and exp.mbs == 8 and exp.ref is None
+    same = bench.Run(target="111-gpt2xl-dp1-fit-80GB", spec="megalab", gbs=15)
+    assert same.experiment().id == "111-gpt2xl-dp1-fit-80GB"  # the target's own batch: the target itself
+
+
+def test_levers_compose_into_launch_options():
+    cfg = bench.load_config()
+    run = bench.make_run(cfg, "101-gpt2xl-dp1-gbs1-bf16", "megalab", ["fused_adam", "cuda_graph", "fused_ce"])
+    assert run.fast == "fused_adam" and run.cuda_graph
+    assert "--cross-entropy-loss-fusion" in run.extra_args
+    plain = bench.make_run(cfg, "101-gpt2xl-dp1-gbs1-bf16", "local", [])
+    assert plain.fast == "none" and not plain.cuda_graph and plain.extra_args == ""
+
+
+def test_record_key_matches_the_run_that_made_it():
+    """A record written by the launcher for a Run is found again by that Run (resumable bench)."""
+    run = bench.Run(target="101-gpt2xl-dp1-gbs1-bf16", spec="megalab", fast="fused_adam,foreach_norm",
+                    cuda_graph=True, gbs=4, iters=15)
+    opts = dataclasses.replace(launch.Options(), spec="megalab", fast=run.fast, cuda_graph=True, iters=15)
+    config = {"id": run.experiment().id, "spec": "megalab", "fastpath": launch.fast_patches(opts, "local"),
+              "cuda_graph": True, "iters": 15, "extra_args": opts.extra_args}
+    assert bench.record_key({"config": config}) == run.key()
+
+
+def test_fast_path_defaults_differ_by_spec():
+    assert launch.fast_patches(launch.Options(spec="megalab"), "local") == launch.DEFAULT_FAST
+    assert launch.fast_patches(launch.Options(spec="local"), "local") == "none"
+    assert launch.fast_patches(launch.Options(spec="megalab", fast="none"), "local") == "none"
+    assert launch.fast_patches(launch.Options(spec="megalab"), "transformer_engine") == "none"
+    with pytest.raises(launch.LaunchError, match="FAST=warp.*fix"):
+        launch.fast_patches(launch.Options(fast="warp"), "local")
+
+
+class _FakeRunner:
+    """Fits up to `limit`; records every size it was asked for."""
+
+    def __init__(self, limit):
+        self.limit, self.asked = limit, []
+
+    def get(self, run):
+        self.asked.append(run.gbs)
+        return {"status": "ok" if run.gbs <= self.limit else "oom"}
+
+
+@pytest.mark.parametrize("limit", [5, 15, 16, 17, 24])
+def test_search_finds_the_largest_batch_that_fits(limit):
+    cfg = bench.load_config()
+    runner = _FakeRunner(limit)
+    start = cfg["search"]["start"]["megalab"]
+    res = bench.search(runner, cfg, "megalab")
+    if limit < start:
+        assert res["largest"] is None
+    else:
+        assert res["largest"] == min(limit, cfg["search"]["up_to"])
+        assert len(runner.asked) <= 6  # bisection, not a sweep
+
+
+def _log(path: Path, losses):
+    lines = [f" [2026-11-22 10:00:00] iteration {i:8d}/{len(losses):8d} | consumed samples: {i} | "
+             f"elapsed time per iteration (ms): 100.0 | lm loss: {v:.6E} | loss scale: 1.0 |"
+             for i, v in enumerate(losses, 1)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_parity_verdicts(tmp_path):
+    base = [10.8, 10.7, 10.6, 10.5, 10.4, 10.3, 10.2, 10.1, 10.0, 9.9]
+    recs = {}
+    for name, losses in {"a": base, "same": [v * 1.0002 for v in base],
+                         "off_at_start": [v * 1.01 for v in base],
+                         "drift": base[:5] + [v * 1.05 for v in base[5:]]}.items():
+        d = tmp_path / name
+        d.mkdir()
+        _log(d / "logs.txt", losses)
+        recs[name] = {"_dir": d, "files": {"log": "logs.txt"}}
+    assert benchreport.parity(recs["a"], recs["same"])["pass"]
+    assert not benchreport.parity(recs["a"], recs["off_at_start"])["pass"]  # a wrong function shows at once
+    assert not benchreport.parity(recs["a"], recs["drift"])["pass"]  # a lasting offset fails the median
+
+
+def test_trace_summary_separates_gpu_busy_from_wall_time(tmp_path):
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100, "dur": 200},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 250, "dur": 100},  # overlaps: counted once
+        {"ph": "X", "cat": "kernel", "name": "adam", "ts": 800, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},
+    ]
+    path = tmp_path / "rank-0.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = bench.trace_summary(path)
+    assert s["steps"] == [{"step": "ProfilerStep#1", "wall_ms": 1.0, "gpu_busy_ms": 0.35, "kernels": 3}]
+    assert s["kernels"][0] == {"name": "gemm", "ms_per_step": 0.3, "calls_per_step": 2}
+    assert "busy %" in bench.render_trace(s)
