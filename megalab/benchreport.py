@@ -70,14 +70,45 @@ def parity(a: dict, b: dict) -> dict:
     common = sorted(set(la) & set(lb))
     rel = [abs(la[i] - lb[i]) / abs(la[i]) for i in common]
     early = [r for i, r in zip(common, rel) if i <= PARITY_EARLY_STEPS]
+    apart = [i for i, r in zip(common, rel) if r > PARITY_EARLY_MAX_REL]
     out = {"steps": len(common), "max_rel": max(rel) if rel else None,
            "early_max_rel": max(early) if early else None,
            "median_rel": sorted(rel)[len(rel) // 2] if rel else None,
+           "first_apart": apart[0] if apart else None,
            "first": (la[common[0]], lb[common[0]]) if common else None,
            "last": (la[common[-1]], lb[common[-1]]) if common else None}
     out["pass"] = (len(early) == PARITY_EARLY_STEPS and out["early_max_rel"] <= PARITY_EARLY_MAX_REL
                    and out["median_rel"] <= PARITY_MEDIAN_REL)
     return out
+
+
+def _findings(cfg: dict, get) -> list[str]:
+    """What the ablation says, in words computed from it: the biggest lever per case, and the
+    alternatives that did not pay (not kept in megalab's spec)."""
+    out = []
+    ab = cfg["ablation"]
+    cases = {c["name"]: c for c in cfg["cases"]}
+    for name in ab["cases"]:
+        steps = [get(bench.make_run(cfg, cases[name]["target"], "megalab", lv, cases[name].get("gbs")))
+                 for lv in ab["steps"]]
+        gains = [(steps[i - 1]["step_ms_median"] / steps[i]["step_ms_median"], ab["steps"][i][-1])
+                 for i in range(1, len(steps)) if _ok(steps[i]) and _ok(steps[i - 1])]
+        if gains:
+            g, lever = max(gains)
+            out.append(f"- {name}: the largest single gain is `{lever}` ({g:.2f}x over the step before it).")
+        last = steps[-1]
+        for alt in ab.get("alternatives", []):
+            rec = get(bench.make_run(cfg, cases[name]["target"], "megalab", list(ab["steps"][-1]) + [alt],
+                                     cases[name].get("gbs")))
+            if rec is None or not _ok(last):
+                continue
+            if rec["status"] == "oom":
+                out.append(f"- {name}: `{alt}` on top ran out of memory: not kept.")
+            elif _ok(rec):
+                x = last["step_ms_median"] / rec["step_ms_median"]
+                verdict = "kept out of the default: within noise" if x < 1.02 else "pays"
+                out.append(f"- {name}: `{alt}` on top gives {x:.2f}x ({verdict}).")
+    return (["Findings (computed from the table):", ""] + out + [""]) if out else []
 
 
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
@@ -156,6 +187,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
         if levers in cfg["ablation"]["steps"]:
             prev[name] = rec
     L += ["", "Levers:", ""] + [f"- `{k}`: {v['about']}" for k, v in cfg["levers"].items()] + [""]
+    L += _findings(cfg, get)
 
     # -- parity ---------------------------------------------------------------------------------
     par = cfg["parity"]
@@ -167,19 +199,19 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
           "that, the loss spikes of early training amplify any rounding difference chaotically, even between two runs "
           "of the same math with different kernel order (the CUDA-graph pair), so the largest single-step difference "
           "is reported, not bounded; the median stays near bf16 rounding when nothing is wrong.", "",
-          "| pair | (a) | (b) | steps | first loss a / b | last loss a / b | steps 1-5 max | median | max (any step) "
-          "| verdict |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "| pair | (a) | (b) | steps | first loss a / b | last loss a / b | steps 1-5 max | first step apart > 0.1% "
+          "| median | max (any step) | verdict |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for pair, a_run, b_run in bench.parity_runs(cfg):
         a, b = get(a_run), get(b_run)
         if not (_ok(a) and _ok(b)):
             why = "not run" if a is None or b is None else f"{a['status']} / {b['status']}"
-            L.append(f"| {pair['name']} | {a_run.label()} | {b_run.label()} | | | | | | | {why} |")
+            L.append(f"| {pair['name']} | {a_run.label()} | {b_run.label()} | | | | | | | | {why} |")
             continue
         r = parity(a, b)
         L.append(f"| {pair['name']} | {a_run.label()} | {b_run.label()} | {r['steps']} | "
                  f"{r['first'][0]:.4f} / {r['first'][1]:.4f} | {r['last'][0]:.4f} / {r['last'][1]:.4f} | "
-                 f"{r['early_max_rel']:.3%} | {r['median_rel']:.2%} | {r['max_rel']:.1%} | "
+                 f"{r['early_max_rel']:.3%} | {r['first_apart'] or 'none'} | {r['median_rel']:.2%} | {r['max_rel']:.1%} | "
                  f"{'PASS' if r['pass'] else 'FAIL'} |")
     L.append("")
 
