@@ -141,10 +141,12 @@ class Run:
     gbs: int | None = None  # None: the target's own
     iters: int = 15
     extra_args: str = ""
+    zero2: bool | None = None  # None: the target's own
 
     @property
     def id(self) -> str:
-        return self.target if self.gbs is None else f"{self.target}.gbs{self.gbs}"
+        base = self.target if self.gbs is None else f"{self.target}.gbs{self.gbs}"
+        return base + ("" if self.zero2 is None else (".zero2" if self.zero2 else ".nozero2"))
 
     def key(self) -> tuple:
         return (self.id, self.spec, self.fast, self.cuda_graph, self.iters, self.extra_args)
@@ -153,6 +155,8 @@ class Run:
         from megalab import catalog
 
         exp = catalog.get(self.target)
+        if self.zero2 is not None and self.zero2 != exp.zero2:
+            exp = dataclasses.replace(exp, id=self.id, zero2=self.zero2, ref=None, analogue_of=None)
         if self.gbs is None or self.gbs == exp.gbs:
             return exp
         dp = exp.dp
@@ -165,7 +169,8 @@ class Run:
         return f"{self.id} [{self.spec}{': ' + ' + '.join(extra) if extra else ''}]"
 
 
-def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None, extra_args="") -> Run:
+def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None, extra_args="",
+             zero2=None) -> Run:
     fast, graph, args = [], False, [extra_args] if extra_args else []
     for name in levers:
         lever = cfg["levers"][name]
@@ -175,12 +180,13 @@ def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None,
             args.append(lever["args"])
         graph = graph or bool(lever.get("cuda_graph"))
     return Run(target=target, spec=spec, fast=",".join(fast) or "none", cuda_graph=graph, gbs=gbs,
-               iters=iters or cfg["iters"], extra_args=" ".join(args))
+               iters=iters or cfg["iters"], extra_args=" ".join(args), zero2=zero2)
 
 
 def spec_run(cfg: dict, case: dict, spec_name: str) -> Run:
     spec = cfg["specs"][spec_name]
-    return make_run(cfg, case["target"], spec["spec"], spec["levers"], case.get("gbs"))
+    levers = case.get("levers", {}).get(spec_name, spec["levers"])
+    return make_run(cfg, case["target"], spec["spec"], levers, case.get("gbs"), zero2=case.get("zero2"))
 
 
 def ablation_runs(cfg: dict) -> list[tuple[str, list[str], Run]]:
