@@ -221,6 +221,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
                  f"{r['early_max_rel']:.3%} | {r['first_apart'] or 'none'} | {r['median_rel']:.2%} | {r['max_rel']:.1%} | "
                  f"{'PASS' if r['pass'] else 'FAIL'} |")
     L.append("")
+    L += [f"- {pair['name']}: {pair['note']}" for pair, _, _ in bench.parity_runs(cfg) if pair.get("note")]
+    L.append("")
 
     # -- goals ----------------------------------------------------------------------------------
     cases = {c["name"]: c for c in cfg["cases"]}

@@ -540,3 +540,75 @@ def _cp_gpt_worker(rank: int, port: int, cp: int, modes):
 def test_gpt_with_context_parallel_matches_the_full_sequence():
     # spawn, not fork: this process may hold world1's process group, which a child cannot drop
     mp.spawn(_cp_gpt_worker, args=(_free_port(), 2, ("p2p", "all_gather", "a2a")), nprocs=2, join=True)
+
+
+# ---------------------------------------------------------------------------- tensor + sequence parallel GPT
+
+
+def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str):
+    """The megalab spec at TP=tp with sequence parallel against the same weights at TP=1.
+
+    Each rank takes its slice of the TP=1 weights (Megatron's layouts split column-parallel weights,
+    QKV grouped per head group, and the vocabulary along dim 0, row-parallel weights along dim 1), runs
+    its sequence shard through the SP regions, and must reproduce the full model's per-token losses;
+    after the all-reduce Megatron's finalize_model_grads does for `sequence_parallel` parameters, each
+    rank's gradient must be its slice of the full model's.
+    """
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=tp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    from megatron.core.tensor_parallel import layers as tp_layers, mappings as tp_mappings
+
+    for mod in (parallel_state, tp_layers, tp_mappings):  # Megatron's SP gather buffer is CUDA memory
+        mod.get_global_memory_buffer = lambda: _CpuBuffer()
+    tensor_parallel.get_cuda_rng_tracker = lambda *a, **k: _NullRngTracker()
+    torch.cuda.current_device = lambda: "cpu"  # SP's reduce-scatter allocates on the "current device"
+    try:
+        ref = torch.load(ref_path)
+        kw = dict(num_query_groups=2, params_dtype=torch.float64)
+        cfg = _config(tensor_model_parallel_size=tp, sequence_parallel=True, **kw)
+        model = _gpt(cfg, megalab_layer_spec(cfg))
+
+        def my_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+            dims = [d for d in range(full.dim()) if full.shape[d] != like.shape[d]]
+            if not dims:
+                return full
+            (d,) = dims
+            return full.chunk(tp, dim=d)[rank]
+
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(my_slice(ref["params"][n], p))
+        loss = model(ref["tokens"], ref["position_ids"], None, labels=ref["labels"])
+        # Megatron's vocab-parallel cross-entropy runs in fp32 whatever the model's dtype, and its sum
+        # over the vocabulary is split over the ranks: fp32 rounding (1e-7), far below any real error.
+        torch.testing.assert_close(loss, ref["loss"], rtol=1e-6, atol=1e-6)
+        loss.sum().backward()
+        for n, p in model.named_parameters():
+            if getattr(p, "sequence_parallel", False):
+                dist.all_reduce(p.grad)  # what finalize_model_grads does for SP parameters
+            want = my_slice(ref["grads"][n], p)  # fp32 loss rounding: tolerances relative to the tensor
+            torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()),
+                                       msg=lambda m, n=n: f"rank {rank} {n}: {m}")
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_path):
+    """The check behind the bench's TP=2 + SP parity pair: same function and gradients, exactly."""
+    kw = dict(num_query_groups=2, params_dtype=torch.float64)
+    ref = _gpt(_config(**kw), megalab_layer_spec(_config(**kw)), seed=3)
+    b, s = 2, 16
+    torch.manual_seed(7)
+    batch = {"tokens": torch.randint(0, 64, (b, s)), "labels": torch.randint(0, 64, (b, s)),
+             "position_ids": torch.arange(s).expand(b, s).contiguous()}
+    with torch.no_grad():  # move every weight off its init so a mis-sliced one cannot pass by symmetry
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    loss = ref(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    loss.sum().backward()
+    path = tmp_path / "ref.pt"
+    torch.save({**batch, "loss": loss.detach(),
+                "params": {n: p.detach().clone() for n, p in ref.named_parameters()},
+                "grads": {n: p.grad.detach().clone() for n, p in ref.named_parameters()}}, path)
+    mp.spawn(_tp_sp_gpt_worker, args=(_free_port(), 2, str(path)), nprocs=2, join=True)
