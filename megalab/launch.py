@@ -311,7 +311,9 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
         + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/cp_attention.py'}"
            if exp.cp > 1 else ""),
         f"speed      fast path: {fast_patches(opts, impl)}; full-iteration CUDA graph: "
-        f"{'on' if opts.cuda_graph else 'off (CUDA_GRAPH=1)'}",
+        f"{'on' if opts.cuda_graph else 'off (CUDA_GRAPH=1)'}"
+        + ("; note: the graph is measured on single-GPU dense runs only (results/bench); with PP, MoE "
+           "or CP its capture may fail" if opts.cuda_graph and (exp.pp > 1 or exp.num_experts or exp.cp > 1) else ""),
         f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
         + (f"; Megatron timers at --timing-log-level {exp.timing_log_level}" if exp.timing_log_level else ""),
     ]
