@@ -15,7 +15,12 @@
 """
 from __future__ import annotations
 
+import importlib
 import sys
+
+# Commands that are one module's own `cli(argv)`, imported only when asked for.
+MODULE_COMMANDS = {"parse": "logparse", "prepare-data": "data", "plan": "estimate", "check": "checks",
+                   "plots": "plots", "arguments": "arguments", "tables": "tables"}
 
 
 def _list() -> int:
@@ -44,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from megalab.launch import LaunchError
 
     try:
+        if cmd in MODULE_COMMANDS:
+            return importlib.import_module(f"megalab.{MODULE_COMMANDS[cmd]}").cli(rest)
         if cmd == "run":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab run TARGET")
@@ -63,22 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n".join(catalog.catalog()))
             return 0
-        if cmd == "parse":
-            from megalab import logparse
-
-            return logparse.cli(rest)
-        if cmd == "prepare-data":
-            from megalab import data
-
-            return data.cli(rest)
-        if cmd == "plan":
-            from megalab import estimate
-
-            return estimate.cli(rest)
-        if cmd == "check":
-            from megalab import checks
-
-            return checks.cli(rest)
         if cmd == "refresh":
             from pathlib import Path
 
@@ -87,19 +78,6 @@ def main(argv: list[str] | None = None) -> int:
             for d in rest:
                 print(record.one_line(record.refresh(Path(d))))
             return 0
-        if cmd == "plots":
-            from megalab import plots
-
-            return plots.cli(rest)
-
-        if cmd == "arguments":
-            from megalab import arguments
-
-            return arguments.cli(rest)
-        if cmd == "tables":
-            from megalab import tables
-
-            return tables.cli(rest)
     except (CatalogError, LaunchError) as e:
         print(f"megalab: {e}", file=sys.stderr)
         return 2

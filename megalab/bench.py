@@ -205,15 +205,14 @@ def ablation_runs(cfg: dict) -> list[tuple[str, list[str], Run]]:
 
 
 def parity_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
+    """(pair, a, b): megalab's side runs the spec's fast path; its CUDA graph only where the pair says."""
     par = cfg["parity"]
+    fast_levers = [n for n in cfg["specs"]["megalab"]["levers"] if not cfg["levers"][n].get("cuda_graph")]
     out = []
     for pair in par["pairs"]:
-        a, b = (Run(target=side["target"], spec=side["spec"],
-                    fast="none" if side["spec"] == "local" else ",".join(
-                        cfg["levers"][n]["fast"] for n in cfg["specs"]["megalab"]["levers"]
-                        if cfg["levers"][n].get("fast")),
-                    cuda_graph=bool(side.get("cuda_graph")), gbs=side.get("gbs"),
-                    iters=pair.get("iters", par["iters"]), extra_args=pair.get("extra_args", par["extra_args"]))
+        a, b = (make_run(cfg, side["target"], side["spec"],
+                         ([] if side["spec"] == "local" else fast_levers) + (["cuda_graph"] if side.get("cuda_graph") else []),
+                         side.get("gbs"), pair.get("iters", par["iters"]), pair.get("extra_args", par["extra_args"]))
                 for side in (pair["a"], pair["b"]))
         out.append((pair, a, b))
     return out

@@ -168,9 +168,9 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     for spec_name, levers in s["levers"].items():
         spec = cfg["specs"][spec_name]
         tried = {}
+        same = bench.make_run(cfg, s["target"], spec["spec"], levers, None).key()[1:]  # all but the id
         for run_key, rec in recs.items():
-            run = bench.make_run(cfg, s["target"], spec["spec"], levers, None)
-            if run_key[1:] == run.key()[1:] and run_key[0].startswith(s["target"]):
+            if run_key[1:] == same and run_key[0].startswith(s["target"]):
                 g = rec["config"]["mbs"]
                 tried[g] = bench.fits(rec)
         fit = [g for g, ok in tried.items() if ok]
@@ -256,11 +256,12 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
         L.append("| largest GBS vs the stock local spec | >= 2x | search incomplete | - |")
     L.append("")
     L += ["## Runs", "", "| run | record |", "| --- | --- |"]
+    parity_keys = {r.key() for _, a, b in bench.parity_runs(cfg) for r in (a, b)}
     for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):
-        rel = rec["_dir"].relative_to(bench_dir.parent) if rec["_dir"].is_relative_to(bench_dir.parent) else rec["_dir"]
-        link = f"runs/{rec['_dir'].name}" if rec["_dir"].parent == bench_dir / "runs" else f"../{rel}"
-        if rec["_dir"].parent != bench_dir / "runs" and not any(k == r.key() for p_ in bench.parity_runs(cfg) for r in p_[1:]):
+        own = rec["_dir"].parent == bench_dir / "runs"
+        if not own and k not in parity_keys:
             continue  # a table row no bench section uses
+        link = f"runs/{rec['_dir'].name}" if own else f"../{rec['_dir'].relative_to(bench_dir.parent)}"
         L.append(f"| {k[0]} [{k[1]}; fast={k[2]}; cuda_graph={k[3]}; iters={k[4]}{'; ' + k[5] if k[5] else ''}] "
                  f"| [{rec['_dir'].name}]({link}/run.json) |")
     return "\n".join(L) + "\n"

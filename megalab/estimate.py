@@ -622,50 +622,47 @@ def not_modelled(rec: dict) -> str | None:
     return None
 
 
-def left_out(root: Path) -> list[str]:
-    out = []
+def _committed_records(root: Path):
+    """(records dir, run.json path, record) for every readable committed record."""
     for d in RECORD_DIRS:
         for path in sorted((root / d).glob("*/run.json")):
             try:
-                why = not_modelled(json.loads(path.read_text()))
+                yield d, path, json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if why:
-                out.append(f"{d}/{path.parent.name}: {why}")
-    return out
+
+
+def left_out(root: Path) -> list[str]:
+    return [f"{d}/{path.parent.name}: {why}" for d, path, rec in _committed_records(root)
+            if (why := not_modelled(rec))]
 
 
 def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
-    for d in RECORD_DIRS:
-        for path in sorted((root / d).glob("*/run.json")):
-            try:
-                rec = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if rec.get("fixture") or not rec.get("config") or not rec.get("mem_peak_mib"):
-                continue
-            if rec.get("status") not in ("ok", "oom"):
-                continue
-            if not_modelled(rec):
-                continue
-            est = estimate_record(rec)
-            meas = max(rec["mem_peak_mib"]) / 1024
-            mem = megatron_mem_by_rank(path.parent, rec)
-            oom = rec["status"] == "oom"
-            err = (est.peak_gib - meas) / meas
-            ok = (not est.fits) if oom else abs(err) <= 0.10
-            rows.append({
-                "run": f"{d}/{path.parent.name}", "target": rec["target"], "status": rec["status"],
-                "spec": est.spec, "gpu": rec.get("gpu_name") or "?", "gpus": est.gpus,
-                "layout": _layout_text(est), "capacity_gib": est.gpu_mem_gib,
-                "pred_gib": est.peak_gib, "meas_gib": meas, "err": None if oom else err,
-                "pred_alloc_mb": est.allocated_gib * 1024,
-                "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
-                "fits": est.fits, "ok": ok,
-                "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec, est, mem),
-            })
+    for d, path, rec in _committed_records(root):
+        if rec.get("fixture") or not rec.get("config") or not rec.get("mem_peak_mib"):
+            continue
+        if rec.get("status") not in ("ok", "oom"):
+            continue
+        if not_modelled(rec):
+            continue
+        est = estimate_record(rec)
+        meas = max(rec["mem_peak_mib"]) / 1024
+        mem = megatron_mem_by_rank(path.parent, rec)
+        oom = rec["status"] == "oom"
+        err = (est.peak_gib - meas) / meas
+        ok = (not est.fits) if oom else abs(err) <= 0.10
+        rows.append({
+            "run": f"{d}/{path.parent.name}", "target": rec["target"], "status": rec["status"],
+            "spec": est.spec, "gpu": rec.get("gpu_name") or "?", "gpus": est.gpus,
+            "layout": _layout_text(est), "capacity_gib": est.gpu_mem_gib,
+            "pred_gib": est.peak_gib, "meas_gib": meas, "err": None if oom else err,
+            "pred_alloc_mb": est.allocated_gib * 1024,
+            "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
+            "fits": est.fits, "ok": ok,
+            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec, est, mem),
+        })
     return rows
 
 

@@ -378,7 +378,7 @@ def megatron_check(exp: Experiment, command: str) -> str:
     return f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus}: ok"
 
 
-def plan_lines(exp: Experiment, opts: Options, inv: dict) -> str:
+def plan_lines(exp: Experiment, opts: Options, impl: str, inv: dict) -> str:
     """The estimator's prediction (megalab/estimate.py); warns, never refuses: OOM is a lesson too."""
     from megalab import estimate
 
@@ -386,7 +386,7 @@ def plan_lines(exp: Experiment, opts: Options, inv: dict) -> str:
     gpu = (inv.get("names") or [None])[0]
     try:
         est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu,
-                                fused_adam="fused_adam" in fast_patches(opts, transformer_impl(opts)))
+                                fused_adam="fused_adam" in fast_patches(opts, impl))
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)
@@ -481,7 +481,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     command = torchrun_command(env)
     print("\n".join(preflight(exp, opts, impl, inv["count"]) + outputs_lines(opts)))
     print(megatron_check(exp, command))
-    print(plan_lines(exp, opts, inv))
+    print(plan_lines(exp, opts, impl, inv))
 
     problem = cp_problem(exp, opts, impl)  # depends on this machine (TE or not): a dry run only warns
     if opts.dry_run:
