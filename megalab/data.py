@@ -15,6 +15,9 @@ Sources (--source):
     *.txt      --txt-docs file: each file is one document; paragraph: each block of text between
                blank lines is one document; auto (default): paragraph for a single .txt file
                (a book or a dump), file for several (one article per file, like OpenWebText).
+  python-docs  Python's own documentation, offline wherever Python runs (for machines that cannot
+               reach the Hub): the reference topics of `pydoc` and every standard-library
+               module's docstrings, one document per topic or module (PSF licence).
   Empty or whitespace-only documents are skipped (and counted).
 
 Tokenizers (--tokenizer):
@@ -96,6 +99,7 @@ class Source:
     text_key: str = "text"
     txt_docs: str = "auto"
     _hub_rows: object = None     # the loaded datasets.Dataset, loaded once
+    builtin: bool = False        # python-docs
 
     def total(self) -> int | None:
         """Number of documents when cheap to know (for the progress bar), else None."""
@@ -122,6 +126,9 @@ class Source:
         if self.hub:
             yield from _hub_documents(self)
             return
+        if self.builtin:
+            yield from _python_docs()
+            return
         for path in self.files:
             if path.suffix == ".jsonl":
                 yield from _jsonl_documents(path, self.text_key)
@@ -134,7 +141,34 @@ class Source:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def _python_docs() -> Iterator[str]:
+    """pydoc's reference topics, then each stdlib module's docstrings (module, classes, functions)."""
+    import ast
+    import sysconfig
+
+    import pydoc_data.topics as topics
+
+    for name in sorted(topics.topics):
+        yield topics.topics[name]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.rglob("*.py")):
+        if "site-packages" in path.parts or "test" in path.parts or "tests" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        nodes = [tree, *(n for n in ast.walk(tree)
+                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+        yield "\n\n".join(d for n in nodes if (d := ast.get_docstring(n)))
+
+
 def resolve_source(spec: str, text_key: str = "text", txt_docs: str = "auto") -> Source:
+    if spec == "python-docs":
+        import platform
+
+        return Source(spec=spec, key=f"python-docs:{platform.python_version()}", name="python-docs",
+                      builtin=True)
     has_glob = any(c in spec for c in "*?[")
     looks_local = (has_glob or os.path.exists(spec) or spec.startswith((".", "/", "~"))
                    or spec.endswith(LOCAL_EXTS))

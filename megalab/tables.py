@@ -131,7 +131,39 @@ def load_records(root: Path | None = None) -> dict[str, dict]:
     for target, recs in sorted(by_target.items()):
         usable = [r for r in recs if r[2].get("status") in USABLE]
         out[target] = max(usable or recs, key=lambda r: (r[0], r[1]))[2]
+    windows = _run_windows(root.parent)
+    for rec in out.values():
+        rec["concurrent"] = concurrent_with(rec, windows)
     return out
+
+
+def _window(rec: dict) -> tuple[float, float] | None:
+    start, end = _started_key(rec), _started_key({"started": rec.get("ended")})
+    return (start, end) if start > float("-inf") and end > float("-inf") else None
+
+
+def _run_windows(results: Path) -> list[tuple[float, float, str, str]]:
+    """(start, end, hostname, target) of every run record under RESULTS (rows, bench, data runs)."""
+    out = []
+    for path in results.glob("**/run.json"):
+        try:
+            rec = json.loads(path.read_text())
+            w = _window(rec)
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            continue
+        if w:
+            out.append((*w, str(rec.get("hostname")), str(rec.get("target"))))
+    return out
+
+
+def concurrent_with(rec: dict, windows: list[tuple[float, float, str, str]]) -> list[str]:
+    """Targets of the other runs on the same host whose time overlapped this one's (several
+    runs can share a 4-GPU host on disjoint GPUs; their step times may differ a little)."""
+    w = _window(rec)
+    if not w:
+        return []
+    return sorted({t for s, e, h, t in windows
+                   if h == str(rec.get("hostname")) and s < w[1] and w[0] < e and (s, e) != w})
 
 
 # --------------------------------------------------------------------------- formatting
@@ -199,12 +231,18 @@ def short_gpu_name(name: str | None) -> str:
     return " ".join(words)
 
 
+SHARED_NOTE = ("† ran on a 4-GPU host beside another run on the other GPUs (own GPUs, own NVLink "
+               "ports, shared CPUs); its record names the runs beside it.")
+
+
 def fmt_hardware(rec: dict) -> str:
     n = rec.get("num_gpus")
     hw = f"{n}x {short_gpu_name(rec.get('gpu_name'))}" if n else short_gpu_name(rec.get("gpu_name"))
     cap = (rec.get("config") or {}).get("gpu_mem_gb")
     if cap not in (None, ""):
         hw += f", capped {cap} GB"
+    if rec.get("concurrent"):
+        hw += " †"  # shared the host with another run on other GPUs (see SHARED_NOTE)
     return hw
 
 
@@ -714,6 +752,8 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
     else:
         notes = list(FOOTNOTES)
     notes += [c.note for c in chapter_columns(chapter) if c.note]
+    if any(r.get("concurrent") for r in recs):
+        notes.append(SHARED_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", table, "",
                           *(f"- {note}" for note in notes)])
     if block_only:
