@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megalab import bench, logparse
+from megalab import bench, logparse, tables
 from megalab.bench import DATASHEET_TFLOPS
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
@@ -31,8 +31,6 @@ GOALS = [  # (what, case name, step ms at most, peak GiB at most or None)
 
 def _ref_row(case: dict) -> dict | None:
     """The published row a case compares with: the 8x H100 series (`ref`) or the 2x H200 set (`ref2`)."""
-    from megalab import tables
-
     if case.get("ref"):
         r = tables.load_reference().loc[(1, case["ref"])]
         return {"ms": float(r["step_ms"]), "gb": float(r["mem_gb_per_gpu"])}
@@ -49,7 +47,8 @@ def _ms(rec: dict | None) -> str:
         return "out of memory"
     if rec["status"] != "ok":
         return rec["status"]
-    return f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}-{rec['step_ms_p90']:.0f})"
+    shared = " †" if rec.get("_concurrent") else ""
+    return f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}-{rec['step_ms_p90']:.0f}){shared}"
 
 
 def _gib(rec: dict | None) -> str:
@@ -121,6 +120,9 @@ def _findings(cfg: dict, get) -> list[str]:
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
     cfg = cfg or bench.load_config()
     recs = bench.load_runs(bench_dir / "runs")
+    windows = tables._run_windows(bench_dir.parent)
+    for rec in recs.values():
+        rec["_concurrent"] = tables.concurrent_with(rec, windows)
     get = lambda run: recs.get(run.key())  # noqa: E731
     mm_path = bench_dir / "matmul.json"
     mm = json.loads(mm_path.read_text()) if mm_path.exists() else None
@@ -255,6 +257,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     else:
         L.append("| largest GBS vs the stock local spec | >= 2x | search incomplete | - |")
     L.append("")
+    if any(r["_concurrent"] for r in recs.values()):
+        L += ["† " + tables.SHARED_NOTE.removeprefix("† "), ""]
     L += ["## Runs", "", "| run | record |", "| --- | --- |"]
     parity_keys = {r.key() for _, a, b in bench.parity_runs(cfg) for r in (a, b)}
     for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):

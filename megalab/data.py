@@ -887,10 +887,10 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = "gpt2", out: str | No
 DEFAULT_SPLIT = "949,50,1"  # scripts/train_gpt.sh's --split
 
 
-def split_documents(split: str, n: int) -> list[int | None]:
-    """Documents per train/valid/test split of n, exactly as Megatron 0.19 cuts them (None: the
-    split is not built). parse_and_normalize_split + convert_split_vector_to_split_matrix +
-    BlendedMegatronDatasetBuilder._build_megatron_dataset_splits, in plain Python."""
+def split_ranges(split: str, n: int) -> list[tuple[int, int] | None]:
+    """[start, end) documents per train/valid/test split of n, exactly as Megatron 0.19 cuts them
+    (None: the split is not built). parse_and_normalize_split + convert_split_vector_to_split_matrix
+    + BlendedMegatronDatasetBuilder._build_megatron_dataset_splits, in plain Python."""
     w = [float(x) for x in re.findall(r"[.0-9]+", split)][:3]
     w += [0.0] * (3 - len(w))
     total = sum(w)
@@ -898,18 +898,79 @@ def split_documents(split: str, n: int) -> list[int | None]:
     ends = [0.0]
     for x in w:
         ends.append(ends[-1] + x)
-    return [None if b <= a else int(round(b * float(n))) - int(round(a * float(n)))
+    return [None if b <= a else (int(round(a * float(n))), int(round(b * float(n))))
             for a, b in zip(ends[:-1], ends[1:])]
 
 
-def safe_split(n: int) -> str:
+def split_documents(split: str, n: int) -> list[int | None]:
+    """Documents per train/valid/test split of n (None: the split is not built)."""
+    return [None if r is None else r[1] - r[0] for r in split_ranges(split, n)]
+
+
+def split_samples(split: str, doc_tokens: np.ndarray, seq_len: int) -> list[int | None]:
+    """Samples of seq_len tokens per split in one epoch, as GPTDataset counts them:
+    (tokens - 1) // seq_len, the extra token being the last label. None: not built."""
+    cum = np.concatenate([[0], np.cumsum(doc_tokens, dtype=np.int64)])
+    return [None if r is None else max(int(cum[r[1]] - cum[r[0]]) - 1, 0) // seq_len
+            for r in split_ranges(split, len(doc_tokens))]
+
+
+def _split_ok(split: str, n: int, doc_tokens: np.ndarray | None, seq_len: int | None) -> bool:
+    if not all(c is None or c > 0 for c in split_documents(split, n)):
+        return False
+    return doc_tokens is None or all(c is None or c > 0 for c in split_samples(split, doc_tokens, seq_len))
+
+
+def safe_split(n: int, doc_tokens: np.ndarray | None = None, seq_len: int | None = None) -> str:
     """A --split under which no built split is empty. Megatron 0.19 loops forever building a
     GPTDataset over 0 documents (GPTDataset._get_num_epochs never reaches the requested tokens),
-    which 949,50,1 gives the test split of any corpus of 500 documents or fewer."""
+    which 949,50,1 gives the test split of any corpus of 500 documents or fewer; and a split whose
+    documents hold less than one sample (doc_tokens, seq_len given) stops it with "no sample to
+    consume: 0" when its data loader is built."""
     for split in (DEFAULT_SPLIT, "98,2,0", "100,0,0"):
-        if all(c is None or c > 0 for c in split_documents(split, n)):
+        if _split_ok(split, n, doc_tokens, seq_len):
             return split
     return "100,0,0"
+
+
+def document_tokens(idx_path: str) -> np.ndarray:
+    """Tokens per document of a Megatron .idx (its sequence lengths summed per document)."""
+    code, seqs, docs = read_idx_header(idx_path)
+    lengths = np.fromfile(idx_path, dtype=np.int32, count=seqs, offset=34).astype(np.int64)
+    doc_idx = np.fromfile(idx_path, dtype=np.int64, count=docs, offset=34 + seqs * 12)
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    return cum[doc_idx[1:]] - cum[doc_idx[:-1]]
+
+
+def split_problem(data_prefix: str, split: str, seq_len: int) -> str | None:
+    """Why Megatron would stop (or hang) on this dataset with this --split and sequence length, or None."""
+    idx = data_prefix + ".idx"
+    try:
+        tokens = document_tokens(idx)
+    except (OSError, ValueError) as e:
+        return f"DATA={data_prefix}: {idx} is not a readable dataset index ({_first_line(e)}); fix: make prepare-data"
+    n = len(tokens)
+    docs, samples = split_documents(split, n), split_samples(split, tokens, seq_len)
+    for name, d, c in zip(("train", "validation", "test"), docs, samples):
+        if d is not None and (d == 0 or c == 0):
+            fix = safe_split(n, tokens, seq_len)
+            what = "no documents" if d == 0 else f"{d} document(s), less than one {seq_len}-token sample"
+            return (f"DATA={data_prefix}: SPLIT={split} leaves the {name} split {what}, and Megatron 0.19 "
+                    f"{'hangs' if d == 0 else 'stops (no sample to consume)'} building it; "
+                    f"fix: SPLIT={fix}" + ("" if fix != "100,0,0" or _split_ok(fix, n, tokens, seq_len)
+                                            else " and a larger corpus"))
+    return None
+
+
+SUGGEST_SEQ_LEN = 1024  # the GPT-2 presets' sequence; launch re-checks with the target's own
+
+
+def suggested_split(info: dict, paths: Paths) -> str:
+    try:
+        tokens = document_tokens(paths.idx)
+    except (OSError, ValueError):
+        tokens = None
+    return safe_split(info["documents"], tokens, SUGGEST_SEQ_LEN if tokens is not None else None)
 
 
 def make_vars(info: dict, paths: Paths) -> str:
@@ -921,7 +982,7 @@ def make_vars(info: dict, paths: Paths) -> str:
     repository and then uses that repository's tokenizer.json, not the files passed, so
     VOCAB_FILE/MERGE_FILE are offered for GPT-2 itself only.
     """
-    split = safe_split(info["documents"])
+    split = suggested_split(info, paths)
     extra = "" if split == DEFAULT_SPLIT else f" SPLIT={split}"
     if info.get("tokenizer_dir"):
         return f"DATA={paths.data} TOKENIZER_MODEL={info['tokenizer_dir']}{extra}"
@@ -952,10 +1013,11 @@ def summary(res: Result) -> str:
         + (f", in {info['tokenizer_dir']}/" if info.get("tokenizer_dir") else ""),
         f"train on it: make <target> {make_vars(info, paths)}",
     ]
-    split = safe_split(info["documents"])
+    split = suggested_split(info, paths)
     if split != DEFAULT_SPLIT:
-        lines.append(f"  (SPLIT={split}: with {DEFAULT_SPLIT}, {info['documents']} documents leave a "
-                     f"split empty, and Megatron 0.19 hangs building an empty split)")
+        lines.append(f"  (SPLIT={split}: with {DEFAULT_SPLIT}, {info['documents']} documents leave a split "
+                     f"empty or under one {SUGGEST_SEQ_LEN}-token sample, which Megatron 0.19 cannot build; "
+                     "the launcher checks again for each target's sequence length)")
     if info["tokenizer"] == "gpt2" and info.get("vocab_file"):
         extra = "" if split == DEFAULT_SPLIT else f" SPLIT={split}"
         lines.append(f"  (or, where the Hub is reachable: DATA={paths.data} "

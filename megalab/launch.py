@@ -261,7 +261,7 @@ VARIANTS = ("profile", "resume")
 
 
 def resolve(target: str) -> tuple[Experiment, str | None]:
-    """A catalog target, or a variant of one (a catalog id such as profile-282 wins)."""
+    """A catalog target, or a variant of one: profile-282 is 282 with timers and a trace."""
     try:
         return catalog.get(target), None
     except CatalogError:
@@ -338,6 +338,18 @@ def attention_dropout(exp: Experiment, opts: Options) -> float:
     args = [*exp.extra_args, *opts.extra_args.split()]
     values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--attention-dropout"]
     return float(values[-1]) if values else 0.1
+
+
+def data_problem(exp: Experiment) -> str | None:
+    """DATA=<prefix>: a missing dataset, or a SPLIT Megatron cannot build at this sequence length."""
+    prefix = os.environ.get("DATA") or "mock"
+    if prefix == "mock":
+        return None
+    if not Path(prefix + ".idx").is_file():
+        return f"DATA={prefix}: {prefix}.idx not found; fix: make prepare-data (it prints DATA=...)"
+    from megalab import data
+
+    return data.split_problem(prefix, os.environ.get("SPLIT") or data.DEFAULT_SPLIT, int(exp.model_cfg["seq_length"]))
 
 
 def cp_problem(exp: Experiment, opts: Options, impl: str) -> str | None:
@@ -483,7 +495,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     print(megatron_check(exp, command))
     print(plan_lines(exp, opts, impl, inv))
 
-    problem = cp_problem(exp, opts, impl)  # depends on this machine (TE or not): a dry run only warns
+    problem = cp_problem(exp, opts, impl) or data_problem(exp)  # a dry run only warns
     if opts.dry_run:
         if problem:
             print(f"warning    {problem}")

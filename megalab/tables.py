@@ -231,8 +231,8 @@ def short_gpu_name(name: str | None) -> str:
     return " ".join(words)
 
 
-SHARED_NOTE = ("† ran on a 4-GPU host beside another run on the other GPUs (own GPUs, own NVLink "
-               "ports, shared CPUs); its record names the runs beside it.")
+SHARED_NOTE = ("† ran on a 4-GPU host while another run used its other GPUs (own GPUs and NVLink "
+               "ports, shared CPUs and host memory), as the run records' start and end times show.")
 
 
 def fmt_hardware(rec: dict) -> str:
@@ -470,6 +470,24 @@ def _experts_per_gpu(exp: catalog.Experiment, ctx: Context) -> str | None:
     return None if exp.num_experts is None else _int_or_1(exp.num_experts / exp.ep)
 
 
+_REF_TIMERS = re.compile(r"forward ([\d.]+) ms backward ([\d.]+) ms misc ([\d.]+) ms")
+
+
+def _ref_timers_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
+    ref = ctx.ref_row(exp)
+    m = _REF_TIMERS.search(str(ref["notes"])) if ref is not None else None
+    return None if m is None else " / ".join(m.groups())
+
+
+def _our_timers_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
+    """From this row's profiled run (`make profile-<id>`), whose own record never stands in a row."""
+    rec = ctx.records.get(f"profile-{exp.id}")
+    b = (rec or {}).get("breakdown_ms")
+    if not b:
+        return None
+    return " / ".join(_fixed(v, 0) for v in (b["forward"], b["backward"], b["optimizer"] + b["other"]))
+
+
 def _opt(v: Any) -> str | None:
     return None if v is None else str(v)
 
@@ -498,7 +516,14 @@ CHAPTER_COLUMNS: dict[int, list[Column]] = {
                     "GBS; the model grows with TP), strong eff. = (TP1 ms / N) / TPN ms within a "
                     "strong-scaling series (ids 23x/24x, same model and GBS); each as `published / ours`, "
                     "— where that side has no step time."),
-        Column("strong eff.", _strong_cell, where="result")],
+        Column("strong eff.", _strong_cell, where="result"),
+        Column("ref fwd / bwd / misc ms", _ref_timers_cell, where="result"),
+        Column("our fwd / bwd / misc ms", _our_timers_cell, where="result",
+               note="fwd / bwd / misc ms: Megatron's forward-compute and backward-compute timers per step "
+                    "(summed over micro-batches) and the rest of the step (optimizer, communication outside "
+                    "them, data), medians after warm-up; ours from `make profile-<id>` (--timing-log-level 2 "
+                    "and a torch profiler trace), a run of its own whose slower, synchronised steps never "
+                    "stand in the ms column.")],
     3: [C_CP, C_CP_COMM, C_RECOMPUTE,
         Column("speedup vs recompute", _speedup_cell, where="result",
                note="speedup vs recompute = step ms of the full-recompute row with the same sequence length "

@@ -112,9 +112,10 @@ def test_cp_flags_reach_megatron():
 
 def test_profile_targets_turn_on_megatrons_timers():
     for target in ("profile-282", "profile-283", "profile-286", "profile-287"):
-        exp = catalog.get(target)
-        plain = catalog.get(target.split("-", 1)[1])
-        assert dataclasses.replace(exp, id=plain.id, timing_log_level=0, about=plain.about) == plain
+        plain, variant = launch.resolve(target)  # the chapter's rows, profiled: one catalog entry each
+        assert variant == "profile" and plain.id.startswith(target.split("-", 1)[1] + "-")
+        exp, _ = launch.profiled(plain, _opts())
+        assert dataclasses.replace(exp, id=plain.id, timing_log_level=0) == plain
         cmd = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
         assert "--timing-log-level 2" in cmd
         assert validate.validate(validate.entry_args(cmd), exp.gpus).timing_log_level == 2

@@ -169,6 +169,25 @@ def test_gpt_dataset_three_way_split(built, tmp_path):
     assert len(train) > 0 and len(valid) > 0 and len(test) > 0
 
 
+def test_split_samples_match_megatron_and_split_problem_names_the_fix(built, tmp_path):
+    """The counts the launcher checks are Megatron's own: GPTDataset lengths for one epoch."""
+    tokens = data.document_tokens(built.paths.idx)
+    assert len(tokens) == 55 and int(tokens.sum()) == built.info["tokens"]
+    got = data.split_samples("80,15,5", tokens, SEQ)
+    assert got == [len(d) for d in _gpt_datasets(built.paths.data, "80,15,5", tmp_path)]
+    # A sequence longer than the 3 test documents together: Megatron builds an empty GPTDataset
+    # and stops at "no sample to consume: 0"; the launcher says so first, with a split that works.
+    long_seq = int(tokens[52:].sum())
+    assert data.split_samples("80,15,5", tokens, long_seq)[2] == 0
+    msg = data.split_problem(built.paths.data, "80,15,5", long_seq)
+    assert f"SPLIT=80,15,5 leaves the validation split 8 document(s), less than one {long_seq}-token" in msg
+    assert msg.endswith("fix: SPLIT=100,0,0")  # all 55 documents in training
+    assert data.split_problem(built.paths.data, "100,0,0", long_seq) is None
+    assert data.split_problem(built.paths.data, "98,2,0", SEQ) is None
+    assert "no documents" in data.split_problem(built.paths.data, "949,50,1", SEQ)  # 0 test docs: the hang
+    assert "not a readable dataset index" in data.split_problem(str(tmp_path / "nothing"), "98,2,0", SEQ)
+
+
 # ---- finished, --force, atomic writes -----------------------------------------------------------
 def _copy_built(built, tmp_path: Path) -> str:
     """A private copy of the built dataset (tests below modify it)."""

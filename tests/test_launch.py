@@ -190,3 +190,22 @@ def test_real_data_flags_and_missing_dataset(tmp_path):
     out = subprocess.run(["bash", str(launch.WRAPPER)], env={**os.environ, **env, **data},
                          capture_output=True, text=True)
     assert out.returncode == 2 and "owt_text_document.idx not found; fix: make prepare-data" in out.stderr
+
+
+def test_real_data_split_megatron_cannot_build_is_one_line_before_launch(tmp_path):
+    """Found on the GPU rig: 949,50,1 over a 789-document corpus gave the test split one short
+    document, less than a sample, and Megatron stopped after its start-up (tests/test_data.py
+    checks that case's counts); 55 documents give it none, and Megatron hangs. Both are caught
+    before the GPU check, with the split that works for this target's sequence length."""
+    from megalab import data
+
+    res = data.prepare(source=str(ROOT / "tests/fixtures/corpus/founding-documents.jsonl"),
+                       tokenizer="train:512", out=str(tmp_path / "fd"), workers=1, quiet=True)
+    out = _make("101-gpt2xl-dp1-gbs1-bf16", ITERS="2", DATA=res.paths.data, SPLIT="949,50,1",
+                TOKENIZER_MODEL=res.info["tokenizer_dir"])
+    assert out.returncode != 0
+    line = _one_error_line(out.stderr)
+    assert "SPLIT=949,50,1 leaves the test split no documents" in line and line.endswith("fix: SPLIT=98,2,0")
+    out = _make("101-gpt2xl-dp1-gbs1-bf16", ITERS="2", DATA=str(tmp_path / "missing_text_document"),
+                TOKENIZER_MODEL=res.info["tokenizer_dir"])
+    assert "missing_text_document.idx not found" in _one_error_line(out.stderr)

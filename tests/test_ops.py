@@ -114,8 +114,8 @@ def test_profile_variant_of_any_target():
     assert "torch profiler trace of steps 6-7" in out.stdout
     cmd = out.stdout.strip().splitlines()[-1]
     assert "--timing-log-level 2" in cmd and "--use-pytorch-profiler --profile-step-start 6 --profile-step-end 8" in cmd
-    exp, variant = launch.resolve("profile-282")  # a catalog id wins over the variant
-    assert exp.id == "profile-282" and variant is None
+    exp, variant = launch.resolve("profile-282")  # by numeric prefix, as `make 282` is
+    assert exp.id == "282-gpt-22B-tp8-gbs4-len2048-sp" and variant == "profile"
     bad = _make("profile-101", DRY_RUN="1", ITERS="2")
     assert bad.returncode == 2 and "ITERS=2 is too few" in _error(bad.stderr)
 
