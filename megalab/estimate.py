@@ -35,8 +35,10 @@ What is counted, per GPU (one entry per pipeline stage; every GPU of a stage loo
 * The peak is the larger of that forward/backward peak and the optimizer step, where torch's AdamW
   (Megatron's fallback without TE/apex; foreach) allocates one fp32 temporary per local parameter.
 * What PyTorch's allocator cannot see or does not hand out: a fixed allowance for the CUDA context,
-  cuBLAS workspaces and the driver's reservation, another for NCCL when the GPU has peers, and a
-  fraction for the caching allocator's slack. The constants below name each with its evidence.
+  cuBLAS workspaces and the driver's reservation, another for NCCL when the GPU has peers (more
+  with PP's p2p and CP's second communicator), and a fraction for the caching allocator's slack,
+  plus, under ring attention, the K/V chunk blocks NCCL still holds (one per ring step per layer).
+  The constants below name each with its evidence.
 
 FLOPs per step are Megatron's own `num_floating_point_operations` (transformer part): it counts
 model FLOPs only, with no term for recomputation, so recompute work is added separately for the
@@ -49,6 +51,7 @@ import dataclasses
 import json
 import math
 import re
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,17 +80,40 @@ BYTES_LOGITS = 2 + 4
 # kernels, and cuBLAS workspaces. Measured peak minus Megatron's max reserved on the 1-GPU runs:
 # 2979 MiB (H100, 5 runs), 3110 MiB (H200, 001).
 CUDA_CONTEXT_MIB = 3000
-# NCCL's communicator buffers when the GPU has peers (DP, TP or PP > 1). The same measurement, less
-# the 1-GPU H200's 3110, gives 383 MiB on 2-8 H200s for DP, 481 for TP=2, 869-887 for DP=4/8 with
-# ZeRO-2, 1509 for PP=2 and 3815-4011 for DP=2 with ZeRO-2; 512 is the plain-DP/TP allowance. What
-# ZeRO-2's overlapped param gather and PP's p2p sends take beyond it is left out on purpose and
-# shown per row in results/estimate-vs-measured.md (a fit per layout would be a fit per row here).
+# NCCL's communicator buffers when the GPU has peers. Measured peak minus max reserved, less the
+# 1-GPU H200's 3110 MiB: 383 MiB for DP on 2-8 H200s, 479 for TP=2 and TP=4, 867-871 for ZeRO-2 at
+# DP=2-8; 512 is the allowance for the one communicator of plain DP or TP (ZeRO-2's extra is left
+# out: those rows stay within 8%). "Max reserved" is the last rank's TensorBoard series, which runs
+# to the last iteration: Megatron's log line stops after iteration 2, and on 15 runs the series ends
+# 0.2-3.1 GiB above it (memory the allocator reserved later, which read as NCCL's before).
 NCCL_MIB = 512
+# PP > 1 adds NCCL memory of its own: the stages' activation/gradient sends and receives are NCCL
+# point-to-point operations, with p2p connections (per-channel send and receive buffers to the
+# neighbouring stage) beside the collective ones, and the tied word embedding's gradient is
+# all-reduced over a first/last-stage group of its own. The same measurement: 1507-1509 MiB on all
+# seven 1F1B runs (006, 461-492: m = 1 to 32, so nothing per microbatch) and 1703 on all five
+# interleaved ones (489-481: v = 2 to 18, so nothing per virtual stage; 196 MiB more, once, with
+# the interleaved schedule's unbatched, overlapped isend/irecv); 512 + 1024 = 1536.
+NCCL_PP_MIB = 1024
+# CP > 1 uses two communicators: attention's K/V traffic on the CP group, and the gradient all-reduce
+# over DP x CP. The same measurement: 853-1061 MiB on CP=2 and CP=4 alike, with any cp_comm (302-352,
+# 005, 304); 512 + 512.
+NCCL_CP_MIB = 512
 # PyTorch's caching allocator reserves more than it hands out (2 MiB rounding, blocks split and
 # cached across iterations). Megatron's max reserved / max allocated - 1 on the committed runs:
 # 0.6-5.5% without ZeRO-2 or gradient accumulation, 5.8-9.9% with them, 11.5-12.6% on the local
 # spec and on a PP=2 last stage; the median over the 26 logged ranks is 5.0%.
 ALLOCATOR_SLACK = 0.05
+# Ring attention (CP with cp_comm p2p) strands K/V chunks in the allocator on top of that. Each ring
+# step hands a K/V chunk (2 x s/CP x b x kv/t x 2 B) to an asynchronous NCCL isend/irecv, which
+# PyTorch guards with recordStream on NCCL's stream: once freed, the block is not handed out again
+# until the allocator has seen NCCL's event complete, and with the CPU queueing work ahead of the GPU
+# it mostly has not, so the allocator reserves fresh segments instead. Max reserved - max allocated
+# - 5%, in chunks per layer (a rank's reserved = its peak less its run's memory outside the
+# allocator): 2.0-3.3 on 304's four ranks (CP=4, 3 steps), 0.4-1.6 on the ranks of 302, 332 and 005
+# (CP=2, 1 step); the all_gather and a2a runs (synchronous collectives) stay at 1.2-6.4% slack.
+# One chunk per ring step per layer: on the busy side for CP=2, as a memory estimate should err.
+RING_STRANDED_CHUNKS_PER_STEP = 1.0
 
 # ---- GPUs -----------------------------------------------------------------------------------------
 # Total memory NVML reports (MiB) and dense bf16 peak (TFLOP/s). GPU_MEM_GB=N caps to N x 81559/80 MiB
@@ -113,6 +139,14 @@ def gpu_spec(gpu_name: str | None) -> tuple[float, float]:
             return mib / 1024, tflops
     mib, tflops = GPUS["H100"]
     return mib / 1024, tflops
+
+
+def nccl_mib(gpus: int, pp: int, cp: int) -> int:
+    """NCCL's memory outside PyTorch's allocator: none without peers, else one communicator's, plus
+    what a pipeline and context parallelism add (NCCL_MIB, NCCL_PP_MIB, NCCL_CP_MIB)."""
+    if gpus <= 1:
+        return 0
+    return NCCL_MIB + (NCCL_PP_MIB if pp > 1 else 0) + (NCCL_CP_MIB if cp > 1 else 0)
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -272,8 +306,9 @@ class Stage:
     head_bytes: float  # last stage: logits (2 + 4 B) + final-LN tensors; else 0
     workset_bytes: float  # a layer's backward transient (the f-wide gradients)
     optimizer_step_bytes: float  # AdamW's fp32 temporary during the step
+    ring_slack_bytes: float  # ring attention's stranded K/V chunks (RING_STRANDED_CHUNKS_PER_STEP)
     allocated_bytes: float  # PyTorch allocator peak (cf. Megatron's "max allocated")
-    overhead_bytes: float  # context + NCCL + allocator slack
+    overhead_bytes: float  # context + NCCL + allocator slack (+ the ring's)
     peak_bytes: float  # what nvidia-smi would show
 
     @property
@@ -418,11 +453,16 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
 
         state = weights + grads + optim
         allocated = max(state + acts + max(head, workset), state + step_temp)
-        overhead = allocated * ALLOCATOR_SLACK + CUDA_CONTEXT_MIB * MIB + (NCCL_MIB * MIB if e.gpus > 1 else 0)
+        # ring attention's K/V chunks (K and V in bf16, s/CP tokens, kv/t wide) that NCCL still holds:
+        # one per ring step (CP - 1) per layer, RING_STRANDED_CHUNKS_PER_STEP
+        ring = 0.0
+        if cp > 1 and (e.cp_comm or "p2p") == "p2p":  # Megatron's default --cp-comm-type is p2p
+            ring = RING_STRANDED_CHUNKS_PER_STEP * (cp - 1) * L * 2 * s * b * (sh.kv / t) * 2
+        overhead = allocated * ALLOCATOR_SLACK + ring + (CUDA_CONTEXT_MIB + nccl_mib(e.gpus, p, cp)) * MIB
         stages.append(Stage(index=k, gpus=e.gpus // p, layers=L, params=params, weights_bytes=weights,
                             grads_bytes=grads, optimizer_bytes=optim, inflight=inflight,
                             activations_bytes=acts, head_bytes=head, workset_bytes=workset,
-                            optimizer_step_bytes=step_temp, allocated_bytes=allocated,
+                            optimizer_step_bytes=step_temp, ring_slack_bytes=ring, allocated_bytes=allocated,
                             overhead_bytes=overhead, peak_bytes=allocated + overhead))
 
     name = gpu_name or DEFAULT_GPU
@@ -509,9 +549,11 @@ def render(est: Estimate) -> str:
             + (f" (+ AdamW's fp32 temporary {_g(st.optimizer_step_bytes)})" if st.peak_at == "optimizer step" else "")
             + ": "
             f"allocated {_g(st.allocated_bytes)} + overhead {_g(st.overhead_bytes)} = {_g(st.peak_bytes)}")
+    ring = max(st.ring_slack_bytes for st in e.stages)
     lines.append(
-        f"overhead     CUDA context/cuBLAS {CUDA_CONTEXT_MIB} MiB + NCCL {NCCL_MIB if e.gpus > 1 else 0} MiB "
-        f"+ allocator slack {ALLOCATOR_SLACK:.0%} of allocated")
+        f"overhead     CUDA context/cuBLAS {CUDA_CONTEXT_MIB} MiB + NCCL {nccl_mib(e.gpus, e.pp, e.cp)} MiB "
+        f"+ allocator slack {ALLOCATOR_SLACK:.0%} of allocated"
+        + (f" + ring attention's stranded K/V chunks {_g(ring)} (one per ring step per layer)" if ring else ""))
     verdict = "fits" if e.fits else "DOES NOT FIT"
     lines.append(f"peak         {e.peak_gib:.1f} GiB per GPU (busiest) vs {e.gpu_mem_gib:.1f} GiB "
                  f"({e.gpu_name}): {verdict}" + ("" if e.fits else "; fix: smaller MBS, ZeRO-2, more TP/PP or recompute"))
@@ -558,57 +600,120 @@ def estimate_record(rec: dict) -> Estimate:
 
 def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
     """Megatron's memory line per logged rank (its last report), from the raw log beside the record
-    (Megatron prints rank 0 and, with PP, the last stage's first rank), else from the record."""
+    (Megatron prints rank 0 and, with PP, the last stage's first rank), else from the record; the
+    last rank's maxima then from its TensorBoard series. The log line stops after iteration 2, and
+    the allocator may still reserve more after it: the series runs to the last iteration."""
     from megalab import logparse
 
     log = run_dir / ((rec.get("files") or {}).get("log") or "logs.txt")
     try:
-        mem = logparse.parse_file(log).megatron_mem
+        mem = {int(r): v for r, v in logparse.parse_file(log).megatron_mem.items()}
     except logparse.LogReadError:
         mem = {}
-    if mem:
-        return {int(r): v for r, v in mem.items()}
-    by_rank = rec.get("megatron_mem_by_rank") or {}
-    if by_rank:
-        return {int(r): v for r, v in by_rank.items()}
-    return {0: rec["megatron_mem"]} if rec.get("megatron_mem") else {}
+    if not mem:
+        by_rank = rec.get("megatron_mem_by_rank") or {}
+        mem = {int(r): v for r, v in by_rank.items()} or ({0: rec["megatron_mem"]} if rec.get("megatron_mem") else {})
+    tb = tensorboard_mem_mb(run_dir)
+    if "mem-reserved-bytes" in tb and "mem-max-allocated-bytes" in tb:
+        last = int((rec.get("config") or {}).get("gpus") or rec.get("num_gpus") or 1) - 1
+        old = mem.get(last, {})
+        mem[last] = {**old, "max_reserved_mb": max(old.get("max_reserved_mb", 0.0), tb["mem-reserved-bytes"]),
+                     "max_allocated_mb": max(old.get("max_allocated_mb", 0.0), tb["mem-max-allocated-bytes"]),
+                     "to_last_iteration": True}
+    return mem
+
+
+def _proto_fields(buf: bytes):
+    """(field number, value) of a protobuf message: ints for varints, bytes otherwise."""
+    def varint(i: int) -> tuple[int, int]:
+        val = shift = 0
+        while True:
+            byte = buf[i]
+            val, shift, i = val | (byte & 0x7F) << shift, shift + 7, i + 1
+            if byte < 0x80:
+                return val, i
+    i = 0
+    while i < len(buf):
+        key, i = varint(i)
+        kind = key & 7
+        if kind == 0:
+            val, i = varint(i)
+        elif kind in (1, 5):  # 64- and 32-bit
+            width = 8 if kind == 1 else 4
+            val, i = buf[i:i + width], i + width
+        elif kind == 2:  # length-delimited
+            n, i = varint(i)
+            val, i = buf[i:i + n], i + n
+        else:
+            return
+        yield key >> 3, val
+
+
+def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
+    """Max over iterations of Megatron's TensorBoard memory scalars (mem-reserved-bytes, ...), in MB;
+    the last rank writes them every iteration. Read without TensorBoard: a TFRecord file is
+    length-prefixed Event messages, Event.summary (5) holds values (1) of tag (1), simple_value (2)."""
+    out: dict[str, float] = {}
+    for path in sorted(run_dir.glob("tensorboard/*tfevents*")):
+        try:
+            data, i = path.read_bytes(), 0
+            while i + 12 <= len(data):
+                (n,) = struct.unpack_from("<Q", data, i)
+                event, i = data[i + 12:i + 12 + n], i + 16 + n  # length, its CRC, data, data CRC
+                for summary in (v for f, v in _proto_fields(event) if f == 5):
+                    for value in (v for f, v in _proto_fields(summary) if f == 1):
+                        val = dict(_proto_fields(value))
+                        tag = val.get(1, b"").decode(errors="replace")
+                        if tag.startswith("mem-") and isinstance(val.get(2), bytes):
+                            out[tag] = max(out.get(tag, 0.0), struct.unpack("<f", val[2])[0] / MIB)
+        except (OSError, IndexError, AttributeError, struct.error):
+            continue
+    return out
 
 
 def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str:
-    """Where nvidia-smi's peak went beyond the estimate, from the run's own allocator figures (the
-    busiest logged rank): memory outside the allocator, and the allocator's slack. A note, not a fit."""
-    if not mem:
+    """Where nvidia-smi's peak went beyond the estimate, from the run's own allocator figures. Memory
+    outside the allocator is the same on every GPU of a layout: it is measured on the rank whose max
+    reserved runs to the last iteration (TensorBoard's), else on the busiest logged rank. The slack is
+    that of the GPU with the highest peak: its peak less that outside memory, over its max allocated
+    (or its stage's logged rank's). A note, not a fit."""
+    peaks = rec.get("mem_peak_mib") or []
+    logged = [r for r in mem if r < len(peaks)]
+    if not logged:
         return ""
     per_stage = est.gpus // est.pp
-    rank = max(mem, key=lambda r: mem[r]["max_reserved_mb"])
-    m = mem[rank]
-    peaks = rec.get("mem_peak_mib") or []
-    stage = est.stages[min(rank // per_stage, est.pp - 1)]
+    ref = max(logged, key=lambda r: (bool(mem[r].get("to_last_iteration")), mem[r]["max_reserved_mb"]))
+    outside = peaks[ref] - mem[ref]["max_reserved_mb"]
     parts = []
-    if rank < len(peaks):
-        outside = (peaks[rank] - m["max_reserved_mb"]) / 1024
-        assumed = stage.overhead_bytes / GIB - stage.allocated_bytes * ALLOCATOR_SLACK / GIB
-        if outside > assumed + 0.5:
-            why = ""
-            if est.zero2 and est.dp > 1:
-                why = (" (NCCL buffers of ZeRO-2's overlapped reduce-scatter/param all-gather sit outside "
-                       "PyTorch's allocator: 142 vs 152 shows nvidia-smi falling by half the allocator's drop)")
-            elif est.pp > 1:
-                why = " (NCCL p2p buffers of the pipeline sends/receives)"
-            parts.append(f"outside the allocator {outside:.1f} GiB vs {assumed:.1f} assumed{why}")
-    slack = m["max_reserved_mb"] / m["max_allocated_mb"] - 1
-    if slack > ALLOCATOR_SLACK + 0.02:
+    assumed = (CUDA_CONTEXT_MIB + nccl_mib(est.gpus, est.pp, est.cp)) / 1024
+    if outside / 1024 > assumed + 0.5:
         why = ""
-        if est.spec == "local":
+        if est.zero2 and est.dp > 1:
+            why = " (NCCL buffers beyond NCCL_MIB: ZeRO-2's reduce-scatter/all-gather" + (
+                ", the experts' all-to-all)" if est.ep > 1 else ")")
+        parts.append(f"outside the allocator {outside / 1024:.1f} GiB vs {assumed:.1f} assumed{why}")
+    top = max(range(len(peaks)), key=peaks.__getitem__)
+    stage_ranks = [r for r in mem if r // per_stage == top // per_stage]
+    if not stage_ranks:
+        return "; ".join(parts)
+    last = top // per_stage == est.pp - 1
+    stage = est.stages[min(top // per_stage, est.pp - 1)]
+    slack = (peaks[top] - outside) / mem[top if top in mem else stage_ranks[0]]["max_allocated_mb"] - 1
+    assumed_slack = ALLOCATOR_SLACK + stage.ring_slack_bytes / stage.allocated_bytes
+    if slack > assumed_slack + 0.02:
+        why = ""
+        if stage.ring_slack_bytes:
+            why = " (ring attention's K/V chunks held by NCCL, RING_STRANDED_CHUNKS_PER_STEP)"
+        elif est.spec == "local":
             why = " (Megatron's local attention allocates and frees b x heads x s x s scores in every layer)"
-        elif est.pp > 1 and rank // per_stage == est.pp - 1:
+        elif est.pp > 1 and last:
             why = (" (the last stage's multi-GiB logits blocks: once the Adam state, created after "
                    "iteration 1, has taken cached blocks, iteration 2 reserves new ones for them)")
         elif est.zero2:
-            why = " (every ZeRO-2 run here is above the 5% median)"
+            why = " (every gpt2-xl ZeRO-2 run here is above the 5% median)"
         elif est.num_microbatches > 1:
             why = " (gradient accumulation: activations re-allocated around the held grads)"
-        parts.append(f"allocator slack {slack:.1%} vs {ALLOCATOR_SLACK:.0%} assumed{why}")
+        parts.append(f"allocator slack {slack:.1%} vs {assumed_slack:.0%} assumed{why}")
     return "; ".join(parts)
 
 
@@ -697,11 +802,14 @@ def validation_table(records_root: Path | None = None) -> str:
         "Predicted peak memory per GPU from `megalab/estimate.py` (Korthikanti activations with "
         "SDPA's logsumexp in place of the s x s scores for the megalab spec, 18 or 6 + 12/DP bytes "
         "per parameter, the b s V/t x 6 B logits, AdamW's step temporary, and the named allowances "
-        f"CUDA_CONTEXT_MIB={CUDA_CONTEXT_MIB}, NCCL_MIB={NCCL_MIB}, ALLOCATOR_SLACK={ALLOCATOR_SLACK:.0%}) "
+        f"CUDA_CONTEXT_MIB={CUDA_CONTEXT_MIB}, NCCL_MIB={NCCL_MIB} (+ NCCL_PP_MIB={NCCL_PP_MIB} with PP, "
+        f"NCCL_CP_MIB={NCCL_CP_MIB} with CP), ALLOCATOR_SLACK={ALLOCATOR_SLACK:.0%}, and ring attention's "
+        f"K/V chunks held by NCCL, RING_STRANDED_CHUNKS_PER_STEP={RING_STRANDED_CHUNKS_PER_STEP:g} per step per layer) "
         "against the nvidia-smi peak (max over GPUs) of every committed run record in results/runs "
         "(runs) and results/bench/runs (bench). `alloc` puts the allocator-level prediction (busiest "
-        "stage) beside Megatron's own `max allocated` (max over the ranks its log reports). Goal: "
-        "within 10% where the run ran, and every out-of-memory run predicted not to fit.",
+        "stage) beside Megatron's own `max allocated` (max over the ranks its log reports, and the last "
+        "rank's TensorBoard series). Goal: within 10% where the run ran, and every out-of-memory run "
+        "predicted not to fit.",
         "",
         f"**{sum(r['ok'] for r in ran)} of {len(ran)} runs within 10%"
         + (f" (worst {max(ran, key=lambda r: abs(r['err']))['err']:+.1%})" if ran else "")

@@ -127,6 +127,35 @@ def test_context_parallel_divides_the_sequence():
     assert ag - ring == pytest.approx(4 * 3 * sh.groups / sh.heads)
 
 
+def test_ring_attention_strands_one_kv_chunk_per_step_per_layer():
+    # K and V (2) x s/CP tokens x b x kv width x 2 bytes, per ring step (CP - 1) per layer
+    ring = E.estimate(tiny(gpus=4, cp=4, gbs=2), model_cfg=TINY).stages[0]
+    assert ring.ring_slack_bytes == 3 * 2 * (2 * 8 * 2 * 64 * 2)  # steps x layers x (K, V x s/CP x b x h x 2 B)
+    for comm in ("all_gather", "a2a"):  # synchronous collectives: nothing held
+        assert E.estimate(tiny(gpus=4, cp=4, gbs=2, cp_comm=comm), model_cfg=TINY).stages[0].ring_slack_bytes == 0
+    assert E.estimate(tiny(gpus=4, gbs=8), model_cfg=TINY).stages[0].ring_slack_bytes == 0
+
+
+def test_nccl_allowance_by_layout():
+    assert E.nccl_mib(1, 1, 1) == 0  # no peers
+    assert E.nccl_mib(8, 1, 1) == E.NCCL_MIB  # DP or TP: one communicator
+    assert E.nccl_mib(2, 2, 1) == E.NCCL_MIB + E.NCCL_PP_MIB
+    assert E.nccl_mib(4, 1, 4) == E.NCCL_MIB + E.NCCL_CP_MIB
+
+
+def test_tensorboard_memory_runs_past_the_log_line():
+    # 481: the log's memory line (after iteration 2) says 15186 MB reserved on the last rank; the
+    # allocator reserved more in iteration 3, which only the TensorBoard series shows.
+    run = next((ROOT / "results" / "runs").glob("*___481-gpt2large-pp2-1L-vpp18-m8"))
+    tb = E.tensorboard_mem_mb(run)
+    assert tb["mem-reserved-bytes"] == pytest.approx(16760, abs=1)
+    assert tb["mem-max-allocated-bytes"] == pytest.approx(14509, abs=1)
+    mem = E.megatron_mem_by_rank(run, json.loads((run / "run.json").read_text()))
+    assert mem[1]["max_reserved_mb"] == pytest.approx(16760, abs=1) and mem[1]["to_last_iteration"]
+    assert mem[0]["max_reserved_mb"] == 15654.0  # rank 0: the log line only
+    assert E.tensorboard_mem_mb(ROOT / "no-such-run") == {}
+
+
 # --------------------------------------------------------------------------- pipeline stages
 
 def test_pipeline_stage_split_gpt2large_pp2():
