@@ -11,6 +11,11 @@ Each patch below replaces one of them with PyTorch's fused or foreach kernel. A 
 prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). They are opt-in
 (MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
+
+A fifth lever, `grouped_gemm`, is not a patch: megalab/spec.py reads it when it builds MoE layers and
+then gives them GroupedMLP experts (megalab/grouped_experts.py: torch._grouped_mm instead of
+SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
+default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
 """
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ import os
 
 import torch
 
-PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa")
+GROUPED_GEMM = "grouped_gemm"  # megalab/grouped_experts.py's MoE experts
+PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa", GROUPED_GEMM)
+SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/spec.py, so `apply` leaves them alone
 
 
 def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -78,6 +85,7 @@ def apply(names: list[str]) -> list[str]:
     """Install the named patches into Megatron's modules; return what was applied.
 
     A patch only replaces Megatron's *fallback*: where TE or apex provide the kernel, it is left alone.
+    SPEC_LEVERS are not patches (the spec reads them from MEGALAB_FAST) and are never returned here.
     """
     import megatron.core.optimizer as mopt
     import megatron.core.optimizer.clip_grads as clip

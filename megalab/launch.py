@@ -92,17 +92,35 @@ class Options:
 DEFAULT_FAST = "fused_adam,foreach_norm,foreach_scale"
 
 
-def fast_patches(opts: Options, impl: str) -> str:
-    """MEGALAB_FAST for the entry point: the user's FAST, else the default for this spec."""
+def wants_grouped_gemm(exp: Experiment) -> bool:
+    """A MoE target whose preset asks for grouped-GEMM experts (moe_grouped_gemm)."""
+    return bool(exp.num_experts) and bool(exp.model_cfg.get("moe_grouped_gemm"))
+
+
+def fast_patches(opts: Options, impl: str, exp: Experiment | None = None) -> str:
+    """MEGALAB_FAST for the entry point: the user's FAST, else the default for this spec.
+
+    The default adds the grouped_gemm lever (megalab/grouped_experts.py) for a target whose preset
+    asks for moe_grouped_gemm: without TE it is that flag's substitute. grouped_gemm is a lever of
+    megalab's spec, so it is left out where nothing would read it: under SPEC=local, and (given the
+    target) for a model without experts.
+    """
     from megalab import fastpath
 
     if impl != "local":
         return "none"  # Transformer Engine brings its own fused optimizer and kernels
-    value = opts.fast if opts.fast is not None else (DEFAULT_FAST if opts.spec == "megalab" else "none")
+    if opts.fast is not None:
+        value = opts.fast
+    elif opts.spec == "megalab":
+        value = DEFAULT_FAST + (f",{fastpath.GROUPED_GEMM}" if exp is not None and wants_grouped_gemm(exp) else "")
+    else:
+        value = "none"
     try:
         names = fastpath.requested({"MEGALAB_FAST": value})
     except ValueError as e:
         raise LaunchError(f"FAST={value}: {str(e).split(': ', 1)[1]}") from None
+    if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
+        names = [n for n in names if n not in fastpath.SPEC_LEVERS]
     return ",".join(names) or "none"
 
 
@@ -137,25 +155,38 @@ def gpus_per_node(exp: Experiment, opts: Options) -> int:
 # Preset switches whose Megatron flags need Transformer Engine kernels. Without TE, Megatron's local
 # MoE experts are SequentialMLP whatever --moe-grouped-gemm says (the flag only trips a CUDA
 # capability check), and --moe-permute-fusion is refused ("fused permutation is not available").
-# The launcher drops them; the preflight says so and the run record keeps the list
-# (config.dropped_flags), the one place that records it.
+# Without TE neither Megatron flag is passed. megalab's spec has a substitute for the first one:
+# GroupedMLP experts (torch._grouped_mm, megalab/grouped_experts.py), switched on by the
+# grouped_gemm lever in MEGALAB_FAST (on by default for such a preset; FAST=none or a FAST list
+# without it turns it off). The preflight says which flags were substituted and which dropped; the
+# run record keeps both (config.substituted_flags: flag -> lever, config.dropped_flags).
 TE_ONLY_PRESET_FLAGS = {"moe_grouped_gemm": "--moe-grouped-gemm", "moe_permute_fusion": "--moe-permute-fusion"}
+TE_FREE_SUBSTITUTES = {"moe_grouped_gemm": "grouped_gemm"}  # preset key -> megalab fast-path lever
 
 
-def dropped_flags(exp: Experiment, impl: str) -> list[str]:
-    """Flags the preset asks for that this implementation cannot honour (and so are not passed)."""
+def substituted_flags(exp: Experiment, impl: str, opts: Options | None = None) -> dict[str, str]:
+    """TE-only flags the preset asks for that megalab runs without TE: flag -> the lever doing it."""
+    if impl == "transformer_engine" or exp.num_experts is None:
+        return {}
+    levers = fast_patches(opts or Options(), impl, exp).split(",")
+    return {TE_ONLY_PRESET_FLAGS[key]: lever for key, lever in TE_FREE_SUBSTITUTES.items()
+            if exp.model_cfg.get(key) and lever in levers}
+
+
+def dropped_flags(exp: Experiment, impl: str, opts: Options | None = None) -> list[str]:
+    """Flags the preset asks for that this run cannot honour (not passed, and not substituted)."""
     if impl == "transformer_engine" or exp.num_experts is None:
         return []
-    return [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if exp.model_cfg.get(key)]
+    subs = substituted_flags(exp, impl, opts)
+    return [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if exp.model_cfg.get(key) and flag not in subs]
 
 
 def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None = None) -> dict[str, str]:
     """The environment scripts/train_gpt.sh reads: the catalog's numbers, by name."""
     m = exp.model_cfg
-    dropped = dropped_flags(exp, impl)
 
-    def te_flag(key: str) -> int:
-        return int(bool(m.get(key)) and TE_ONLY_PRESET_FLAGS[key] not in dropped)
+    def te_flag(key: str) -> int:  # Megatron's flag: with TE only (without, dropped or substituted)
+        return int(bool(m.get(key)) and impl == "transformer_engine")
 
     env = {
         "NUM_LAYERS": m["num_layers"], "HIDDEN_SIZE": m["hidden_size"],
@@ -176,7 +207,7 @@ def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None 
         "MASTER_ADDR": opts.master_addr, "MASTER_PORT": opts.master_port,
         "TE_IMPL": impl, "SPEC": opts.spec,
         "EXTRA_ARGS": " ".join([*exp.extra_args, opts.extra_args]).strip(),
-        "CUDA_GRAPH": int(opts.cuda_graph), "MEGALAB_FAST": fast_patches(opts, impl),
+        "CUDA_GRAPH": int(opts.cuda_graph), "MEGALAB_FAST": fast_patches(opts, impl, exp),
     }
     env |= {"SAVE": int(opts.save), "SAVE_INTERVAL": opts.save_interval or "", "LOAD": opts.load or "",
             "WANDB": int(opts.wandb), "PROFILE": int(opts.profile), "EXIT_INTERVAL": opts.exit_interval or ""}
@@ -310,7 +341,7 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})")
         + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/cp_attention.py'}"
            if exp.cp > 1 else ""),
-        f"speed      fast path: {fast_patches(opts, impl)}; full-iteration CUDA graph: "
+        f"speed      fast path: {fast_patches(opts, impl, exp)}; full-iteration CUDA graph: "
         f"{'on' if opts.cuda_graph else 'off (CUDA_GRAPH=1)'}"
         + ("; note: the graph is measured on single-GPU dense runs only (results/bench); with PP, MoE "
            "or CP its capture may fail" if opts.cuda_graph and (exp.pp > 1 or exp.num_experts or exp.cp > 1) else ""),
@@ -319,10 +350,16 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
     ]
     if exp.num_experts:
         lines.insert(2, f"experts    {exp.num_experts} experts, top-{exp.router_topk} routing")
-    dropped = dropped_flags(exp, impl)
+    for flag, lever in substituted_flags(exp, impl, opts).items():
+        lines.append(f"substitute {flag}: megalab's grouped-GEMM experts (torch._grouped_mm, no TE) by the "
+                     f"{lever} lever (off: FAST=none or a FAST list without it); recorded as "
+                     "config.substituted_flags")
+    dropped = dropped_flags(exp, impl, opts)
     if dropped:
-        lines.append(f"dropped    {' '.join(dropped)}: need Transformer Engine (local MoE experts run as "
-                     "SequentialMLP with unfused permutation); recorded as config.dropped_flags")
+        why = {"--moe-grouped-gemm": "the experts run as SequentialMLP, one after another",
+               "--moe-permute-fusion": "the token permutation runs unfused"}
+        lines.append(f"dropped    {' '.join(dropped)}: need Transformer Engine ("
+                     + "; ".join(why[f] for f in dropped) + "); recorded as config.dropped_flags")
     checks = [f"GBS {exp.gbs} % (MBS {exp.mbs} x DP {exp.dp}) == 0",
               f"GPUs {exp.gpus} % (TP x PP x CP = {exp.model_parallel}) == 0"]
     if exp.cp > 1:
@@ -398,7 +435,7 @@ def plan_lines(exp: Experiment, opts: Options, impl: str, inv: dict) -> str:
     gpu = (inv.get("names") or [None])[0]
     try:
         est = estimate.estimate(exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu,
-                                fused_adam="fused_adam" in fast_patches(opts, impl))
+                                fused_adam="fused_adam" in fast_patches(opts, impl, exp))
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)
@@ -537,7 +574,8 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     rec = record.build(
         exp=exp, opts=opts, impl=impl, command=command, run_dir=run_dir, returncode=rc,
         interrupted=interrupted, monitor=mon, inventory=inv, started=started, ended=ended,
-        hostname=socket.gethostname(), dropped_flags=dropped_flags(exp, impl), outputs=outputs_config(opts),
+        hostname=socket.gethostname(), dropped_flags=dropped_flags(exp, impl, opts),
+        substituted_flags=substituted_flags(exp, impl, opts), outputs=outputs_config(opts),
     )
     record.write(rec, run_dir / "run.json")
     if rec["status"] != "ok" and not opts.verbose:

@@ -191,8 +191,19 @@ def _report_implementation(args, fast: list[str]) -> None:
     if args.context_parallel_size > 1:
         by = "te" if args.transformer_impl == "transformer_engine" else "megalab"
         cp = f"{by}-{'+'.join(dict.fromkeys(args.cp_comm_type))}"
+    # Whose MoE experts run: TE's grouped GEMM, megalab's GroupedMLP (torch._grouped_mm: the spec
+    # builds it when MEGALAB_FAST has grouped_gemm, megalab/grouped_experts.py), or SequentialMLP.
+    experts = "none"
+    if args.num_experts:
+        experts = "sequential"
+        if args.transformer_impl == "transformer_engine":
+            experts = "te_grouped_gemm" if args.moe_grouped_gemm else experts
+        elif spec == "megalab.spec.megalab_layer_spec":
+            from megalab import grouped_experts
+
+            experts = "megalab_grouped_mm" if grouped_experts.wanted(args.moe_grouped_gemm) else experts
     print(f"megalab: transformer_impl={args.transformer_impl} spec={spec} transformer_engine={te} "
-          f"fastpath={','.join(fast) or 'none'} cp={cp}", flush=True)
+          f"fastpath={','.join(fast) or 'none'} cp={cp} moe_experts={experts}", flush=True)
 
 
 def main() -> None:

@@ -100,7 +100,7 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
 
 
 def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
-          started, ended, hostname, dropped_flags=(), outputs=None) -> dict:
+          started, ended, hostname, dropped_flags=(), substituted_flags=None, outputs=None) -> dict:
     from megalab.launch import fast_patches  # launch imports this module
 
     gpu_name = inventory["names"][0] if inventory.get("names") else None
@@ -112,9 +112,11 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes,
         "node_rank": opts.node_rank, "extra_args": opts.extra_args,
-        "fastpath": fast_patches(opts, impl), "cuda_graph": opts.cuda_graph,
+        "fastpath": fast_patches(opts, impl, exp), "cuda_graph": opts.cuda_graph,
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),
+        # TE-only preset flags megalab ran without TE: flag -> the fast-path lever (launch.py)
+        "substituted_flags": dict(substituted_flags or {}),
         **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
         # whose context parallelism ran: TE's attention, or megalab/cp_attention.py without TE
         "cp_impl": None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),

@@ -20,6 +20,9 @@ checkpoints match) and swaps in:
 * `Norm`: LayerNorm/RMSNorm that marks its parameters `sequence_parallel`, the contract Megatron's
   own SP-capable norms follow, so `finalize_model_grads` sums their gradients over the TP group.
   It is also the final norm of the block.
+* `GroupedMLP` MoE experts (megalab/grouped_experts.py) when the `grouped_gemm` fast-path lever
+  is on (or Megatron's --moe-grouped-gemm): SequentialMLP's parameters, computed with
+  `torch._grouped_mm` instead of a loop over the experts. Megatron's grouped experts need TE.
 
 Use it with `--transformer-impl local --spec megalab.spec megalab_layer_spec`, and keep
 `--attention-backend` off `local` (Megatron then swaps its own attention back in).
@@ -35,7 +38,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab import cp_attention  # noqa: E402
+from megalab import cp_attention, grouped_experts  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -43,7 +46,9 @@ from torch import Tensor  # noqa: E402
 
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add  # noqa: E402
+from megatron.core.models.backends import LocalSpecProvider  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec  # noqa: E402
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend  # noqa: E402
 from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.core.tensor_parallel.layers import (  # noqa: E402
@@ -327,6 +332,16 @@ def _transformer_config(config) -> TransformerConfig:
     return inner if isinstance(inner, TransformerConfig) else config
 
 
+class _GroupedExpertsBackend(LocalSpecProvider):
+    """Megatron's local backend, except that asking it for grouped-GEMM experts gives megalab's
+    GroupedMLP (the local backend itself answers SequentialMLP: its grouped experts need TE)."""
+
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool):
+        if moe_use_grouped_gemm:
+            return grouped_experts.experts_builder()
+        return super().grouped_mlp_modules(moe_use_grouped_gemm)
+
+
 def megalab_transformer_layer_spec(
     num_experts: Optional[int] = None,
     moe_grouped_gemm: bool = False,
@@ -335,9 +350,9 @@ def megalab_transformer_layer_spec(
 ) -> ModuleSpec:
     """One TransformerLayer: Megatron's local layer spec with SDPAttention and Norm swapped in.
 
-    Mirrors `get_gpt_layer_local_submodules` (non-MLA branch) line for line otherwise. Note that
-    with the local backend `moe_grouped_gemm` still builds SequentialMLP experts (Megatron's
-    choice: the grouped GEMM experts need TE).
+    Mirrors `get_gpt_layer_local_submodules` (non-MLA branch) line for line otherwise. With
+    `moe_grouped_gemm` the MoE experts are megalab's GroupedMLP (torch._grouped_mm; same
+    parameters as SequentialMLP), where Megatron's local spec would still build SequentialMLP.
     """
     if qk_l2_norm:
         qk_norm = L2Norm
@@ -362,9 +377,14 @@ def megalab_transformer_layer_spec(
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=Norm,
-            # Dense MLP or, with num_experts, Megatron's local MoE layer (SequentialMLP experts).
-            mlp=get_mlp_module_spec(
-                use_te=False, num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm
+            # Dense MLP or, with num_experts, Megatron's local MoE layer (its router and token
+            # dispatcher) with SequentialMLP or, with moe_grouped_gemm, GroupedMLP experts.
+            mlp=(
+                get_moe_module_spec_for_backend(
+                    backend=_GroupedExpertsBackend(), num_experts=num_experts, moe_grouped_gemm=True
+                )
+                if num_experts is not None and moe_grouped_gemm
+                else get_mlp_module_spec(use_te=False, num_experts=num_experts)
             ),
             mlp_bda=get_bias_dropout_add,
             # Same key remapping as the local spec, so distributed checkpoints are interchangeable.
@@ -399,8 +419,12 @@ def megalab_layer_spec(config, vp_stage: Optional[int] = None) -> ModuleSpec:
     if cfg.num_moe_experts is None:
         layer_specs = [dense] * cfg.num_layers
     else:
+        # Grouped-GEMM experts when MEGALAB_FAST has the grouped_gemm lever (the launcher's
+        # substitute for the preset's moe_grouped_gemm without TE) or --moe-grouped-gemm is set.
         moe = megalab_transformer_layer_spec(
-            num_experts=cfg.num_moe_experts, moe_grouped_gemm=bool(cfg.moe_grouped_gemm), **qk
+            num_experts=cfg.num_moe_experts,
+            moe_grouped_gemm=grouped_experts.wanted(bool(cfg.moe_grouped_gemm)),
+            **qk,
         )
         freq = cfg.moe_layer_freq
         if isinstance(freq, int):  # one MoE layer every `freq` layers, starting with the first

@@ -28,7 +28,9 @@ NUM_EXPERTS=${NUM_EXPERTS:-}; TOPK=${TOPK:-}
 # ---- mixture of experts (the preset's moe_* keys; used only when NUM_EXPERTS is set) -------------
 MOE_FFN_HIDDEN=${MOE_FFN_HIDDEN:-}; MOE_DISPATCHER=${MOE_DISPATCHER:-alltoall}
 MOE_FORCE_BALANCE=${MOE_FORCE_BALANCE:-0}
-# Transformer Engine kernels: the launcher sets these to 0 without TE (and records the drop).
+# Transformer Engine kernels: the launcher sets these to 0 without TE. Grouped GEMM then comes from
+# megalab's spec instead (grouped_gemm in MEGALAB_FAST, megalab/grouped_experts.py); the run record
+# lists it under config.substituted_flags, and permute fusion under config.dropped_flags.
 MOE_GROUPED_GEMM=${MOE_GROUPED_GEMM:-0}; MOE_PERMUTE_FUSION=${MOE_PERMUTE_FUSION:-0}
 
 # ---- speed (megalab/fastpath.py patches come in MEGALAB_FAST; the launcher sets them) ------------

@@ -5,3 +5,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+import socket  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on, for a test's own gloo rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def world1():
+    """A one-process gloo group and Megatron's model-parallel state (TP = PP = 1)."""
+    from megalab._compat import ensure_typing_override
+
+    ensure_typing_override()
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        pytest.skip("another test left Megatron's model-parallel state initialised")
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
+    if own_group:
+        dist.destroy_process_group()

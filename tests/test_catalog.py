@@ -150,7 +150,10 @@ def test_every_target_dry_runs_and_megatron_accepts_it(target):
     assert (args.num_experts, args.expert_model_parallel_size) == (exp.num_experts, exp.ep)
     if exp.num_experts:
         assert (args.expert_tensor_parallel_size, args.moe_router_topk) == (exp.etp, exp.router_topk)
-        assert not args.moe_grouped_gemm and not args.moe_permute_fusion  # TE-only: dropped on the local path
+        # Megatron's TE-only flags stay off on the local path; grouped GEMM is megalab's own
+        # substitute (MEGALAB_FAST=...,grouped_gemm, read by megalab/spec.py)
+        assert not args.moe_grouped_gemm and not args.moe_permute_fusion
+        assert ("grouped_gemm" in env["MEGALAB_FAST"].split(",")) == launch.wants_grouped_gemm(exp)
     # The model config Megatron builds next (TransformerConfig.__post_init__ has checks of its own,
     # e.g. MoE biases only with ETP=1, fused permutation only with TE).
     from megatron.training.argument_utils import gpt_config_from_args
@@ -202,7 +205,7 @@ def test_megatron_rejection_is_reported_in_one_line(monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def test_moe_preset_becomes_flags_and_te_only_ones_are_dropped_without_te():
+def test_moe_preset_becomes_flags_and_te_only_ones_are_substituted_or_dropped_without_te():
     exp = catalog.get("522")
     local = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
     te = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "transformer_engine"))
@@ -212,15 +215,22 @@ def test_moe_preset_becomes_flags_and_te_only_ones_are_dropped_without_te():
         assert flag in local and flag in te
     assert "--moe-grouped-gemm" not in local and "--moe-permute-fusion" not in local
     assert "--moe-grouped-gemm --moe-permute-fusion" in te
-    assert launch.dropped_flags(exp, "local") == ["--moe-grouped-gemm", "--moe-permute-fusion"]
-    assert launch.dropped_flags(exp, "transformer_engine") == []
+    # without TE: grouped GEMM by megalab's GroupedMLP (the grouped_gemm lever), permute fusion dropped
+    assert launch.substituted_flags(exp, "local") == {"--moe-grouped-gemm": "grouped_gemm"}
+    assert launch.dropped_flags(exp, "local") == ["--moe-permute-fusion"]
+    assert launch.dropped_flags(exp, "transformer_engine") == [] and launch.substituted_flags(exp, "transformer_engine") == {}
     assert launch.dropped_flags(catalog.get("212"), "local") == []
     assert "--disable-bias-linear" not in launch.torchrun_command(launch.wrapper_env(catalog.get("212"), _opts(), "local"))
+    lines = launch.preflight(exp, _opts(), "local", 2)
+    assert any(l.startswith("substitute --moe-grouped-gemm") for l in lines)
+    assert any(l.startswith("dropped    --moe-permute-fusion: need Transformer Engine") for l in lines)
+    # FAST=none (or SPEC=local): no substitute, both dropped, SequentialMLP experts
+    assert launch.dropped_flags(exp, "local", _opts(fast="none")) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
     assert any(l.startswith("dropped    --moe-grouped-gemm --moe-permute-fusion")
-               for l in launch.preflight(exp, _opts(), "local", 2))
+               for l in launch.preflight(exp, _opts(fast="none"), "local", 2))
 
 
-def test_a_run_records_the_dropped_flags(monkeypatch, tmp_path, capsys):
+def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, capsys):
     import json
     import os
 
@@ -239,9 +249,12 @@ def test_a_run_records_the_dropped_flags(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("DRY_RUN", raising=False)
     launch.run("522", launch.Options(iters=2, outdir=tmp_path))
     rec = json.load(open(next(tmp_path.glob("*/run.json"))))
-    assert rec["config"]["dropped_flags"] == ["--moe-grouped-gemm", "--moe-permute-fusion"]
+    assert rec["config"]["dropped_flags"] == ["--moe-permute-fusion"]
+    assert rec["config"]["substituted_flags"] == {"--moe-grouped-gemm": "grouped_gemm"}
+    assert rec["config"]["fastpath"].split(",")[-1] == "grouped_gemm"
     assert "--moe-grouped-gemm" not in rec["command"]
-    assert "dropped    --moe-grouped-gemm --moe-permute-fusion" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "substitute --moe-grouped-gemm" in out and "dropped    --moe-permute-fusion" in out
 
 
 @pytest.mark.parametrize("kw,msg", [

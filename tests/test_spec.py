@@ -8,9 +8,9 @@ device="cuda" when no mask is passed; we pass an explicit causal mask to Megatro
 
 import contextlib
 import math
-import socket
 
 import pytest
+from conftest import free_port as _free_port
 
 from megalab._compat import ensure_typing_override
 
@@ -41,11 +41,6 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 ATOL32, RTOL32 = 1e-5, 1e-4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _config(**overrides) -> TransformerConfig:
     kw = dict(
@@ -62,23 +57,6 @@ def _config(**overrides) -> TransformerConfig:
     )
     kw.update(overrides)
     return TransformerConfig(**kw)
-
-
-@pytest.fixture(scope="module")
-def world1():
-    """A one-process gloo group and Megatron's model-parallel state (TP = PP = 1)."""
-    if parallel_state.model_parallel_is_initialized():
-        pytest.skip("another test left Megatron's model-parallel state initialised")
-    own_group = not dist.is_initialized()
-    if own_group:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
-    parallel_state.initialize_model_parallel(1, 1)
-    yield
-    parallel_state.destroy_model_parallel()
-    if own_group:
-        dist.destroy_process_group()
 
 
 class _CpuBuffer:

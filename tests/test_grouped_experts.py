@@ -1,0 +1,289 @@
+"""Tests for megalab/grouped_experts.py: GroupedMLP computes SequentialMLP's function (CPU, gloo).
+
+Each test builds Megatron's SequentialMLP and megalab's GroupedMLP for the same config, copies the
+weights across (same state-dict keys), feeds both the same permuted tokens, tokens_per_expert and
+router probs, and compares the output and every gradient: the tokens', the probs' (the router
+learns through them) and each expert's weights and biases. Token counts are uneven and include an
+expert with no tokens. float64 runs the per-expert-loop kernel (torch._grouped_mm has no float64);
+float32 with 16-byte-aligned sizes runs torch._grouped_mm's CPU kernel, forward and backward.
+"""
+
+import pytest
+from conftest import free_port as _free_port
+
+from megalab._compat import ensure_typing_override
+
+ensure_typing_override()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from megalab import grouped_experts, launch  # noqa: E402
+from megalab.catalog import get as target  # noqa: E402
+from megalab.grouped_experts import GroupedMLP  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from megatron.core.transformer.mlp import MLPSubmodules  # noqa: E402
+from megatron.core.transformer.moe.experts import SequentialMLP  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}  # bf16: rounding order differs, not the math
+COUNTS = [3, 0, 6, 1, 2]  # uneven, expert 1 gets no token
+
+
+
+def _config(dtype=torch.float64, **kw) -> TransformerConfig:
+    base = dict(num_layers=1, hidden_size=16, num_attention_heads=4, num_moe_experts=len(COUNTS),
+                moe_ffn_hidden_size=8, moe_router_topk=2, use_cpu_initialization=True,
+                params_dtype=dtype, add_bias_linear=False, gradient_accumulation_fusion=False,
+                bias_activation_fusion=False, bias_dropout_fusion=False)
+    return TransformerConfig(**(base | kw))
+
+
+def _pair(cfg: TransformerConfig, num_local: int | None = None):
+    """SequentialMLP and GroupedMLP of the same config, the grouped one holding the same weights."""
+    pg = ProcessGroupCollection.use_mpu_process_groups()
+    n = num_local or cfg.num_moe_experts
+    sub = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+    torch.manual_seed(0)
+    seq = SequentialMLP(n, cfg, sub, pg_collection=pg)
+    grp = GroupedMLP(n, cfg, sub, pg_collection=pg)
+    with torch.no_grad():  # biases start at zero: make them count
+        for p in seq.parameters():
+            if p.dim() == 1:
+                p.normal_()
+        grp.load_state_dict(seq.state_dict())
+    if cfg.add_bias_linear:
+        # With EP = ETP = 1 SequentialMLP's fc2 returns its output through Megatron's (identity)
+        # TP all-reduce Function, and MLP's in-place `output += bias * probs` then fails ("a view
+        # ... modified inplace"). Under EP or ETP > 1 the expert linears skip that Function
+        # ("explicit expert comm"); take that path here, which is the same arithmetic.
+        for e in seq.local_experts:
+            e.linear_fc1.explicit_expert_comm = e.linear_fc2.explicit_expert_comm = True
+    return seq, grp
+
+
+def _run(module, x, counts, probs, upstream):
+    x = x.detach().clone().requires_grad_()
+    probs = probs.detach().clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    out, bias = module(x, torch.tensor(counts), probs)
+    assert bias is None
+    out.backward(upstream)
+    grads = {n: p.grad for n, p in module.named_parameters()}
+    return out.detach(), x.grad, probs.grad, grads
+
+
+def _compare(seq, grp, counts=COUNTS, dtype=torch.float64, seed=1, probs_dtype=None):
+    torch.manual_seed(seed)
+    tokens = sum(counts)
+    x = torch.randn(tokens, seq.config.hidden_size, dtype=dtype)
+    probs = torch.rand(tokens, dtype=probs_dtype or dtype)
+    upstream = torch.randn(tokens, seq.config.hidden_size, dtype=dtype)
+    want, got = _run(seq, x, counts, probs, upstream), _run(grp, x, counts, probs, upstream)
+    tol = TOL[dtype]
+    torch.testing.assert_close(got[0], want[0], **tol, msg=lambda m: f"output: {m}")
+    torch.testing.assert_close(got[1], want[1], **tol, msg=lambda m: f"input grad: {m}")
+    torch.testing.assert_close(got[2], want[2], **tol, msg=lambda m: f"probs grad: {m}")
+    assert got[3].keys() == want[3].keys()
+    for name, g in want[3].items():
+        assert got[3][name] is not None, name
+        torch.testing.assert_close(got[3][name], g, **tol, msg=lambda m, name=name: f"{name} grad: {m}")
+    return got
+
+
+ACTIVATIONS = {
+    "gelu": dict(activation_func=F.gelu, gated_linear_unit=False),  # the olmoe-like preset
+    "swiglu": dict(activation_func=F.silu, gated_linear_unit=True),
+    "clamped-glu": dict(activation_func=F.silu, gated_linear_unit=True, activation_func_clamp_value=0.5,
+                        glu_linear_offset=1.0),
+}
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_float64_matches_sequential_mlp(world1, act, bias):
+    seq, grp = _pair(_config(add_bias_linear=bias, **ACTIVATIONS[act]))
+    _compare(seq, grp)
+    assert grp.last_kernels == {"loop"}  # torch._grouped_mm has no float64 kernel
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_float32_through_torch_grouped_mm_matches_sequential_mlp(world1, act):
+    seq, grp = _pair(_config(torch.float32, **ACTIVATIONS[act]))
+    grp.kernel = "grouped_mm"  # must run: an unusable kernel raises instead of looping
+    _compare(seq, grp, dtype=torch.float32)
+    assert grp.last_kernels == {"torch._grouped_mm"}  # forward, input grad and weight grad
+
+
+def test_bfloat16_with_float32_probs_as_in_training(world1):
+    """The GPU case: bf16 weights and tokens, fp32 router probs (torch._grouped_mm's CPU kernel)."""
+    seq, grp = _pair(_config(torch.bfloat16, **ACTIVATIONS["swiglu"]))
+    grp.kernel = "grouped_mm"
+    out = _compare(seq, grp, dtype=torch.bfloat16, probs_dtype=torch.float32)[0]
+    assert out.dtype == torch.bfloat16
+
+
+def test_auto_kernel_picks_grouped_mm_where_it_can_and_loops_where_it_cannot(world1):
+    seq, grp = _pair(_config(torch.float32))
+    _compare(seq, grp, dtype=torch.float32)
+    assert grp.last_kernels == {"torch._grouped_mm"}
+    odd = _config(torch.float32, hidden_size=10, num_attention_heads=2, moe_ffn_hidden_size=6)
+    seq, grp = _pair(odd)  # rows of 10 and 6 floats (40, 24 bytes): not 16-byte aligned
+    _compare(seq, grp, dtype=torch.float32)
+    assert grp.last_kernels == {"loop"}
+
+
+@pytest.mark.parametrize("counts", [[0, 0, 7, 0, 0], [2, 2, 2, 2, 2], [0, 0, 0, 0, 0]],
+                         ids=["one-busy-expert", "even", "no-tokens"])
+def test_token_distributions(world1, counts):
+    for dtype, kernel in ((torch.float64, "loop"), (torch.float32, "grouped_mm")):
+        seq, grp = _pair(_config(dtype, **ACTIVATIONS["swiglu"]))
+        grp.kernel = kernel if sum(counts) else "auto"
+        got = _compare(seq, grp, counts=counts, dtype=dtype)
+        for e, c in enumerate(counts):  # an expert without tokens: exactly zero weight gradient
+            if c == 0:
+                assert not got[3][f"local_experts.{e}.linear_fc1.weight"].any()
+                assert not got[3][f"local_experts.{e}.linear_fc2.weight"].any()
+
+
+def test_probs_on_input_with_top1(world1):
+    seq, grp = _pair(_config(moe_router_topk=1, moe_router_pre_softmax=True, moe_apply_probs_on_input=True))
+    _compare(seq, grp)
+
+
+def test_one_local_expert_is_sequential_mlps_own_path(world1):
+    seq, grp = _pair(_config(num_moe_experts=1), num_local=1)
+    _compare(seq, grp, counts=[5])
+
+
+def test_wrong_token_count_is_refused(world1):
+    _, grp = _pair(_config())
+    with pytest.raises(ValueError, match="sums to 12, but 11 tokens"):
+        grp(torch.randn(11, 16, dtype=torch.float64), torch.tensor(COUNTS), torch.rand(11, dtype=torch.float64))
+
+
+def test_same_parameters_and_state_dict_as_sequential_mlp(world1):
+    """Parameter names, shapes, count, the tensor-parallel / expert attributes Megatron's DDP and
+    optimizer read, and the distributed-checkpoint keys are SequentialMLP's."""
+    seq, grp = _pair(_config(add_bias_linear=True, **ACTIVATIONS["swiglu"]))
+    shapes = lambda m: {n: tuple(p.shape) for n, p in m.named_parameters()}  # noqa: E731
+    assert shapes(grp) == shapes(seq)
+    assert sum(p.numel() for p in grp.parameters()) == sum(p.numel() for p in seq.parameters())
+    assert grp.state_dict().keys() == seq.state_dict().keys()
+    attrs = ("allreduce", "tensor_model_parallel", "partition_dim", "partition_stride")
+    for (n, p), q in zip(grp.named_parameters(), seq.parameters()):
+        assert {a: getattr(p, a, None) for a in attrs} == {a: getattr(q, a, None) for a in attrs}, n
+    meta = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+    assert grp.sharded_state_dict("mlp.experts.", metadata=meta).keys() == \
+        seq.sharded_state_dict("mlp.experts.", metadata=meta).keys()
+
+
+def test_expert_modules_forward_pre_hooks_fire(world1):
+    """The expert linears are not called, yet their forward pre-hooks must run: Megatron's DDP
+    waits there for the parameters' all-gather under --overlap-param-gather (ZeRO-2)."""
+    _, grp = _pair(_config())
+    fired = []
+    for e in grp.local_experts:
+        for lin in (e.linear_fc1, e.linear_fc2):
+            lin.register_forward_pre_hook(lambda m, args: fired.append(m))
+    grp(torch.randn(12, 16, dtype=torch.float64), torch.tensor(COUNTS), torch.rand(12, dtype=torch.float64))
+    assert len(fired) == 2 * len(COUNTS) and len(set(map(id, fired))) == len(fired)
+
+
+# ---------------------------------------------------------------------------- EP and expert TP
+
+
+def _parallel_worker(rank: int, port: int, ep: int, etp: int):
+    """Two ranks, EP=ep x expert-TP=etp: each rank's GroupedMLP against its SequentialMLP (local
+    experts only under EP; moe_ffn_hidden / ETP of every expert under ETP)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
+    try:
+        for act in ("gelu", "swiglu"):
+            cfg = _config(expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+                          num_moe_experts=4, add_bias_linear=etp == 1, **ACTIVATIONS[act])
+            seq, grp = _pair(cfg, num_local=4 // ep)
+            ffn = cfg.moe_ffn_hidden_size * (2 if cfg.gated_linear_unit else 1) // etp
+            assert grp.local_experts[0].linear_fc1.weight.shape == (ffn, cfg.hidden_size)
+            counts = [3, 0, 2, 4][: 4 // ep]
+            _compare(seq, grp, counts=counts, seed=rank)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ep,etp", [(2, 1), (1, 2)], ids=["EP=2", "ETP=2"])
+def test_expert_parallel_and_expert_tensor_parallel(ep, etp):
+    mp.start_processes(_parallel_worker, args=(_free_port(), ep, etp), nprocs=2, start_method="spawn")
+
+
+# ---------------------------------------------------------------------------- how it is switched on
+
+
+def test_spec_builds_grouped_experts_with_the_lever_and_the_same_parameters(world1, monkeypatch):
+    from megalab.spec import megalab_layer_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    def gpt(cfg):
+        torch.manual_seed(0)
+        return GPTModel(config=cfg, transformer_layer_spec=megalab_layer_spec(cfg), vocab_size=64,
+                        max_sequence_length=16)
+
+    cfg = _config(torch.float32, num_layers=2, moe_layer_freq=[1, 0], moe_token_dispatcher_type="allgather",
+                  normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0)
+    monkeypatch.delenv("MEGALAB_FAST", raising=False)
+    plain = gpt(cfg)
+    assert type(plain.decoder.layers[0].mlp.experts) is SequentialMLP
+    monkeypatch.setenv("MEGALAB_FAST", "fused_adam,grouped_gemm")
+    grouped = gpt(cfg)
+    assert type(grouped.decoder.layers[0].mlp.experts) is GroupedMLP
+    assert {n: p.shape for n, p in grouped.named_parameters()} == {n: p.shape for n, p in plain.named_parameters()}
+    for (n, p), q in zip(grouped.named_parameters(), plain.parameters()):  # same seed, same init
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=n)
+    monkeypatch.setenv("MEGALAB_FAST", "none")  # Megatron's own flag asks for it too
+    assert type(gpt(_config(torch.float32, moe_grouped_gemm=True)).decoder.layers[0].mlp.experts) is GroupedMLP
+
+
+def _opts(**kw):
+    return launch.Options(**({"iters": 20} | kw))
+
+
+@pytest.mark.parametrize("tid", ["522", "531"])  # EP=2; expert-TP=2
+def test_olmoe_targets_get_the_substitute_and_megatron_accepts_them(tid):
+    from megalab import validate
+    from megatron.training.argument_utils import gpt_config_from_args
+
+    exp = target(tid)
+    env = launch.wrapper_env(exp, _opts(), "local")
+    assert grouped_experts.LEVER in env["MEGALAB_FAST"].split(",")
+    assert grouped_experts.wanted(env={"MEGALAB_FAST": env["MEGALAB_FAST"]})
+    cmd = launch.torchrun_command(env)
+    assert "--moe-grouped-gemm" not in cmd  # Megatron's flag stays off: its grouped GEMM is TE's
+    args = validate.validate(validate.entry_args(cmd), exp.gpus)
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (exp.ep, exp.etp)
+    gpt_config_from_args(args)
+    assert launch.substituted_flags(exp, "local", _opts()) == {"--moe-grouped-gemm": grouped_experts.LEVER}
+    assert launch.dropped_flags(exp, "local", _opts()) == ["--moe-permute-fusion"]
+    lines = launch.preflight(exp, _opts(), "local", 2)
+    assert any(line.startswith("substitute --moe-grouped-gemm") for line in lines)
+    assert any(line.startswith("dropped    --moe-permute-fusion") for line in lines)
+
+
+def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
+    exp = target("522")
+    for opts in (_opts(fast="none"), _opts(fast="fused_adam"), _opts(spec="local")):
+        assert launch.substituted_flags(exp, "local", opts) == {}
+        assert launch.dropped_flags(exp, "local", opts) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
+        assert grouped_experts.LEVER not in launch.fast_patches(opts, "local", exp).split(",")
+    assert launch.substituted_flags(exp, "transformer_engine", _opts()) == {}
+    assert "--moe-grouped-gemm" in launch.torchrun_command(launch.wrapper_env(exp, _opts(), "transformer_engine"))
+    # FAST=all asks for every lever, this one included; a dense model has nothing to group
+    assert grouped_experts.LEVER in launch.fast_patches(_opts(fast="all"), "local", exp).split(",")
+    assert grouped_experts.LEVER not in launch.fast_patches(_opts(fast="all"), "local", target("101")).split(",")
+    assert launch.fast_patches(_opts(), "local", target("101")) == launch.DEFAULT_FAST
