@@ -111,7 +111,9 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes,
-        "node_rank": opts.node_rank, "extra_args": opts.extra_args,
+        "node_rank": opts.node_rank,
+        # the catalog's own extra flags, and the user's EXTRA_ARGS (the bench and the estimator key on it)
+        "catalog_extra_args": list(exp.extra_args), "extra_args": opts.extra_args,
         "fastpath": fast_patches(opts, impl, exp), "cuda_graph": opts.cuda_graph,
         "data": os.environ.get("DATA") or "mock",
         "dropped_flags": list(dropped_flags),

@@ -209,3 +209,24 @@ def test_real_data_split_megatron_cannot_build_is_one_line_before_launch(tmp_pat
     out = _make("101-gpt2xl-dp1-gbs1-bf16", ITERS="2", DATA=str(tmp_path / "missing_text_document"),
                 TOKENIZER_MODEL=res.info["tokenizer_dir"])
     assert "missing_text_document.idx not found" in _one_error_line(out.stderr)
+
+
+def test_record_keeps_the_catalogs_extra_flags_and_the_users(tmp_path):
+    """config.extra_args is the user's EXTRA_ARGS (the bench keys runs on it); the catalog's own
+    flags (e.g. a CP row's --attention-dropout 0) are kept beside it, not overwritten."""
+    import datetime as dt
+    import shutil
+    from types import SimpleNamespace
+
+    from megalab import catalog, record
+
+    exp = catalog.get("302")
+    assert exp.extra_args
+    shutil.copy(ROOT / "tests/fixtures/logs/ok_1gpu_v019.txt", tmp_path / "logs.txt")
+    now = dt.datetime.now(dt.timezone.utc)
+    rec = record.build(exp=exp, opts=launch.Options(extra_args="--seed 7"), impl="local", command="x",
+                       run_dir=tmp_path, returncode=0, interrupted=False,
+                       monitor=SimpleNamespace(peak_mib=[], baseline_mib=[], samples=0, error=None),
+                       inventory={}, started=now, ended=now, hostname="h")
+    assert rec["config"]["catalog_extra_args"] == list(exp.extra_args)
+    assert rec["config"]["extra_args"] == "--seed 7"
