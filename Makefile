@@ -40,7 +40,7 @@ help:
 #> list                    every target: id, GPUs, what it shows
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
-#> tables                  rebuild results/*.md from the committed run records
+#> tables                  rebuild results/*.md and results/data/README.md from the committed run records
 #> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
@@ -132,7 +132,7 @@ quickstart:
 	fi
 
 tables:
-	@$(PY) -m megalab tables
+	@$(PY) -m megalab tables && $(PY) -m megalab data-report
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.

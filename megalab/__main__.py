@@ -7,6 +7,7 @@
   parse LOG      summarise a Megatron log (--json for the record fields)
   tables         rebuild results/*.md and their figures from committed run records (make tables)
   plots          redraw the figures only, results/plots/*.svg (make plots; --out DIR)
+  data-report    rebuild results/data/README.md from the real-data run records (make tables)
   plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
   check          evaluate the papers' trend claims against the records (make check)
   prepare-data   tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)
@@ -20,7 +21,8 @@ import sys
 
 # Commands that are one module's own `cli(argv)`, imported only when asked for.
 MODULE_COMMANDS = {"parse": "logparse", "prepare-data": "data", "plan": "estimate", "check": "checks",
-                   "plots": "plots", "arguments": "arguments", "tables": "tables"}
+                   "plots": "plots", "arguments": "arguments", "tables": "tables",
+                   "data-report": "datareport"}
 
 
 def _list() -> int:

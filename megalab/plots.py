@@ -37,6 +37,8 @@ from megalab import catalog, tables
 from megalab.catalog import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
+# Drawn by megalab/datareport.py for results/data/README.md, not by write_plots: never stale here.
+DATA_LOSS_CURVE = "data-loss-curve.svg"
 SIZE, DPI = (9.0, 4.5), 100
 # One look on every machine: matplotlib's defaults, not the user's matplotlibrc. Text stays text
 # (svg.fonttype none) so the bytes do not depend on the font's glyph outlines.
@@ -392,7 +394,8 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
             wanted[(out or root / Path(meta["table"]).parent / PLOTS) / file_name(fig, meta["table"])] = \
                 (fig, data, ctx.kind)
     folder = out or root / "results" / PLOTS
-    stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []
+    stale = sorted(p for p in folder.glob("*.svg") if p not in wanted and p.name != DATA_LOSS_CURVE) \
+        if folder.is_dir() else []
     if check:
         return sorted([p for p in wanted if not p.exists()] + stale)
     changed = []
@@ -420,13 +423,5 @@ def cli(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     changed = write_plots(args.root, out=args.out, check=args.check)
-    if args.check and changed:
-        for p in changed:
-            print(f"out of date: {tables._rel(p, args.root)}")
-        print("fix: run `make plots` (or `make tables`) and commit the result", file=sys.stderr)
-        return 1
-    for p in changed:
-        print(f"{'removed' if not p.exists() else 'wrote'} {tables._rel(p, args.root)}")
-    if not changed:
-        print("plots up to date")
-    return 0
+    return tables.report_changes(changed, args.root, check=args.check, what="plots",
+                                 fix="run `make plots` (or `make tables`)")

@@ -109,6 +109,20 @@ def _started_key(rec: dict) -> float:
     return t.timestamp()
 
 
+def read_records(root: Path, who: str):
+    """(path, record) for every ROOT/*/run.json; unreadable or malformed files skipped with a warning."""
+    for path in sorted(root.glob("*/run.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            print(f"{who}: skipping {path}: unreadable ({e})", file=sys.stderr)
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("target"), str):
+            print(f"{who}: skipping {path}: not a run record (no target)", file=sys.stderr)
+            continue
+        yield path, rec
+
+
 def load_records(root: Path | None = None) -> dict[str, dict]:
     """Newest record per target from ROOT/*/run.json.
 
@@ -117,15 +131,7 @@ def load_records(root: Path | None = None) -> dict[str, dict]:
     """
     root = Path(root) if root is not None else RUNS_DIR
     by_target: dict[str, list[tuple[float, str, dict]]] = {}
-    for path in sorted(root.glob("*/run.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            print(f"megalab tables: skipping {path}: unreadable ({e})", file=sys.stderr)
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("target"), str):
-            print(f"megalab tables: skipping {path}: not a run record (no target)", file=sys.stderr)
-            continue
+    for path, rec in read_records(root, "megalab tables"):
         by_target.setdefault(rec["target"], []).append((_started_key(rec), path.parent.name, rec))
     out = {}
     for target, recs in sorted(by_target.items()):
@@ -857,6 +863,20 @@ def embed_tables(text: str, blocks: dict[int, str]) -> str:
         return m.group(1) + body + m.group(4)
 
     return EMBED.sub(fill, text)
+
+
+def report_changes(changed: list[Path], root: Path, *, check: bool, what: str, fix: str) -> int:
+    """The CLI tail of a generator: with --check, list stale files and exit 1; else say what was written."""
+    if check and changed:
+        for p in changed:
+            print(f"out of date: {_rel(p, root)}")
+        print(f"fix: {fix} and commit the result", file=sys.stderr)
+        return 1
+    for p in changed:
+        print(f"{'wrote' if p.exists() else 'removed'} {_rel(p, root)}")
+    if not changed:
+        print(f"{what} up to date")
+    return 0
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -1,0 +1,306 @@
+"""results/data/README.md: the runs on real data (DATA=<prefix>), beside their mock twins.
+
+`python -m megalab data-report` (run by `make tables`) reads every record in results/data/runs and
+writes the page: real data vs mock per target, the loss curve of the longest ok real-data run
+(results/plots/data-loss-curve.svg), the resume check, and every record with its status.
+
+A mock run is a real run's twin only at the same vocabulary: the output layer, the logits and the
+loss's starting point all scale with it, so only then is the step-time difference the data's.
+A record's vocabulary: for mock data the last --vocab-size of its EXTRA_ARGS, else of the catalog's
+flags, else the model preset's (the order the launcher passes them, last wins); for real data the
+tokenizer's size Megatron logs ("padded vocab (size: N)"), else the dataset's .info.json, else
+unknown. The log comes first because it is committed, so the page reads the same on every machine;
+data/ is not.
+
+Deterministic like the chapter pages: `--check` (and tests/test_datareport.py) says whether the
+committed page is current; the figure is compared as a file that exists or not (see plots.py).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from megalab import logparse, plots, tables
+from megalab.catalog import ROOT
+
+PAGE = Path("results") / "data" / "README.md"
+RUNS = Path("results") / "data" / "runs"
+FIGURE = Path("results") / plots.PLOTS / plots.DATA_LOSS_CURVE
+VOCAB_LINE = re.compile(r"padded vocab \(size: (\d+)\)")
+
+
+# --------------------------------------------------------------------------- records
+
+def load(runs: Path) -> list[dict]:
+    """Every record under RUNS, oldest first, with `_dir` (its folder); unreadable ones skipped."""
+    out = [rec | {"_dir": path.parent} for path, rec in tables.read_records(runs, "megalab data-report")]
+    windows = tables._run_windows(runs.parent.parent)  # results/: every run that shared the host
+    for rec in out:
+        rec["_concurrent"] = tables.concurrent_with(rec, windows)
+    return sorted(out, key=lambda r: (tables._started_key(r), r["_dir"].name))
+
+
+def _cfg(rec: dict) -> dict:
+    return rec.get("config") or {}
+
+
+def is_mock(rec: dict) -> bool:
+    return _cfg(rec).get("data", "mock") == "mock"
+
+
+def _last_vocab_flag(args) -> int | None:
+    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in (args or [])]
+    sizes = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--vocab-size"]
+    sizes += [w.split("=", 1)[1] for w in words if w.startswith("--vocab-size=")]
+    return int(sizes[-1]) if sizes and sizes[-1].isdigit() else None
+
+
+def vocab(rec: dict, root: Path) -> int | None:
+    """The vocabulary a record trained with (module docstring), None when unknown."""
+    cfg = _cfg(rec)
+    if is_mock(rec):
+        return (_last_vocab_flag(cfg.get("extra_args")) or _last_vocab_flag(cfg.get("catalog_extra_args"))
+                or (cfg.get("model_preset") or {}).get("vocab_size"))
+    log = rec["_dir"] / (rec.get("files") or {}).get("log", "logs.txt")
+    try:
+        if m := VOCAB_LINE.search(log.read_text(errors="replace")):
+            return int(m.group(1))
+    except OSError:
+        pass
+    try:
+        return int(json.loads((root / f"{cfg['data']}.info.json").read_text())["vocab_size"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _newest_ok_else_any(recs: list[dict]) -> dict | None:
+    ok = [r for r in recs if r.get("status") == "ok"]
+    return (ok or recs or [None])[-1]
+
+
+def pairs(recs: list[dict], root: Path) -> list[tuple[str, dict | None, dict | None, int | None]]:
+    """(target, real record, mock twin, real vocabulary) per target, resume runs left out.
+
+    The real side is the newest ok real-data record, else the newest of any status; the mock side
+    the newest ok mock record at the real side's vocabulary (any vocabulary when that is unknown),
+    else the newest mock record that did not end ok.
+    """
+    out = []
+    for target in sorted({r["target"] for r in recs if not r["target"].startswith("resume-")}):
+        mine = [r for r in recs if r["target"] == target]
+        real = _newest_ok_else_any([r for r in mine if not is_mock(r)])
+        v = vocab(real, root) if real else None
+        mocks = [r for r in mine if is_mock(r)]
+        twins = [r for r in mocks if r.get("status") == "ok" and (v is None or vocab(r, root) == v)]
+        mock = twins[-1] if twins else ([r for r in mocks if r.get("status") != "ok"] or [None])[-1]
+        out.append((target, real, mock, v))
+    return out
+
+
+# --------------------------------------------------------------------------- cells
+
+def _link(rec: dict, text: str | None = None) -> str:
+    return f"[{text or rec['_dir'].name}](runs/{rec['_dir'].name}/run.json)"
+
+
+def _status(rec: dict) -> str:
+    """'ok', or the status with the record's one error line ('failed: AssertionError: ...')."""
+    st = str(rec.get("status") or "unknown")
+    err = rec.get("error")
+    return f"{st}: {err}".replace("|", "\\|") if st != "ok" and err else st
+
+
+def _side(rec: dict | None) -> list[str]:
+    """Step ms (p10-p90), TFLOP/s, peak GiB of an ok record; the status in words otherwise."""
+    if rec is None:
+        return ["not run", "", ""]
+    if rec.get("status") != "ok" or tables._num(rec.get("step_ms_median")) is None:
+        return [f"{_status(rec)} ({_link(rec, 'record')})", "", ""]
+    shared = " †" if rec.get("_concurrent") else ""
+    ms = f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}–{rec['step_ms_p90']:.0f}){shared}"
+    tf = tables._num(rec.get("tflops_per_gpu"))
+    return [f"{ms} ({_link(rec, 'record')})", "" if tf is None else f"{tf:.1f}",
+            tables.fmt_mem(rec.get("mem_peak_gib"))[0]]
+
+
+def _ratio(real: dict | None, mock: dict | None, v: int | None) -> str:
+    if not (real and mock and real.get("status") == mock.get("status") == "ok"):
+        return ""
+    if v is None:
+        return "vocabulary unknown"
+    return f"{real['step_ms_median'] / mock['step_ms_median']:.2f}x"
+
+
+def _v(x: int | None) -> str:
+    return "unknown" if x is None else str(x)
+
+
+# --------------------------------------------------------------------------- loss curve
+
+def _losses(rec: dict) -> list[tuple[int, float]]:
+    log = rec["_dir"] / (rec.get("files") or {}).get("log", "logs.txt")
+    try:
+        its = logparse.parse_file(log).iterations
+    except logparse.LogReadError:
+        return []
+    return [(it.iteration, it.lm_loss) for it in its if it.lm_loss is not None]
+
+
+def curve_runs(recs: list[dict], root: Path) -> tuple[dict, dict | None, int | None] | None:
+    """(longest ok real-data run, its mock twin or None, vocabulary); None when there is none.
+
+    A resume half is not a whole curve, so resume runs are left out; among equally long runs the
+    newest wins.
+    """
+    ok = [r for r in recs if r.get("status") == "ok" and not is_mock(r) and not r["target"].startswith("resume-")]
+    if not ok:
+        return None
+    real = max(ok, key=lambda r: (r.get("iters_logged") or 0, tables._started_key(r), r["_dir"].name))
+    _, _, mock, v = next(p for p in pairs(recs, root) if p[0] == real["target"])
+    return real, (mock if mock and mock.get("status") == "ok" else None), v
+
+
+def draw_curve(real: dict, mock: dict | None, v: int | None, fmt: str = "svg") -> bytes:
+    """Loss per iteration, real data and its mock twin on one axis; SVG bytes, same in, same out
+    (fmt="png" for a quick look)."""
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.figure import Figure as MplFigure
+
+    with matplotlib.style.context("default"), matplotlib.rc_context(plots.STYLE):
+        f = MplFigure(figsize=plots.SIZE, dpi=plots.DPI, layout="constrained")
+        ax = f.add_subplot()
+        for rec, label, color in ((real, f"real data: {_cfg(real).get('data')}", "C0"),
+                                  (mock, "mock data, same vocabulary", "C1")):
+            if rec is not None and (pts := _losses(rec)):
+                ax.plot([i for i, _ in pts], [loss for _, loss in pts], color=color, lw=1.2, label=label)
+        if v:  # where a fresh model starts: the loss of a uniform guess over the vocabulary
+            ax.axhline(math.log(v), ls="--", lw=1, color="0.5", label=f"ln {v} = {math.log(v):.2f} (uniform guess)")
+        ax.set(xlabel="iteration", ylabel="lm loss", title=f"{real['target']}: training loss per iteration")
+        f.legend(loc="outside right upper", fontsize=8, frameon=False)
+        buf = io.BytesIO()
+        f.savefig(buf, format=fmt, metadata=plots.SVG_META if fmt == "svg" else {"Software": None})
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- page
+
+def render(root: Path | None = None) -> str:
+    root = Path(root) if root is not None else ROOT
+    recs = load(root / RUNS)
+    L = ["# Real data: loss, speed against mock data, resume", "",
+         "<!-- generated by `make tables` (python -m megalab data-report) from results/data/runs/*/run.json; "
+         "do not edit by hand -->", "",
+         "Runs on a tokenized corpus (`make prepare-data`, then `make <target> DATA=... TOKENIZER_MODEL=...`) "
+         "and their mock twins (the same target on mock data with `EXTRA_ARGS=\"--vocab-size N\"`, N the "
+         "tokenizer's vocabulary), committed to `runs/` apart from the chapter tables' records.", "",
+         "## Real data vs mock", ""]
+    rows = pairs(recs, root)
+    if rows:
+        L += ["| target | vocabulary (real / mock) | real: step ms | real: TFLOP/s | real: peak GiB "
+              "| mock: step ms | mock: TFLOP/s | mock: peak GiB | real / mock step time |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for target, real, mock, v in rows:
+            vm = vocab(mock, root) if mock else None
+            cells = [target, f"{_v(v) if real else '—'} / {_v(vm) if mock else '—'}",
+                     *_side(real), *_side(mock), _ratio(real, mock, v)]
+            L.append("| " + " | ".join(cells) + " |")
+        L += ["", "- Step times are the median after warm-up with the p10–p90 range; memory is the NVML peak "
+                  "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
+              "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
+              "when both sides ended ok."]
+        if any(r.get("_concurrent") for r in recs):
+            L += ["- " + tables.SHARED_NOTE]
+    else:
+        L += ["Not run yet."]
+
+    L += ["", "## Loss curve", ""]
+    curve = curve_runs(recs, root)
+    if curve is None:
+        L += ["Not run yet: no real-data run has ended ok."]
+    else:
+        real, mock, v = curve
+        pts = _losses(real)
+        text = (f"`{real['target']}` on `{_cfg(real).get('data')}` ({_link(real, 'record')}): {len(pts)} iterations, "
+                f"loss {pts[0][1]:.3f} → {pts[-1][1]:.3f}" if pts else f"`{real['target']}`: no loss in its log")
+        if mock and (mp := _losses(mock)):
+            text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
+                     f"loss {mp[0][1]:.3f} → {mp[-1][1]:.3f}")
+        L += [text + ".", "", f"![loss per iteration, real data and mock](../{plots.PLOTS}/{plots.DATA_LOSS_CURVE})"]
+
+    L += ["", "## Resume check", ""]
+    resumes = [r for r in recs if r["target"].startswith("resume-")]
+    checked = [r for r in resumes if isinstance(r.get("resume_check"), dict)]
+    if checked:
+        L += ["Launch 1 trains to `stop at` and saves; launch 2 loads that checkpoint and must go on from the next "
+              "iteration with a loss near launch 1's last, not a fresh model's.", "",
+              "| record | stop at | last loss before (iteration) | first loss after (iteration) | loss jump | ok |",
+              "| --- | --- | --- | --- | --- | --- |"]
+        for r in checked:
+            c = r["resume_check"]
+            before, after = tables._num(c.get("saved_last_loss")), tables._num(c.get("resumed_first_loss"))
+            ok = "ok" if c.get("ok") else f"FAIL: {c.get('why')}"
+            L.append(f"| {_link(r, r['target'])} | {c.get('stop_at')} "
+                     f"| {'' if before is None else f'{before:.4f}'} ({c.get('saved_last_iteration')}) "
+                     f"| {'' if after is None else f'{after:.4f}'} ({c.get('resumed_first_iteration')}) "
+                     f"| {c.get('loss_jump', '')} | {ok} |")
+    else:
+        last = f" (the last attempt, {_link(resumes[-1])}, ended {_status(resumes[-1])})" if resumes else ""
+        L += [f"Not run yet{last}."]
+
+    L += ["", "## Every record", ""]
+    for r in recs:
+        cfg = _cfg(r)
+        data = "mock data" if is_mock(r) else f"real data `{cfg.get('data')}`"
+        check = r.get("resume_check")
+        extra = f", resume check {'ok' if check.get('ok') else 'FAIL'}" if isinstance(check, dict) else ""
+        L.append(f"- {_link(r)}: `{r['target']}`, {data}, vocabulary {_v(vocab(r, root))}, "
+                 f"{cfg.get('iters')} iterations: {_status(r)}{extra}")
+    if not recs:
+        L.append("None yet.")
+    return "\n".join(L) + "\n"
+
+
+def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]:
+    """Write the page and its figure under ROOT; return the paths that changed (check: would change).
+
+    The figure is removed when there is no ok real-data run, so the page never links a stale one.
+    """
+    root = Path(root) if root is not None else ROOT
+    page, fig = root / PAGE, root / FIGURE
+    changed = []
+    curve = curve_runs(load(root / RUNS), root)
+    if curve is None and fig.exists():
+        changed.append(fig)
+        if not check:
+            fig.unlink()
+    elif curve is not None:
+        if check:
+            changed += [] if fig.exists() else [fig]
+        else:
+            svg = draw_curve(*curve)
+            if not fig.exists() or fig.read_bytes() != svg:
+                plots._write_atomic(fig, svg)
+                changed.append(fig)
+    text = render(root)
+    if not page.exists() or page.read_text(encoding="utf-8") != text:
+        changed.append(page)
+        if not check:
+            plots._write_atomic(page, text.encode("utf-8"))
+    return changed
+
+
+def cli(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m megalab data-report",
+                                 description="Rebuild results/data/README.md from results/data/runs/*/run.json.")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is out of date")
+    ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    changed = write_report(args.root, check=args.check)
+    return tables.report_changes(changed, args.root, check=args.check, what="data report", fix="run `make tables`")
