@@ -51,7 +51,6 @@ import dataclasses
 import json
 import math
 import re
-import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -623,51 +622,30 @@ def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]
     return mem
 
 
-def _proto_fields(buf: bytes):
-    """(field number, value) of a protobuf message: ints for varints, bytes otherwise."""
-    def varint(i: int) -> tuple[int, int]:
-        val = shift = 0
-        while True:
-            byte = buf[i]
-            val, shift, i = val | (byte & 0x7F) << shift, shift + 7, i + 1
-            if byte < 0x80:
-                return val, i
-    i = 0
-    while i < len(buf):
-        key, i = varint(i)
-        kind = key & 7
-        if kind == 0:
-            val, i = varint(i)
-        elif kind in (1, 5):  # 64- and 32-bit
-            width = 8 if kind == 1 else 4
-            val, i = buf[i:i + width], i + width
-        elif kind == 2:  # length-delimited
-            n, i = varint(i)
-            val, i = buf[i:i + n], i + n
-        else:
-            return
-        yield key >> 3, val
-
-
 def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
     """Max over iterations of Megatron's TensorBoard memory scalars (mem-reserved-bytes, ...), in MB;
-    the last rank writes them every iteration. Read without TensorBoard: a TFRecord file is
-    length-prefixed Event messages, Event.summary (5) holds values (1) of tag (1), simple_value (2)."""
+    the last rank writes them every iteration. {} without the event files, or without the
+    tensorboard package (a dev dependency: then only the log's figures are used, and said so)."""
+    paths = sorted(run_dir.glob("tensorboard/*tfevents*"))
+    if not paths:
+        return {}
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError:
+        print("megalab plan: tensorboard is not installed, so max reserved comes from the log line only "
+              "(fix: pip install tensorboard)", file=sys.stderr)
+        return {}
     out: dict[str, float] = {}
-    for path in sorted(run_dir.glob("tensorboard/*tfevents*")):
+    for path in paths:
         try:
-            data, i = path.read_bytes(), 0
-            while i + 12 <= len(data):
-                (n,) = struct.unpack_from("<Q", data, i)
-                event, i = data[i + 12:i + 12 + n], i + 16 + n  # length, its CRC, data, data CRC
-                for summary in (v for f, v in _proto_fields(event) if f == 5):
-                    for value in (v for f, v in _proto_fields(summary) if f == 1):
-                        val = dict(_proto_fields(value))
-                        tag = val.get(1, b"").decode(errors="replace")
-                        if tag.startswith("mem-") and isinstance(val.get(2), bytes):
-                            out[tag] = max(out.get(tag, 0.0), struct.unpack("<f", val[2])[0] / MIB)
-        except (OSError, IndexError, AttributeError, struct.error):
-            continue
+            for event in EventFileLoader(str(path)).Load():
+                for v in event.summary.value:
+                    if v.tag.startswith("mem-"):
+                        x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
+                        out[v.tag] = max(out.get(v.tag, 0.0), x / MIB)
+        except Exception as e:  # a truncated or foreign file: skip it, as the log reader does
+            print(f"megalab plan: skipping {path}: {e}", file=sys.stderr)
     return out
 
 
