@@ -120,9 +120,7 @@ def _findings(cfg: dict, get) -> list[str]:
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
     cfg = cfg or bench.load_config()
     recs = bench.load_runs(bench_dir / "runs")
-    windows = tables._run_windows(bench_dir.parent)
-    for rec in recs.values():
-        rec["_concurrent"] = tables.concurrent_with(rec, windows)
+    tables.mark_shared(recs.values(), bench_dir.parent)
     get = lambda run: recs.get(run.key())  # noqa: E731
     mm_path = bench_dir / "matmul.json"
     mm = json.loads(mm_path.read_text()) if mm_path.exists() else None

@@ -973,7 +973,7 @@ def suggested_split(info: dict, paths: Paths) -> str:
     return safe_split(info["documents"], tokens, SUGGEST_SEQ_LEN if tokens is not None else None)
 
 
-def make_vars(info: dict, paths: Paths) -> str:
+def make_vars(info: dict, paths: Paths, split: str | None = None) -> str:
     """The make variables that train on the dataset (scripts/train_gpt.sh reads them).
 
     TOKENIZER_MODEL (--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR) reads the exact
@@ -982,7 +982,7 @@ def make_vars(info: dict, paths: Paths) -> str:
     repository and then uses that repository's tokenizer.json, not the files passed, so
     VOCAB_FILE/MERGE_FILE are offered for GPT-2 itself only.
     """
-    split = suggested_split(info, paths)
+    split = split or suggested_split(info, paths)
     extra = "" if split == DEFAULT_SPLIT else f" SPLIT={split}"
     if info.get("tokenizer_dir"):
         return f"DATA={paths.data} TOKENIZER_MODEL={info['tokenizer_dir']}{extra}"
@@ -1001,6 +1001,7 @@ def _size(path: str) -> str:
 
 def summary(res: Result) -> str:
     info, paths = res.info, res.paths
+    split = suggested_split(info, paths)  # reads the .idx once
     head = ("prepare-data: already prepared (--force rebuilds): " if res.skipped
             else f"prepare-data: done in {info['seconds']:.1f} s with {info['workers']} worker(s): ")
     lines = [
@@ -1011,9 +1012,8 @@ def summary(res: Result) -> str:
         f"  tokenizer {info['tokenizer']}: vocab {info['vocab_size']}, end of document "
         f"{info['eod_token']} = {info['eod_id']}"
         + (f", in {info['tokenizer_dir']}/" if info.get("tokenizer_dir") else ""),
-        f"train on it: make <target> {make_vars(info, paths)}",
+        f"train on it: make <target> {make_vars(info, paths, split)}",
     ]
-    split = suggested_split(info, paths)
     if split != DEFAULT_SPLIT:
         lines.append(f"  (SPLIT={split}: with {DEFAULT_SPLIT}, {info['documents']} documents leave a split "
                      f"empty or under one {SUGGEST_SEQ_LEN}-token sample, which Megatron 0.19 cannot build; "

@@ -2,7 +2,7 @@
 
 `python -m megalab data-report` (run by `make tables`) reads every record in results/data/runs and
 writes the page: real data vs mock per target, the loss curve of the longest ok real-data run
-(results/plots/data-loss-curve.svg), the resume check, and every record with its status.
+(results/data/loss-curve.svg, beside the page: plots.py owns results/plots), the resume check, and every record with its status.
 
 A mock run is a real run's twin only at the same vocabulary: the output layer, the logits and the
 loss's starting point all scale with it, so only then is the step-time difference the data's.
@@ -31,7 +31,7 @@ from megalab.catalog import ROOT
 
 PAGE = Path("results") / "data" / "README.md"
 RUNS = Path("results") / "data" / "runs"
-FIGURE = Path("results") / plots.PLOTS / plots.DATA_LOSS_CURVE
+FIGURE = Path("results") / "data" / "loss-curve.svg"
 VOCAB_LINE = re.compile(r"padded vocab \(size: (\d+)\)")
 
 
@@ -40,9 +40,7 @@ VOCAB_LINE = re.compile(r"padded vocab \(size: (\d+)\)")
 def load(runs: Path) -> list[dict]:
     """Every record under RUNS, oldest first, with `_dir` (its folder); unreadable ones skipped."""
     out = [rec | {"_dir": path.parent} for path, rec in tables.read_records(runs, "megalab data-report")]
-    windows = tables._run_windows(runs.parent.parent)  # results/: every run that shared the host
-    for rec in out:
-        rec["_concurrent"] = tables.concurrent_with(rec, windows)
+    tables.mark_shared(out, runs.parent.parent)  # results/: every run that shared the host
     return sorted(out, key=lambda r: (tables._started_key(r), r["_dir"].name))
 
 
@@ -232,7 +230,7 @@ def render(root: Path | None = None) -> str:
         if mock and (mp := _losses(mock)):
             text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
                      f"loss {mp[0][1]:.3f} → {mp[-1][1]:.3f}")
-        L += [text + ".", "", f"![loss per iteration, real data and mock](../{plots.PLOTS}/{plots.DATA_LOSS_CURVE})"]
+        L += [text + ".", "", f"![loss per iteration, real data and mock]({FIGURE.name})"]
 
     L += ["", "## Resume check", ""]
     resumes = [r for r in recs if r["target"].startswith("resume-")]

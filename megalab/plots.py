@@ -37,8 +37,6 @@ from megalab import catalog, tables
 from megalab.catalog import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
-# Drawn by megalab/datareport.py for results/data/README.md, not by write_plots: never stale here.
-DATA_LOSS_CURVE = "data-loss-curve.svg"
 SIZE, DPI = (9.0, 4.5), 100
 # One look on every machine: matplotlib's defaults, not the user's matplotlibrc. Text stays text
 # (svg.fonttype none) so the bytes do not depend on the font's glyph outlines.
@@ -394,8 +392,7 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
             wanted[(out or root / Path(meta["table"]).parent / PLOTS) / file_name(fig, meta["table"])] = \
                 (fig, data, ctx.kind)
     folder = out or root / "results" / PLOTS
-    stale = sorted(p for p in folder.glob("*.svg") if p not in wanted and p.name != DATA_LOSS_CURVE) \
-        if folder.is_dir() else []
+    stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []
     if check:
         return sorted([p for p in wanted if not p.exists()] + stale)
     changed = []

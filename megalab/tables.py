@@ -36,7 +36,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -97,7 +97,11 @@ def load_twogpu_reference(path: Path | None = None) -> pd.DataFrame:
 
 
 def _started_key(rec: dict) -> float:
-    s = rec.get("started")
+    return _stamp(rec.get("started"))
+
+
+def _stamp(s: Any) -> float:
+    """An ISO time of a record as seconds since the epoch; -inf if absent or unreadable."""
     if not isinstance(s, str):
         return float("-inf")
     try:
@@ -109,18 +113,21 @@ def _started_key(rec: dict) -> float:
     return t.timestamp()
 
 
-def read_records(root: Path, who: str):
-    """(path, record) for every ROOT/*/run.json; unreadable or malformed files skipped with a warning."""
-    for path in sorted(root.glob("*/run.json")):
+def read_records(root: Path, who: str | None, pattern: str = "*/run.json"):
+    """(path, record) for every ROOT/PATTERN; unreadable or malformed files skipped, with a warning
+    on stderr naming WHO (None: silently)."""
+    for path in sorted(root.glob(pattern)):
         try:
             rec = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
-            print(f"{who}: skipping {path}: unreadable ({e})", file=sys.stderr)
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("target"), str):
-            print(f"{who}: skipping {path}: not a run record (no target)", file=sys.stderr)
-            continue
-        yield path, rec
+            why = f"unreadable ({e})"
+        else:
+            if isinstance(rec, dict) and isinstance(rec.get("target"), str):
+                yield path, rec
+                continue
+            why = "not a run record (no target)"
+        if who:
+            print(f"{who}: skipping {path}: {why}", file=sys.stderr)
 
 
 def load_records(root: Path | None = None) -> dict[str, dict]:
@@ -137,29 +144,22 @@ def load_records(root: Path | None = None) -> dict[str, dict]:
     for target, recs in sorted(by_target.items()):
         usable = [r for r in recs if r[2].get("status") in USABLE]
         out[target] = max(usable or recs, key=lambda r: (r[0], r[1]))[2]
-    windows = _run_windows(root.parent)
-    for rec in out.values():
-        rec["concurrent"] = concurrent_with(rec, windows)
+    mark_shared(out.values(), root.parent)
     return out
+
+
+def mark_shared(recs: Iterable[dict], results: Path) -> None:
+    """Set `_concurrent` on each record: the runs that shared its host while it ran, from the start
+    and end times of every record under RESULTS (rows, bench and data runs)."""
+    windows = [(*w, str(rec.get("hostname")), rec["target"])
+               for _, rec in read_records(results, None, "**/run.json") if (w := _window(rec))]
+    for rec in recs:
+        rec["_concurrent"] = concurrent_with(rec, windows)
 
 
 def _window(rec: dict) -> tuple[float, float] | None:
-    start, end = _started_key(rec), _started_key({"started": rec.get("ended")})
+    start, end = _stamp(rec.get("started")), _stamp(rec.get("ended"))
     return (start, end) if start > float("-inf") and end > float("-inf") else None
-
-
-def _run_windows(results: Path) -> list[tuple[float, float, str, str]]:
-    """(start, end, hostname, target) of every run record under RESULTS (rows, bench, data runs)."""
-    out = []
-    for path in results.glob("**/run.json"):
-        try:
-            rec = json.loads(path.read_text())
-            w = _window(rec)
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            continue
-        if w:
-            out.append((*w, str(rec.get("hostname")), str(rec.get("target"))))
-    return out
 
 
 def concurrent_with(rec: dict, windows: list[tuple[float, float, str, str]]) -> list[str]:
@@ -247,7 +247,7 @@ def fmt_hardware(rec: dict) -> str:
     cap = (rec.get("config") or {}).get("gpu_mem_gb")
     if cap not in (None, ""):
         hw += f", capped {cap} GB"
-    if rec.get("concurrent"):
+    if rec.get("_concurrent"):
         hw += " †"  # shared the host with another run on other GPUs (see SHARED_NOTE)
     return hw
 
@@ -783,7 +783,7 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
     else:
         notes = list(FOOTNOTES)
     notes += [c.note for c in chapter_columns(chapter) if c.note]
-    if any(r.get("concurrent") for r in recs):
+    if any(r.get("_concurrent") for r in recs):
         notes.append(SHARED_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", table, "",
                           *(f"- {note}" for note in notes)])

@@ -57,7 +57,7 @@ def test_real_beside_its_mock_twin_with_loss_curve(tmp_path):
     assert row[-1] == f"{250 / 200:.2f}x"
     losses = [it.lm_loss for it in logparse.parse_file(LOGS / "real_h100_101_ok.txt").iterations]
     assert f"{len(losses)} iterations, loss {losses[0]:.3f} → {losses[-1]:.3f}" in page
-    assert f"](../plots/{plots.DATA_LOSS_CURVE})" in page
+    assert f"]({datareport.FIGURE.name})" in page
     svg = (tmp_path / datareport.FIGURE).read_bytes()
     assert b"<svg" in svg and b"<dc:date>" not in svg
     assert datareport.write_report(tmp_path) == []  # unchanged inputs: nothing rewritten
