@@ -218,6 +218,13 @@ def parity_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
     return out
 
 
+def expert_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
+    """(pair, SequentialMLP run, GroupedMLP run) for each MoE experts pair."""
+    ex = cfg.get("experts") or {"pairs": []}
+    return [(pair, *(make_run(cfg, pair["target"], "megalab", pair[side], iters=ex["iters"]) for side in "ab"))
+            for pair in ex["pairs"]]
+
+
 def record_key(rec: dict) -> tuple:
     c = rec.get("config") or {}
     return (c.get("id"), c.get("spec") or "local", c.get("fastpath") or "none", bool(c.get("cuda_graph")),
@@ -339,10 +346,14 @@ def run_all(cfg: dict, runs_dir: Path, budget_s: float | None, parts: list[str])
             for _, a, b in parity_runs(cfg):
                 runner.get(a)
                 runner.get(b)
+        elif part == "experts":
+            for _, a, b in expert_runs(cfg):
+                runner.get(a)
+                runner.get(b)
     return runner
 
 
-PARTS = ("matmul", "cases", "ablation", "search", "parity")
+PARTS = ("matmul", "cases", "ablation", "search", "parity", "experts")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -224,6 +224,20 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     L += [f"- {pair['name']}: {pair['note']}" for pair, _, _ in bench.parity_runs(cfg) if pair.get("note")]
     L.append("")
 
+    # -- MoE experts ----------------------------------------------------------------------------
+    L += ["## MoE experts without TE: SequentialMLP vs GroupedMLP", "",
+          "Without Transformer Engine, Megatron's MoE experts are `SequentialMLP`, a loop of two small GEMMs per "
+          "local expert; megalab's `GroupedMLP` (megalab/grouped_experts.py) runs each of the two as one "
+          "`torch._grouped_mm` over all local experts and is the launcher's default where the preset asks for "
+          "`--moe-grouped-gemm`. Same model, weights and flags otherwise.", "",
+          "| pair | (a) SequentialMLP ms | (a) GiB | (b) GroupedMLP ms | (b) GiB | a/b |",
+          "| --- | --- | --- | --- | --- | --- |"]
+    for pair, a_run, b_run in bench.expert_runs(cfg):
+        a, b = get(a_run), get(b_run)
+        ratio = f"{a['step_ms_median'] / b['step_ms_median']:.2f}x" if _ok(a) and _ok(b) else ""
+        L.append(f"| {pair['name']} | {_ms(a)} | {_gib(a)} | {_ms(b)} | {_gib(b)} | {ratio} |")
+    L.append("")
+
     # -- goals ----------------------------------------------------------------------------------
     cases = {c["name"]: c for c in cfg["cases"]}
     L += ["## Goals", "", "| goal | target | measured | verdict |", "| --- | --- | --- | --- |"]
@@ -258,7 +272,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     if any(r["_concurrent"] for r in recs.values()):
         L += ["† " + tables.SHARED_NOTE.removeprefix("† "), ""]
     L += ["## Runs", "", "| run | record |", "| --- | --- |"]
-    parity_keys = {r.key() for _, a, b in bench.parity_runs(cfg) for r in (a, b)}
+    parity_keys = {r.key() for pairs in (bench.parity_runs(cfg), bench.expert_runs(cfg)) for _, a, b in pairs
+                   for r in (a, b)}
     for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):
         own = rec["_dir"].parent == bench_dir / "runs"
         if not own and k not in parity_keys:

@@ -213,7 +213,7 @@ def render(root: Path | None = None) -> str:
                   "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
               "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
               "when both sides ended ok."]
-        if any(r.get("_concurrent") for r in recs):
+        if any(r.get("_concurrent") for _, real, mock, _ in rows for r in (real, mock) if r):
             L += ["- " + tables.SHARED_NOTE]
     else:
         L += ["Not run yet."]

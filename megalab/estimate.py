@@ -254,10 +254,13 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     CP (megalab/cp_attention.py, like TE's): p2p and a2a keep the same Q, K, V bytes (the ring's K/V
     chunks are transient; Ulysses keeps full-sequence tensors of 1/CP of the heads); all_gather keeps
     the gathered K and V of the whole sequence for backward: 4(CP - 1)g/(at) more.
-    MoE (approximate, unvalidated: no MoE run is committed yet): each of the top-k routed copies of
-    a token keeps its fc1 input (2h), the f-wide tensors (4f or 6f) and its expert output for the
-    probability-weighted combine (2h), split by ETP; the router keeps fp32 logits and probabilities
-    (8E bytes per token)."""
+    MoE (checked against the chapter-5 runs, results/estimate-vs-measured.md): each of the top-k
+    routed copies of a token keeps its fc1 input (2h), the f-wide tensors (4f or 6f) and its expert
+    output for the probability-weighted combine (2h); the router keeps fp32 logits and probabilities
+    (8E bytes per token). Expert TP does not split them: Megatron's all-to-all dispatcher gathers the
+    tokens of the whole ETP group onto every rank (token_dispatcher.py, `gather_from_sequence_parallel_
+    region` over the expert-TP group), so each rank holds ETP x the h-wide tensors and ETP x tokens
+    times f/ETP of the f-wide ones."""
     h, a, t = sh.h, sh.heads, tp
     seq = sh.seq if seq is None else seq
     ff = 6 if sh.swiglu else 4  # bytes per f-wide unit kept by the MLP (GeLU/SwiGLU input + fc2 input)
@@ -265,7 +268,7 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     inside = qkv + 2  # + linear-projection input
     outside = 4 + 2 + 2 + 2  # norms, QKV input, fc1 input (the MLP's norm output), 2 dropout masks
     if sh.num_experts:
-        experts = sh.topk * (2 + ff * sh.moe_ffn / h + 2) / etp + 8 * sh.num_experts / h
+        experts = sh.topk * ((2 + 2) * etp + ff * sh.moe_ffn / h) + 8 * sh.num_experts / h
         per = ((outside + inside) / t if sp else outside + inside / t) + experts
     else:
         inside_mlp = ff * sh.ffn / h

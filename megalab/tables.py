@@ -164,7 +164,7 @@ def _window(rec: dict) -> tuple[float, float] | None:
 
 def concurrent_with(rec: dict, windows: list[tuple[float, float, str, str]]) -> list[str]:
     """Targets of the other runs on the same host whose time overlapped this one's (several
-    runs can share a 4-GPU host on disjoint GPUs; their step times may differ a little)."""
+    runs can share a multi-GPU host on disjoint GPUs; their step times may differ a little)."""
     w = _window(rec)
     if not w:
         return []
@@ -237,8 +237,25 @@ def short_gpu_name(name: str | None) -> str:
     return " ".join(words)
 
 
-SHARED_NOTE = ("† ran on a 4-GPU host while another run used its other GPUs (own GPUs and NVLink "
+SHARED_NOTE = ("† ran on a multi-GPU host while another run used its other GPUs (own GPUs and NVLink "
                "ports, shared CPUs and host memory), as the run records' start and end times show.")
+
+
+OVER_CAP_NOTE = ("‡ ended ok under its GPU_MEM_GB cap, yet its NVML peak is above the cap: the cap limits "
+                 "PyTorch's allocator (counting the CUDA context), while NCCL's buffers live outside it, so "
+                 "on a real card of the cap's size this run may not fit.")
+
+
+def over_cap_gib(rec: dict) -> float | None:
+    """GiB by which an ok run's NVML peak exceeds its GPU_MEM_GB cap; None when uncapped or within it."""
+    from megalab.estimate import nominal_gb_to_gib
+
+    cap = _num((rec.get("config") or {}).get("gpu_mem_gb"))
+    peaks = [p for p in (_num(v) for v in rec.get("mem_peak_mib") or []) if p is not None]
+    if rec.get("status") != "ok" or cap is None or not peaks:
+        return None
+    over = max(peaks) / 1024 - nominal_gb_to_gib(cap)
+    return over if over > 0 else None
 
 
 def fmt_hardware(rec: dict) -> str:
@@ -249,6 +266,8 @@ def fmt_hardware(rec: dict) -> str:
         hw += f", capped {cap} GB"
     if rec.get("_concurrent"):
         hw += " †"  # shared the host with another run on other GPUs (see SHARED_NOTE)
+    if over_cap_gib(rec):
+        hw += " ‡"  # peak above its cap (see OVER_CAP_NOTE)
     return hw
 
 
@@ -785,6 +804,8 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
     notes += [c.note for c in chapter_columns(chapter) if c.note]
     if any(r.get("_concurrent") for r in recs):
         notes.append(SHARED_NOTE)
+    if any(over_cap_gib(r) for r in recs):
+        notes.append(OVER_CAP_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", table, "",
                           *(f"- {note}" for note in notes)])
     if block_only:

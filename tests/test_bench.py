@@ -44,6 +44,9 @@ def test_config_names_only_known_levers_and_targets():
     assert set(cfg["ablation"]["alternatives"]) <= known
     targets = [c["target"] for c in cfg["cases"]] + [cfg["search"]["target"]]
     targets += [p[s]["target"] for p in cfg["parity"]["pairs"] for s in ("a", "b")]
+    targets += [p["target"] for p in cfg["experts"]["pairs"]]
+    for p in cfg["experts"]["pairs"]:
+        assert set(p["a"]) | set(p["b"]) <= known
     for t in targets:
         catalog.get(t)  # raises for an unknown id
 
@@ -145,3 +148,14 @@ def test_trace_summary_separates_gpu_busy_from_wall_time(tmp_path):
     assert s["steps"] == [{"step": "ProfilerStep#1", "wall_ms": 1.0, "gpu_busy_ms": 0.35, "kernels": 3}]
     assert s["kernels"][0] == {"name": "gemm", "ms_per_step": 0.3, "calls_per_step": 2}
     assert "busy %" in bench.render_trace(s)
+
+
+def test_expert_pairs_differ_only_by_the_grouped_gemm_lever():
+    from megalab import fastpath
+
+    cfg = bench.load_config()
+    for pair, a, b in bench.expert_runs(cfg):
+        assert (a.target, a.spec, a.iters) == (b.target, b.spec, b.iters)
+        assert fastpath.GROUPED_GEMM not in a.fast.split(",")
+        assert b.fast.split(",") == a.fast.split(",") + [fastpath.GROUPED_GEMM]
+        assert b.experiment().num_experts  # a MoE row

@@ -116,6 +116,17 @@ def test_activation_formula_tp_sp_recompute_by_hand():
     assert est.stages[0].activations_bytes == pytest.approx(2 * 2 * sbh + 34.25 * sbh + 8 * 32 * 2 + sbh)
 
 
+def test_expert_tp_keeps_the_gathered_tokens_h_wide_tensors():
+    # Megatron's all-to-all dispatcher gathers the ETP group's tokens onto every rank: per routed
+    # token copy, the h-wide fc1 input and expert output (2 + 2 bytes per h) grow ETP-fold, while
+    # ETP x tokens times f/ETP keeps the f-wide part (6f/h with SwiGLU) as it is.
+    cfg = dict(TINY, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=64, swiglu=True)
+    sh = E.Shape.of(cfg)
+    f = lambda etp: E.layer_activation_sbh(sh, tp=1, sp=False, spec="megalab", selective=False, etp=etp)  # noqa: E731
+    assert f(2) - f(1) == pytest.approx(sh.topk * 4 * (2 - 1))
+    assert f(4) - f(1) == pytest.approx(sh.topk * 4 * (4 - 1))
+
+
 def test_context_parallel_divides_the_sequence():
     one = E.estimate(tiny(gpus=2, gbs=4), model_cfg=TINY).stages[0]
     cp2 = E.estimate(tiny(gpus=2, cp=2), model_cfg=TINY).stages[0]

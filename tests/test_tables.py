@@ -177,6 +177,19 @@ def test_status_against_reference_oom():
     assert _row(T101, failed)["status"] == "failed"
 
 
+def test_a_capped_run_whose_nvml_peak_passed_the_cap_is_marked():
+    def rec(status, peak_mib, cap="80"):
+        return {"status": status, "mem_peak_mib": [1000, peak_mib], "num_gpus": 2, "gpu_name": "NVIDIA H200",
+                "config": {"gpu_mem_gb": cap}}
+    # 80 nominal GB = 81559 MiB (an H100 80GB): NCCL's buffers outside the allocator can push past it
+    assert tables.over_cap_gib(rec("ok", 83885)) == pytest.approx((83885 - 81559) / 1024)
+    assert tables.fmt_hardware(rec("ok", 83885)) == "2x H200, capped 80 GB ‡"
+    assert tables.over_cap_gib(rec("ok", 81000)) is None
+    assert tables.over_cap_gib(rec("oom", 84679)) is None  # an OOM says so itself
+    assert tables.over_cap_gib(rec("ok", 90000, cap=None)) is None  # uncapped: nothing to pass
+    assert tables.fmt_hardware(rec("ok", 81000)) == "2x H200, capped 80 GB"
+
+
 def test_reference_tables_load():
     ref = tables.load_reference()
     assert ref.loc[(1, "R1"), "step_ms"] == 220
