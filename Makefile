@@ -6,11 +6,10 @@
 # Variables (environment or make arguments): ITERS (100), GPU_MEM_GB (cap, e.g. 80 on an H200),
 # DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), FAST (fast-path patches, none|all|list),
 # CUDA_GRAPH (1: Megatron's full-iteration CUDA graph), NNODES, NODE_RANK, MASTER_ADDR,
-# MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py).
-
-# DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), NNODES, NODE_RANK, MASTER_ADDR,
 # MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py),
-# SAVE=1 [SAVE_INTERVAL], LOAD=<checkpoint dir>, WANDB=1 [WANDB_PROJECT, WANDB_ENTITY], VERBOSE=1.
+# SAVE=1 [SAVE_INTERVAL], LOAD=<checkpoint dir>, WANDB=1 [WANDB_PROJECT, WANDB_ENTITY], VERBOSE=1,
+# DATA=<prefix> [TOKENIZER_MODEL, SPLIT, VOCAB_FILE, MERGE_FILE] (real data; mock by default).
+
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -31,9 +30,6 @@ export SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY VERBOSE
 help:
 	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
 	@echo
-	@echo "Everyday: make list | make quickstart | make test | make tables | make check | make prepare-data | make setup | make clean"
-	@echo "Beyond one node: make slurm-<target> [GPUS_PER_NODE=8 DRY_RUN=1] | in a container: make docker-build, make docker-run"
-
 	@echo "Everyday commands:"
 	@sed -n 's/^#> /  make /p' Makefile
 
@@ -53,7 +49,7 @@ help:
 #> tensorboard             serve outdir/ in TensorBoard (PORT=6006)
 #> show-arguments          every Megatron flag of the installed version, by group (GREP=ckpt)
 #> count-arguments         how many Megatron flags, per group
-#> slurm-<id>              write and submit an sbatch script: one torchrun per node (DRY_RUN=1: write only)
+#> slurm-<id>              write and submit an sbatch script: one torchrun per node (GPUS_PER_NODE=8; DRY_RUN=1: write only)
 #> docker-build            build the NGC-based image (docker/Dockerfile)
 #> docker-run              a shell in it with the GPUs, the repo mounted (DOCKER_CMD=... to run one command)
 #> setup                   .venv with CPU torch and megatron-core (CPU machines)

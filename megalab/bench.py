@@ -342,12 +342,8 @@ def run_all(cfg: dict, runs_dir: Path, budget_s: float | None, parts: list[str])
         elif part == "search":
             for spec_name in cfg["search"]["levers"]:
                 search(runner, cfg, spec_name)
-        elif part == "parity":
-            for _, a, b in parity_runs(cfg):
-                runner.get(a)
-                runner.get(b)
-        elif part == "experts":
-            for _, a, b in expert_runs(cfg):
+        elif part in ("parity", "experts"):
+            for _, a, b in (parity_runs if part == "parity" else expert_runs)(cfg):
                 runner.get(a)
                 runner.get(b)
     return runner

@@ -88,24 +88,27 @@ def parity(a: dict, b: dict) -> dict:
     return out
 
 
+def _speedup(slow: dict | None, fast: dict | None) -> str:
+    """'1.23x': slow's step time over fast's, where both ended ok; '' otherwise."""
+    return f"{slow['step_ms_median'] / fast['step_ms_median']:.2f}x" if _ok(slow) and _ok(fast) else ""
+
+
 def _findings(cfg: dict, get) -> list[str]:
     """What the ablation says, in words computed from it: the biggest lever per case, and the
     alternatives that did not pay (not kept in megalab's spec)."""
     out = []
     ab = cfg["ablation"]
-    cases = {c["name"]: c for c in cfg["cases"]}
+    runs = bench.ablation_runs(cfg)
     for name in ab["cases"]:
-        steps = [get(bench.make_run(cfg, cases[name]["target"], "megalab", lv, cases[name].get("gbs")))
-                 for lv in ab["steps"]]
+        steps = [get(run) for n, lv, run in runs if n == name and lv in ab["steps"]]
+        alts = [(lv[-1], get(run)) for n, lv, run in runs if n == name and lv not in ab["steps"]]
         gains = [(steps[i - 1]["step_ms_median"] / steps[i]["step_ms_median"], ab["steps"][i][-1])
                  for i in range(1, len(steps)) if _ok(steps[i]) and _ok(steps[i - 1])]
         if gains:
             g, lever = max(gains)
             out.append(f"- {name}: the largest single gain is `{lever}` ({g:.2f}x over the step before it).")
         last = steps[-1]
-        for alt in ab.get("alternatives", []):
-            rec = get(bench.make_run(cfg, cases[name]["target"], "megalab", list(ab["steps"][-1]) + [alt],
-                                     cases[name].get("gbs")))
+        for alt, rec in alts:
             if rec is None or not _ok(last):
                 continue
             if rec["status"] == "oom":
@@ -149,8 +152,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     for case in cfg["cases"]:
         a, b = get(bench.spec_run(cfg, case, "local")), get(bench.spec_run(cfg, case, "megalab"))
         ref = _ref_row(case)
-        ratio = (f"{a['step_ms_median'] / b['step_ms_median']:.2f}x" if _ok(a) and _ok(b)
-                 else ("(a) out of memory" if a and a["status"] == "oom" and _ok(b) else ""))
+        ratio = _speedup(a, b) or ("(a) out of memory" if a and a["status"] == "oom" and _ok(b) else "")
         tf = round(b["tflops_per_gpu"], 1) if _ok(b) else None
         ref_cell = f"{ref['ms']:.0f} / {ref['gb']}" if ref else "-"
         L.append(f"| {case['name']} | {ref_cell} | {_ms(a)} | {_gib(a)} | "
@@ -189,8 +191,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     for name, levers, run in bench.ablation_runs(cfg):
         rec = get(run)
         p = prev.get(name)
-        vs = (f"{p['step_ms_median'] / rec['step_ms_median']:.2f}x" if _ok(rec) and _ok(p) else "")
-        L.append(f"| {name} | {' + '.join(levers) or 'none (spec only)'} | {_ms(rec)} | {_gib(rec)} | {vs} |")
+        L.append(f"| {name} | {' + '.join(levers) or 'none (spec only)'} | {_ms(rec)} | {_gib(rec)} | {_speedup(p, rec)} |")
         if levers in cfg["ablation"]["steps"]:
             prev[name] = rec
     L += ["", "Levers:", ""] + [f"- `{k}`: {v['about']}" for k, v in cfg["levers"].items()] + [""]
@@ -234,8 +235,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
           "| --- | --- | --- | --- | --- | --- |"]
     for pair, a_run, b_run in bench.expert_runs(cfg):
         a, b = get(a_run), get(b_run)
-        ratio = f"{a['step_ms_median'] / b['step_ms_median']:.2f}x" if _ok(a) and _ok(b) else ""
-        L.append(f"| {pair['name']} | {_ms(a)} | {_gib(a)} | {_ms(b)} | {_gib(b)} | {ratio} |")
+        L.append(f"| {pair['name']} | {_ms(a)} | {_gib(a)} | {_ms(b)} | {_gib(b)} | {_speedup(a, b)} |")
     L.append("")
 
     # -- goals ----------------------------------------------------------------------------------
@@ -270,13 +270,13 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
         L.append("| largest GBS vs the stock local spec | >= 2x | search incomplete | - |")
     L.append("")
     if any(r["_concurrent"] for r in recs.values()):
-        L += ["† " + tables.SHARED_NOTE.removeprefix("† "), ""]
+        L += [tables.SHARED_NOTE, ""]
     L += ["## Runs", "", "| run | record |", "| --- | --- |"]
-    parity_keys = {r.key() for pairs in (bench.parity_runs(cfg), bench.expert_runs(cfg)) for _, a, b in pairs
-                   for r in (a, b)}
+    pair_keys = {r.key() for pairs in (bench.parity_runs(cfg), bench.expert_runs(cfg)) for _, a, b in pairs
+                 for r in (a, b)}
     for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):
         own = rec["_dir"].parent == bench_dir / "runs"
-        if not own and k not in parity_keys:
+        if not own and k not in pair_keys:
             continue  # a table row no bench section uses
         link = f"runs/{rec['_dir'].name}" if own else f"../{rec['_dir'].relative_to(bench_dir.parent)}"
         L.append(f"| {k[0]} [{k[1]}; fast={k[2]}; cuda_graph={k[3]}; iters={k[4]}{'; ' + k[5] if k[5] else ''}] "

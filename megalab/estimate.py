@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import re
 import sys
@@ -390,8 +389,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     cfg = model_cfg if model_cfg is not None else exp.model_cfg
     sh = Shape.of(cfg, e)
     t, p, cp = e.tp, e.pp, e.cp
-    dp = e.gpus // (t * p * cp)
-    m = e.gbs // (e.mbs * dp)
+    dp, m = e.dp, e.num_microbatches
     v = (sh.layers // p) // e.layers_per_virtual_stage if e.layers_per_virtual_stage else 1
     vpad = padded_vocab(sh.vocab, t)
     ep, etp = e.ep, e.etp
@@ -710,12 +708,11 @@ def not_modelled(rec: dict) -> str | None:
 
 def _committed_records(root: Path):
     """(records dir, run.json path, record) for every readable committed record."""
+    from megalab.tables import read_records  # pandas only where records are validated, not in every plan
+
     for d in RECORD_DIRS:
-        for path in sorted((root / d).glob("*/run.json")):
-            try:
-                yield d, path, json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+        for path, rec in read_records(root / d, None):
+            yield d, path, rec
 
 
 def left_out(root: Path) -> list[str]:
@@ -769,9 +766,12 @@ def _layout_text(est: Estimate) -> str:
     return " ".join(parts)
 
 
-def validation_table(records_root: Path | None = None) -> str:
-    """Markdown: predicted vs measured peak memory (max over GPUs) for every committed record."""
-    rows = validation_rows(records_root)
+def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> str:
+    """Markdown: predicted vs measured peak memory (max over GPUs) for every committed record
+    (`rows`: validation_rows(records_root), when the caller already has them)."""
+    from megalab.tables import short_gpu_name
+
+    rows = validation_rows(records_root) if rows is None else rows
     ran = [r for r in rows if r["status"] == "ok"]
     ooms = [r for r in rows if r["status"] == "oom"]
     misses = [r for r in rows if not r["ok"]]
@@ -802,7 +802,7 @@ def validation_table(records_root: Path | None = None) -> str:
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
     ]
     for r in rows:
-        short = r["gpu"].replace("NVIDIA ", "").replace(" HBM3", "")
+        short = short_gpu_name(r["gpu"])
         err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
         meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
         fits = "fits" if r["fits"] else "does not fit"
@@ -834,13 +834,12 @@ def validation_table(records_root: Path | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_validation(root: Path | None = None) -> Path:
+def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> Path:
+    from megalab.tables import _write_atomic  # pandas only where a page is written, not in every plan
+
     root = Path(root) if root is not None else catalog.ROOT
     path = root / "results" / "estimate-vs-measured.md"
-    text = validation_table(root)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    _write_atomic(path, validation_table(root, rows))
     return path
 
 
@@ -865,8 +864,8 @@ def cli(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     if args.validate:
-        path = write_validation(args.root)
         rows = validation_rows(args.root)
+        path = write_validation(args.root, rows)
         ran = [r for r in rows if r["status"] == "ok"]
         ooms = [r for r in rows if r["status"] == "oom"]
         worst = max(ran, key=lambda r: abs(r["err"]), default=None)

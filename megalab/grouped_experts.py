@@ -116,6 +116,7 @@ class _Groups:
             self.device_counts = tokens_per_expert
             self.offs = tokens_per_expert.cumsum(0).to(torch.int32)
         self.used: set[str] = set()  # which kernels ran: "torch._grouped_mm" and/or "loop"
+        self._expert_index: torch.Tensor | None = None
 
     def host_counts(self) -> list[int]:
         if self.counts is None:
@@ -129,12 +130,14 @@ class _Groups:
             start += c
 
     def expert_of_each_token(self) -> torch.Tensor:
-        """[tokens] local expert index, for per-expert biases."""
-        n = len(self.offs)
-        counts = (self.device_counts if self.device_counts is not None
-                  else _host_to(self.counts, torch.int64, self.offs.device))
-        return torch.repeat_interleave(torch.arange(n, device=self.offs.device), counts,
-                                       output_size=self.num_tokens)
+        """[tokens] local expert index, for per-expert biases; built once (fc1's and fc2's biases
+        both need it)."""
+        if self._expert_index is None:
+            counts = (self.device_counts if self.device_counts is not None
+                      else _host_to(self.counts, torch.int64, self.offs.device))
+            self._expert_index = torch.repeat_interleave(torch.arange(len(self.offs), device=self.offs.device),
+                                                         counts, output_size=self.num_tokens)
+        return self._expert_index
 
 
 def _aligned(t: torch.Tensor) -> bool:

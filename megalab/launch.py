@@ -60,11 +60,14 @@ class Options:
             v = env.get(name, "")
             return default if v == "" else v
 
+        def flag(name):  # a yes/no make variable: unset, empty, 0, false or no mean no
+            return get(name, "0") not in ("0", "false", "no")
+
         try:
             return cls(
                 iters=int(get("ITERS", 100)),
                 gpu_mem_gb=get("GPU_MEM_GB", None),
-                dry_run=get("DRY_RUN", "0") not in ("0", "false", "no"),
+                dry_run=flag("DRY_RUN"),
                 outdir=Path(get("OUTDIR", ROOT / "outdir")),
                 spec=get("SPEC", "megalab"),
                 te=get("TE", "auto"),
@@ -75,13 +78,13 @@ class Options:
                 extra_args=get("EXTRA_ARGS", ""),
                 warmup=int(get("WARMUP", 3)),
                 fast=get("FAST", None),
-                cuda_graph=get("CUDA_GRAPH", "0") not in ("0", "false", "no"),
+                cuda_graph=flag("CUDA_GRAPH"),
 
-                save=get("SAVE", "0") not in ("0", "false", "no"),
+                save=flag("SAVE"),
                 save_interval=int(get("SAVE_INTERVAL", 0)) or None,
                 load=Path(get("LOAD", "")) if get("LOAD", "") else None,
-                wandb=get("WANDB", "0") not in ("0", "false", "no"),
-                verbose=get("VERBOSE", "0") not in ("0", "false", "no"),
+                wandb=flag("WANDB"),
+                verbose=flag("VERBOSE"),
             )
         except ValueError as e:
             raise LaunchError(f"a make variable is not a number ({e}); fix: e.g. ITERS=20 NNODES=2 SAVE_INTERVAL=50") from None

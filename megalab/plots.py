@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -367,13 +366,6 @@ def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg"
 
 # --------------------------------------------------------------------------- output
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = None, out: Path | None = None,
                 check: bool = False) -> list[Path]:
     """Draw every chapter's figures into `out` (default ROOT/results/plots); return the changed paths.
@@ -385,13 +377,12 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
     root = Path(root) if root is not None else ROOT
     records = tables.load_records(root / "results" / "runs") if records is None else records
     reference, twogpu = tables.load_reference(), tables.load_twogpu_reference()
+    folder = out or root / "results" / PLOTS  # every chapter page lives in results/
     wanted: dict[Path, tuple[Figure, pd.DataFrame, str]] = {}
     for chapter, meta in catalog.chapters().items():
         ctx = tables._context(chapter, records, reference, twogpu, None)
         for fig, data in figures_of(ctx):
-            wanted[(out or root / Path(meta["table"]).parent / PLOTS) / file_name(fig, meta["table"])] = \
-                (fig, data, ctx.kind)
-    folder = out or root / "results" / PLOTS
+            wanted[folder / file_name(fig, meta["table"])] = (fig, data, ctx.kind)
     stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []
     if check:
         return sorted([p for p in wanted if not p.exists()] + stale)
@@ -399,7 +390,7 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
     for path, (fig, data, kind) in wanted.items():
         svg = draw(fig, data, kind)
         if not path.exists() or path.read_bytes() != svg:
-            _write_atomic(path, svg)
+            tables._write_atomic(path, svg)
             changed.append(path)
     for path in stale:
         path.unlink()

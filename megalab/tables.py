@@ -830,10 +830,11 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
 
 # --------------------------------------------------------------------------- output
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, content: str | bytes) -> None:
+    """Write a page or figure through a temporary file, so a reader never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     os.replace(tmp, path)
 
 
@@ -886,8 +887,9 @@ def embed_tables(text: str, blocks: dict[int, str]) -> str:
     return EMBED.sub(fill, text)
 
 
-def report_changes(changed: list[Path], root: Path, *, check: bool, what: str, fix: str) -> int:
-    """The CLI tail of a generator: with --check, list stale files and exit 1; else say what was written."""
+def report_changes(changed: list[Path], root: Path, *, check: bool, what: str, fix: str, detail: str = "") -> int:
+    """The CLI tail of a generator: with --check, list stale files and exit 1; else say what was written
+    (DETAIL follows "up to date", e.g. how many files were compared)."""
     if check and changed:
         for p in changed:
             print(f"out of date: {_rel(p, root)}")
@@ -896,7 +898,7 @@ def report_changes(changed: list[Path], root: Path, *, check: bool, what: str, f
     for p in changed:
         print(f"{'wrote' if p.exists() else 'removed'} {_rel(p, root)}")
     if not changed:
-        print(f"{what} up to date")
+        print(f"{what} up to date{detail}")
     return 0
 
 
@@ -917,19 +919,8 @@ def cli(argv: list[str] | None = None) -> int:
     root = args.root
     changed = write_tables(root, check=args.check)
     n = len(catalog.chapters())
-    if args.check:
-        if changed:
-            for p in changed:
-                print(f"out of date: {_rel(p, root)}")
-            print("fix: run `make tables` and commit the result", file=sys.stderr)
-            return 1
-        print(f"tables up to date ({n} file{'s' * (n != 1)})")
-        return 0
-    for p in changed:
-        print(f"{'wrote' if p.exists() else 'removed'} {_rel(p, root)}")
-    if not changed:
-        print(f"tables up to date ({n} file{'s' * (n != 1)})")
-    return 0
+    return report_changes(changed, root, check=args.check, what="tables", fix="run `make tables`",
+                          detail=f" ({n} file{'s' * (n != 1)})")
 
 
 if __name__ == "__main__":
