@@ -26,8 +26,9 @@ from megalab.launch import LaunchError, Options
 DEFAULT_GPUS_PER_NODE = 8
 # Make variables a node's `make <target>` reads; those set at submission are written into the script
 # so that it reruns the same way (`sbatch job.sbatch`).
-FORWARDED = ("ITERS", "WARMUP", "GPU_MEM_GB", "SPEC", "TE", "EXTRA_ARGS", "MEGATRON_LM", "DATA",
-             "TOKENIZER_MODEL", "SPLIT", "VOCAB_FILE", "MERGE_FILE", "MEGALAB_FAST")
+FORWARDED = ("ITERS", "WARMUP", "GPU_MEM_GB", "SPEC", "TE", "FAST", "CUDA_GRAPH", "EXTRA_ARGS", "MEGATRON_LM",
+             "DATA", "TOKENIZER_MODEL", "SPLIT", "VOCAB_FILE", "MERGE_FILE",
+             "SAVE", "SAVE_INTERVAL", "LOAD", "WANDB", "WANDB_PROJECT", "WANDB_ENTITY")
 
 
 @dataclasses.dataclass
@@ -96,13 +97,15 @@ def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
     ])
 
 
-def node_commands(exp: Experiment, lay: Layout, impl: str) -> list[str]:
-    """The torchrun command of node 0 and of the last node, as the script's tasks will run them."""
+def node_commands(exp: Experiment, lay: Layout, impl: str, opts: Options) -> list[str]:
+    """The torchrun command of node 0 and of the last node, as the script's tasks will run them
+    (with the variables set at submission, which the script forwards)."""
     ranks = sorted({0, lay.nodes - 1})
     lines = []
     for rank in ranks:
-        opts = Options(nnodes=lay.nodes, node_rank=rank, master_addr="MEGALAB_MASTER_ADDR", master_port=1)
-        cmd = launch.torchrun_command(launch.wrapper_env(exp, opts, impl))
+        node = dataclasses.replace(opts, nnodes=lay.nodes, node_rank=rank, master_addr="MEGALAB_MASTER_ADDR",
+                                   master_port=1)
+        cmd = launch.torchrun_command(launch.wrapper_env(exp, node, impl))
         cmd = cmd.replace("MEGALAB_MASTER_ADDR", "$MASTER_ADDR").replace("--master_port 1 ", "--master_port $MASTER_PORT ")
         lines.append(f"node {rank}     {cmd}")
     return lines
@@ -112,12 +115,12 @@ def submit(target: str, env=os.environ) -> int:
     exp = catalog.get(target)
     exp.validate()
     lay = layout(exp, env)
-    dry = env.get("DRY_RUN", "0") not in ("", "0", "false", "no")
+    opts = dataclasses.replace(Options.from_env(env), nnodes=lay.nodes, node_rank=0)
+    dry = opts.dry_run
     sbatch = shutil.which("sbatch")
     if not dry and sbatch is None:
         raise LaunchError("sbatch not found: this machine is not a SLURM login node; fix: run "
                           f"`make slurm-{exp.id}` where sbatch is, or DRY_RUN=1 to write the script only")
-    opts = dataclasses.replace(Options.from_env(env), nnodes=lay.nodes, node_rank=0)
     impl = launch.transformer_impl(opts)
     command = launch.torchrun_command(launch.wrapper_env(exp, opts, impl))
     print("\n".join(launch.preflight(exp, opts, impl, None)))
@@ -132,7 +135,7 @@ def submit(target: str, env=os.environ) -> int:
     sbatch_cmd = ["sbatch", *shlex.split(env.get("SBATCH_ARGS", "")), str(path)]
     print(f"slurm      {lay.nodes} node(s) x {lay.gpus_per_node} GPU(s); one srun task per node runs "
           f"`make {exp.id}` with NODE_RANK=$SLURM_NODEID")
-    print("\n".join(node_commands(exp, lay, impl)))
+    print("\n".join(node_commands(exp, lay, impl, opts)))
     print(f"script     {path}")
     print(path.read_text().rstrip())
     if dry:

@@ -105,3 +105,14 @@ def test_a_node_of_a_multi_node_run_is_judged_by_its_exit_code(tmp_path):
     assert record.measured(log, 3, 0, False, [1000], None)["status"] == "incomplete"
     assert record.measured(log, 3, 0, False, [1000], None, one_node=False)["status"] == "ok"
     assert record.measured(log, 3, 1, False, [1000], None, one_node=False)["status"] == "incomplete"
+
+
+def test_the_shown_node_commands_and_the_script_keep_the_variables_set_at_submission(tmp_path, capsys):
+    env = {"DRY_RUN": "1", "OUTDIR": str(tmp_path), "GPUS_PER_NODE": "4", "ITERS": "20", "FAST": "none",
+           "EXTRA_ARGS": "--seed 7"}
+    assert slurm.submit("128", env) == 0
+    out = capsys.readouterr().out
+    nodes = [line for line in out.splitlines() if line.startswith("node ")]
+    assert len(nodes) == 2 and all("--train-iters 20" in n and "--seed 7" in n for n in nodes)
+    assert "export ITERS=20" in out and "export FAST=none" in out
+    assert "MEGALAB_FAST" not in out.split("#!/bin/bash", 1)[1]  # the make variable travels, not its product
