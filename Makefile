@@ -67,7 +67,7 @@ batch:
 	@fails=0; for id in $(IDS); do $(PY) -m megalab run $$id || fails=$$((fails+1)); done; \
 	 echo "batch: $$fails of $(words $(IDS)) run(s) did not end ok"
 
-# ---- beyond one node: SLURM (megalab/slurm.py). GPUS_PER_NODE (8) sets the nodes; SBATCH_ARGS
+# ---- beyond one node: SLURM (megalab/harness/slurm.py). GPUS_PER_NODE (8) sets the nodes; SBATCH_ARGS
 # (e.g. '--partition=gpu --time=1:00:00') go to sbatch, SRUN_ARGS (e.g. pyxis' --container-image) to srun.
 export GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS
 $(addprefix slurm-,$(TARGETS)): slurm-%:
@@ -135,10 +135,10 @@ tables:
 # "--parts cases,ablation --budget-s 500". Needs a GPU; `bench-report` rebuilds the page anywhere.
 .PHONY: bench bench-report
 bench:
-	@$(PY) -m megalab.bench run $(BENCH_ARGS)
+	@$(PY) -m megalab.harness.bench run $(BENCH_ARGS)
 
 bench-report:
-	@$(PY) -m megalab.bench report
+	@$(PY) -m megalab.harness.bench report
 
 # The results pages' figures (results/plots/*.svg); `make tables` redraws them too, as the pages link them.
 .PHONY: plots

@@ -20,15 +20,15 @@ import importlib
 import sys
 
 # Commands that are one module's own `cli(argv)`, imported only when asked for.
-MODULE_COMMANDS = {"parse": "logparse", "prepare-data": "data", "plan": "estimate", "check": "checks",
-                   "plots": "plots", "arguments": "arguments", "tables": "tables",
-                   "data-report": "datareport"}
+MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
+                   "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
+                   "tables": "results.tables", "data-report": "results.datareport"}
 
 
 def _list() -> int:
     from tabulate import tabulate
 
-    from megalab import catalog
+    from megalab.harness import catalog
 
     chapters = catalog.chapters()
     rows = []
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
-    from megalab.catalog import CatalogError
-    from megalab.launch import LaunchError
+    from megalab.harness.catalog import CatalogError
+    from megalab.harness.launch import LaunchError
 
     try:
         if cmd in MODULE_COMMANDS:
@@ -56,26 +56,26 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "run":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab run TARGET")
-            from megalab import launch
+            from megalab.harness import launch
 
             return launch.run(rest[0])
         if cmd == "slurm":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab slurm TARGET")
-            from megalab import slurm
+            from megalab.harness import slurm
 
             return slurm.submit(rest[0])
         if cmd == "list":
             return _list()
         if cmd == "targets":
-            from megalab import catalog
+            from megalab.harness import catalog
 
             print("\n".join(catalog.catalog()))
             return 0
         if cmd == "refresh":
             from pathlib import Path
 
-            from megalab import record
+            from megalab.harness import record
 
             for d in rest:
                 print(record.one_line(record.refresh(Path(d))))

@@ -29,11 +29,11 @@ NUM_EXPERTS=${NUM_EXPERTS:-}; TOPK=${TOPK:-}
 MOE_FFN_HIDDEN=${MOE_FFN_HIDDEN:-}; MOE_DISPATCHER=${MOE_DISPATCHER:-alltoall}
 MOE_FORCE_BALANCE=${MOE_FORCE_BALANCE:-0}
 # Transformer Engine kernels: the launcher sets these to 0 without TE. Grouped GEMM then comes from
-# megalab's spec instead (grouped_gemm in MEGALAB_FAST, megalab/grouped_experts.py); the run record
+# megalab's spec instead (grouped_gemm in MEGALAB_FAST, megalab/runtime/grouped_experts.py); the run record
 # lists it under config.substituted_flags, and permute fusion under config.dropped_flags.
 MOE_GROUPED_GEMM=${MOE_GROUPED_GEMM:-0}; MOE_PERMUTE_FUSION=${MOE_PERMUTE_FUSION:-0}
 
-# ---- speed (megalab/fastpath.py patches come in MEGALAB_FAST; the launcher sets them) ------------
+# ---- speed (megalab/runtime/fastpath.py patches come in MEGALAB_FAST; the launcher sets them) ------------
 CUDA_GRAPH=${CUDA_GRAPH:-0}             # 1: Megatron's full-iteration CUDA graph of forward+backward
 
 # ---- logging ---------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ else
     # Without TE/apex: torch norms, no fused softmax, no fused wgrad accumulation.
     IMPL_ARGS=(--transformer-impl local --no-persist-layer-norm
                --no-gradient-accumulation-fusion --no-masked-softmax-fusion)
-    [ "$SPEC" = megalab ] && IMPL_ARGS+=(--spec megalab.spec megalab_layer_spec)
+    [ "$SPEC" = megalab ] && IMPL_ARGS+=(--spec megalab.runtime.spec megalab_layer_spec)
 fi
 
 # One CUDA graph replays the whole forward+backward: no per-kernel launch cost, which is most of
@@ -185,7 +185,7 @@ read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 if [ -n "${MEGATRON_LM:-}" ]; then
     ENTRY=("$MEGATRON_LM/pretrain_gpt.py")      # upstream's own entry point, same flags
 else
-    ENTRY=("$ROOT/megalab/pretrain_gpt.py")
+    ENTRY=("$ROOT/megalab/runtime/pretrain_gpt.py")
 fi
 
 # Multicast over NVLink stays off (shared rigs); 1 connection keeps TP/SP comm ordered for Megatron.

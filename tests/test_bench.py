@@ -9,20 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from megalab import bench, benchreport, launch
+from megalab.harness import bench, launch
+from megalab.results import benchreport
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_bench_refuses_to_run_without_a_gpu():
-    out = subprocess.run([sys.executable, "-m", "megalab.bench", "run"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "fix:" in lines[0]
 
 
 def test_unknown_part_is_a_one_line_error():
-    out = subprocess.run([sys.executable, "-m", "megalab.bench", "run", "--parts", "cases,warp"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run", "--parts", "cases,warp"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2 and "unknown part" in out.stderr and "fix:" in out.stderr
 
@@ -33,7 +34,7 @@ def test_committed_bench_report_is_up_to_date():
 
 
 def test_config_names_only_known_levers_and_targets():
-    from megalab import catalog
+    from megalab.harness import catalog
 
     cfg = bench.load_config()
     known = set(cfg["levers"])
@@ -151,7 +152,7 @@ def test_trace_summary_separates_gpu_busy_from_wall_time(tmp_path):
 
 
 def test_expert_pairs_differ_only_by_the_grouped_gemm_lever():
-    from megalab import fastpath
+    from megalab.runtime import fastpath
 
     cfg = bench.load_config()
     for pair, a, b in bench.expert_runs(cfg):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab import catalog, launch, validate
-from megalab.catalog import CatalogError, Experiment
+from megalab.harness import catalog, launch, validate
+from megalab.harness.catalog import CatalogError, Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "configs" / "reference" / "anchor_8xh100.csv"
@@ -143,7 +143,7 @@ def test_every_target_dry_runs_and_megatron_accepts_it(target):
     assert args.data_parallel_size == exp.dp
     assert args.global_batch_size == exp.gbs and args.micro_batch_size == exp.mbs
     assert args.use_distributed_optimizer == exp.zero2
-    assert args.transformer_impl == "local" and args.spec == ["megalab.spec", "megalab_layer_spec"]
+    assert args.transformer_impl == "local" and args.spec == ["megalab.runtime.spec", "megalab_layer_spec"]
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (exp.tp, exp.pp)
     assert args.sequence_parallel == exp.sp
     assert args.virtual_pipeline_model_parallel_size == exp.virtual_stages
@@ -151,7 +151,7 @@ def test_every_target_dry_runs_and_megatron_accepts_it(target):
     if exp.num_experts:
         assert (args.expert_tensor_parallel_size, args.moe_router_topk) == (exp.etp, exp.router_topk)
         # Megatron's TE-only flags stay off on the local path; grouped GEMM is megalab's own
-        # substitute (MEGALAB_FAST=...,grouped_gemm, read by megalab/spec.py)
+        # substitute (MEGALAB_FAST=...,grouped_gemm, read by megalab/runtime/spec.py)
         assert not args.moe_grouped_gemm and not args.moe_permute_fusion
         assert ("grouped_gemm" in env["MEGALAB_FAST"].split(",")) == launch.wants_grouped_gemm(exp)
     # The model config Megatron builds next (TransformerConfig.__post_init__ has checks of its own,
@@ -234,7 +234,7 @@ def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, 
     import json
     import os
 
-    from megalab import monitor
+    from megalab.harness import monitor
 
     monkeypatch.setattr(monitor, "gpu_inventory",
                         lambda: {"count": 2, "names": ["NVIDIA H200"], "memory_mib": [143771], "driver": "580"})

@@ -1,4 +1,4 @@
-"""megalab.checks: every metric kind on invented records (PASS, FAIL, NOT RUN), the claims-file schema,
+"""megalab.results.checks: every metric kind on invented records (PASS, FAIL, NOT RUN), the claims-file schema,
 the published values recomputed from configs/reference, and the page on the real committed records.
 
 Records here are synthetic dicts, not measurements; `known` stands in for the catalog.
@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from megalab import catalog, checks, tables
-from megalab.checks import FAIL, NOT_RUN, PASS
+from megalab.harness import catalog
+from megalab.results import checks, tables
+from megalab.results.checks import FAIL, NOT_RUN, PASS
 
 A, B, C = "901-a", "902-b", "903-c"
 KNOWN = {A: None, B: None, C: None}

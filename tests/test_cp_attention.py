@@ -1,4 +1,4 @@
-"""megalab/cp_attention.py: each CP mode against plain causal attention on the whole sequence.
+"""megalab/runtime/cp_attention.py: each CP mode against plain causal attention on the whole sequence.
 
 CPU only: gloo process groups in spawned processes, tiny shapes, fp64. Each rank gets the two
 load-balanced chunks Megatron's get_batch_on_this_cp_rank gives it; outputs and the gradients of
@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from megalab import cp_attention as C
+from megalab.runtime import cp_attention as C
 
 B, HEADS, SEQ, DIM = 2, 4, 16, 8
 

@@ -1,4 +1,4 @@
-"""Tests for megalab/data.py (`python -m megalab prepare-data`): CPU only, no network.
+"""Tests for megalab/harness/data.py (`python -m megalab prepare-data`): CPU only, no network.
 
 The corpus is tests/fixtures/corpus/founding-documents.jsonl (55 public-domain documents, see the
 README there), tokenized with a byte-level BPE of 512 tokens trained on it (`train:512`), so
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="prepare-data needs the `data` extra: pip install -e '.[data]'")
 
-from megalab import data  # noqa: E402
+from megalab.harness import data  # noqa: E402
 from megalab._compat import ensure_typing_override  # noqa: E402
 
 ensure_typing_override()

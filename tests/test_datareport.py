@@ -1,4 +1,4 @@
-"""megalab.datareport: results/data/README.md from real-data records and their mock twins.
+"""megalab.results.datareport: results/data/README.md from real-data records and their mock twins.
 
 Synthetic run folders (a fixture log and a run.json) in tmp_path; expected numbers come from the
 records and the parsed logs, never typed in. The last test holds the committed page to the records.
@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from megalab import datareport, logparse, plots
+from megalab.results import datareport, logparse, plots
 from megalab.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent

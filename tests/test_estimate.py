@@ -1,4 +1,4 @@
-"""megalab.estimate: parameter counts and state bytes against what Megatron prints, the activation
+"""megalab.results.estimate: parameter counts and state bytes against what Megatron prints, the activation
 formula on a tiny config worked by hand, the pipeline-stage split, Megatron's FLOPs against the
 committed records, the validation table on the committed runs, and the CLI's exit codes."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from megalab import catalog
-from megalab import estimate as E
-from megalab.catalog import Experiment
+from megalab.harness import catalog
+from megalab.results import estimate as E
+from megalab.harness.catalog import Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 2**20

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megalab import fastpath
+from megalab.runtime import fastpath
 from megalab._compat import ensure_typing_override
 
 

@@ -1,4 +1,4 @@
-"""Tests for megalab/grouped_experts.py: GroupedMLP computes SequentialMLP's function (CPU, gloo).
+"""Tests for megalab/runtime/grouped_experts.py: GroupedMLP computes SequentialMLP's function (CPU, gloo).
 
 Each test builds Megatron's SequentialMLP and megalab's GroupedMLP for the same config, copies the
 weights across (same state-dict keys), feeds both the same permuted tokens, tokens_per_expert and
@@ -20,9 +20,10 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from megalab import grouped_experts, launch  # noqa: E402
-from megalab.catalog import get as target  # noqa: E402
-from megalab.grouped_experts import GroupedMLP  # noqa: E402
+from megalab.runtime import grouped_experts
+from megalab.harness import launch  # noqa: E402
+from megalab.harness.catalog import get as target  # noqa: E402
+from megalab.runtime.grouped_experts import GroupedMLP  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear  # noqa: E402
@@ -227,7 +228,7 @@ def test_expert_parallel_and_expert_tensor_parallel(ep, etp):
 
 
 def test_spec_builds_grouped_experts_with_the_lever_and_the_same_parameters(world1, monkeypatch):
-    from megalab.spec import megalab_layer_spec
+    from megalab.runtime.spec import megalab_layer_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     def gpt(cfg):
@@ -256,7 +257,7 @@ def _opts(**kw):
 
 @pytest.mark.parametrize("tid", ["522", "531"])  # EP=2; expert-TP=2
 def test_olmoe_targets_get_the_substitute_and_megatron_accepts_them(tid):
-    from megalab import validate
+    from megalab.harness import validate
     from megatron.training.argument_utils import gpt_config_from_args
 
     exp = target(tid)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab import launch, monitor
+from megalab.harness import launch, monitor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_te_requested_but_absent():
 @pytest.mark.parametrize("version,msg", [(None, "megatron-core is not installed"),
                                          ("0.16.1", "megatron-core 0.16.1 is installed but megalab targets 0.19.x")])
 def test_megatron_missing_or_wrong_version(monkeypatch, version, msg):
-    from megalab import validate
+    from megalab.harness import validate
 
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     monkeypatch.setattr(validate, "megatron_available", lambda: version)
@@ -78,14 +78,14 @@ def test_bad_make_variable():
 
 
 def test_nnodes_must_divide_gpus():
-    from megalab import catalog
+    from megalab.harness import catalog
 
     with pytest.raises(launch.LaunchError, match="do not split over NNODES=3"):
         launch.gpus_per_node(catalog.get("128"), launch.Options(nnodes=3))
 
 
 def test_two_nodes_halves_processes_per_node():
-    from megalab import catalog
+    from megalab.harness import catalog
 
     env = launch.wrapper_env(catalog.get("128"), launch.Options(nnodes=2, node_rank=1, master_addr="n0"), "local")
     cmd = launch.torchrun_command(env)
@@ -139,7 +139,7 @@ def test_monitor_without_nvml_does_not_break_the_run(monkeypatch, tmp_path):
 
 
 def test_megatron_lm_checkout_runs_upstreams_entry_point(tmp_path):
-    from megalab import catalog
+    from megalab.harness import catalog
 
     env = launch.wrapper_env(catalog.get("101"), launch.Options(), "local")
     cmd = launch.torchrun_command({**env, "MEGATRON_LM": str(tmp_path)})
@@ -154,7 +154,7 @@ def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables():
 
 
 def test_context_parallel_runs_on_megalab_spec_and_is_refused_on_the_local_spec():
-    # megalab's spec has CP (megalab/cp_attention.py): the launch gets as far as counting GPUs
+    # megalab's spec has CP (megalab/runtime/cp_attention.py): the launch gets as far as counting GPUs
     out = _make("005-gpt2large-cp2-gbs64")
     assert out.returncode != 0 and "needs 2 GPUs per node, found 0" in _one_error_line(out.stderr)
     # Megatron's stock local spec has none (only TE's attention has it): one line, before launch
@@ -166,7 +166,7 @@ def test_context_parallel_runs_on_megalab_spec_and_is_refused_on_the_local_spec(
 
 
 def test_ring_attention_needs_attention_dropout_off():
-    from megalab import catalog
+    from megalab.harness import catalog
 
     exp = catalog.get("005")
     assert launch.cp_problem(exp, launch.Options(), "local") is None
@@ -180,7 +180,7 @@ def test_ring_attention_needs_attention_dropout_off():
 
 
 def test_real_data_flags_and_missing_dataset(tmp_path):
-    from megalab import catalog
+    from megalab.harness import catalog
 
     env = launch.wrapper_env(catalog.get("101"), launch.Options(), "local")
     data = {"DATA": str(tmp_path / "owt_text_document"), "TOKENIZER_MODEL": str(tmp_path / "tok"), "SPLIT": "98,2,0"}
@@ -197,7 +197,7 @@ def test_real_data_split_megatron_cannot_build_is_one_line_before_launch(tmp_pat
     document, less than a sample, and Megatron stopped after its start-up (tests/test_data.py
     checks that case's counts); 55 documents give it none, and Megatron hangs. Both are caught
     before the GPU check, with the split that works for this target's sequence length."""
-    from megalab import data
+    from megalab.harness import data
 
     res = data.prepare(source=str(ROOT / "tests/fixtures/corpus/founding-documents.jsonl"),
                        tokenizer="train:512", out=str(tmp_path / "fd"), workers=1, quiet=True)
@@ -218,7 +218,7 @@ def test_record_keeps_the_catalogs_extra_flags_and_the_users(tmp_path):
     import shutil
     from types import SimpleNamespace
 
-    from megalab import catalog, record
+    from megalab.harness import catalog, record
 
     exp = catalog.get("302")
     assert exp.extra_args

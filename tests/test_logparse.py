@@ -1,4 +1,4 @@
-"""Tests for megalab.logparse.
+"""Tests for megalab.results.logparse.
 
 Fixtures in tests/fixtures/logs/ are small logs written from Megatron-Core 0.19.2's
 format strings (training_log, report_memory, report_theoretical_memory, print_datetime,
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.logparse import (
+from megalab.results.logparse import (
     IterationLine,
     LogReadError,
     LogSummary,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab import launch, logparse, progress, resume
+from megalab.harness import launch, progress, resume
+from megalab.results import logparse
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(NUM_LAYERS="2", HIDDEN_SIZE="64", NUM_HEADS="4", SEQ_LEN="128", GBS="1", MBS="1", DRY_RUN="1")
@@ -151,7 +152,7 @@ print(f"[exiting program at iteration {last}] datetime: 2026-01-01 00:00:01" if 
 
 @pytest.fixture
 def fake_gpu_run(monkeypatch):
-    from megalab import monitor
+    from megalab.harness import monitor
 
     monkeypatch.setattr(monitor, "gpu_inventory",
                         lambda: {"count": 1, "names": ["NVIDIA H100"], "memory_mib": [81559], "driver": "580"})
@@ -263,7 +264,7 @@ def test_startup_timers_are_not_step_timers():
 
 @pytest.fixture(scope="module")
 def megatron_groups():
-    from megalab import arguments
+    from megalab.harness import arguments
 
     return arguments.groups(arguments.parser())
 
@@ -277,7 +278,7 @@ def test_megatron_arguments_grouped(megatron_groups):
 
 
 def test_show_arguments_filters(capsys, monkeypatch, megatron_groups):
-    from megalab import arguments
+    from megalab.harness import arguments
 
     monkeypatch.setattr(arguments, "parser", lambda: None)
     monkeypatch.setattr(arguments, "groups", lambda p: megatron_groups)

@@ -1,4 +1,4 @@
-"""megalab.plots: the figures build from the committed records, redraw byte for byte, plot the numbers
+"""megalab.results.plots: the figures build from the committed records, redraw byte for byte, plot the numbers
 the tables show, and a chapter without rows gets no figure (and no link) instead of an error.
 
 The data series are checked (not pixels): they are what a figure says. Expected values are computed
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from megalab import catalog, plots, tables
-from megalab.catalog import Experiment
+from megalab.harness import catalog
+from megalab.results import plots, tables
+from megalab.harness.catalog import Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab import logparse, record, tables
+from megalab.results import logparse, tables
+from megalab.harness import record
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = sorted((ROOT / "results").glob("**/runs/*/run.json"))
@@ -34,7 +35,8 @@ def test_committed_tables_are_up_to_date():
 
 
 def test_committed_checks_page_is_up_to_date():
-    from megalab import catalog, checks
+    from megalab.harness import catalog
+    from megalab.results import checks
 
     recs = tables.load_records(ROOT / "results" / "runs")
     text = checks.render(checks.evaluate_all(checks.load_claims(), recs, catalog.catalog()))
@@ -42,7 +44,7 @@ def test_committed_checks_page_is_up_to_date():
 
 
 def test_committed_estimate_validation_is_up_to_date():
-    from megalab import estimate
+    from megalab.results import estimate
 
     text = estimate.validation_table(ROOT)
     assert (ROOT / "results" / "estimate-vs-measured.md").read_text(encoding="utf-8") == text, \

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab import catalog, launch, record, slurm
+from megalab.harness import catalog, launch, record, slurm
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Tests for megalab/spec.py (CPU only: gloo, no CUDA, no TE, no apex).
+"""Tests for megalab/runtime/spec.py (CPU only: gloo, no CUDA, no TE, no apex).
 
 Megatron's own local attention (DotProductAttention) can run on CPU with two test-only shims,
 because three of its helpers hard-code CUDA: the score buffer (`get_global_memory_buffer`), the
@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from megalab.spec import Norm, SDPAttention, megalab_layer_spec  # noqa: E402
+from megalab.runtime.spec import Norm, SDPAttention, megalab_layer_spec  # noqa: E402
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import (  # noqa: E402
     get_gpt_decoder_block_spec,

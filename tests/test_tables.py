@@ -1,4 +1,4 @@
-"""megalab.tables: record selection, cell formatting, the chapter pages (golden), chapter-specific
+"""megalab.results.tables: record selection, cell formatting, the chapter pages (golden), chapter-specific
 columns and --check.
 
 The records under tests/fixtures/records are invented test fixtures ("fixture": true), not
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab import catalog, tables
+from megalab.harness import catalog
+from megalab.results import tables
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDS = FIXTURES / "records"

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from megalab import logparse, record
-from megalab.catalog import Experiment
+from megalab.results import logparse
+from megalab.harness import record
+from megalab.harness.catalog import Experiment
 
 
 def check(saved_log, resumed_log, stop_at: int) -> dict:
@@ -51,7 +52,7 @@ def line(c: dict) -> str:
 
 
 def run(exp: Experiment, opts) -> int:
-    from megalab import launch
+    from megalab.harness import launch
 
     if opts.iters < 4 or opts.load:
         raise launch.LaunchError(f"resume-{exp.id} trains ITERS/2 steps, saves, and resumes to ITERS; "

@@ -3,7 +3,7 @@
 `make tables` (python -m megalab tables) reads every committed run record
 (results/runs/*/run.json), picks one per target, and writes each chapter's page
 (the `table:` path of configs/experiments/NN-*.yaml, e.g. results/01-dp-zero2.md) with the
-figures it links (results/plots/*.svg, megalab/plots.py).
+figures it links (results/plots/*.svg, megalab/results/plots.py).
 Pages are generated, deterministic and only rewritten when their content changes, so
 `python -m megalab tables --check` can tell CI whether the committed pages are current.
 
@@ -40,8 +40,8 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from megalab import catalog
-from megalab.catalog import ROOT
+from megalab.harness import catalog
+from megalab.harness.catalog import ROOT
 
 REFERENCE_DIR = ROOT / "configs" / "reference"
 RUNS_DIR = ROOT / "results" / "runs"
@@ -248,7 +248,7 @@ OVER_CAP_NOTE = ("‡ ended ok under its GPU_MEM_GB cap, yet its NVML peak is ab
 
 def over_cap_gib(rec: dict) -> float | None:
     """GiB by which an ok run's NVML peak exceeds its GPU_MEM_GB cap; None when uncapped or within it."""
-    from megalab.estimate import nominal_gb_to_gib
+    from megalab.results.estimate import nominal_gb_to_gib
 
     cap = _num((rec.get("config") or {}).get("gpu_mem_gb"))
     peaks = [p for p in (_num(v) for v in rec.get("mem_peak_mib") or []) if p is not None]
@@ -818,7 +818,7 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
         "",
         block,
     ]
-    from megalab import plots  # the figures drawn beside this page (write_tables draws them)
+    from megalab.results import plots  # the figures drawn beside this page (write_tables draws them)
 
     if figures := plots.page_links(ctx, meta["table"]):
         lines += ["", *figures]
@@ -847,7 +847,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
     root = Path(root) if root is not None else ROOT
     records = load_records(root / "results" / "runs")
     reference, twogpu = load_reference(), load_twogpu_reference()
-    from megalab import plots  # the pages link these figures: drawn first, so no link is ever dangling
+    from megalab.results import plots  # the pages link these figures: drawn first, so no link is ever dangling
 
     changed = plots.write_plots(root, records=records, check=check)
     for chapter, meta in catalog.chapters().items():

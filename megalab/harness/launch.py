@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megalab import catalog, record
-from megalab.catalog import ROOT, CatalogError, Experiment
+from megalab.harness import catalog, record
+from megalab.harness.catalog import ROOT, CatalogError, Experiment
 
 WRAPPER = ROOT / "scripts" / "train_gpt.sh"
 SUPPORTED_MCORE = "0.19."
@@ -43,7 +43,7 @@ class Options:
     master_port: int = 6000
     extra_args: str = ""
     warmup: int = 3
-    # megalab's TE-free speed-ups (megalab/fastpath.py): None = the default for the spec
+    # megalab's TE-free speed-ups (megalab/runtime/fastpath.py): None = the default for the spec
     fast: str | None = None
     cuda_graph: bool = False  # Megatron's full-iteration CUDA graph (--cuda-graph-impl full_iteration)
     save: bool = False  # SAVE=1: checkpoint into the run dir (torch_dist)
@@ -103,12 +103,12 @@ def wants_grouped_gemm(exp: Experiment) -> bool:
 def fast_patches(opts: Options, impl: str, exp: Experiment | None = None) -> str:
     """MEGALAB_FAST for the entry point: the user's FAST, else the default for this spec.
 
-    The default adds the grouped_gemm lever (megalab/grouped_experts.py) for a target whose preset
+    The default adds the grouped_gemm lever (megalab/runtime/grouped_experts.py) for a target whose preset
     asks for moe_grouped_gemm: without TE it is that flag's substitute. grouped_gemm is a lever of
     megalab's spec, so it is left out where nothing would read it: under SPEC=local, and (given the
     target) for a model without experts.
     """
-    from megalab import fastpath
+    from megalab.runtime import fastpath
 
     if impl != "local":
         return "none"  # Transformer Engine brings its own fused optimizer and kernels
@@ -159,7 +159,7 @@ def gpus_per_node(exp: Experiment, opts: Options) -> int:
 # MoE experts are SequentialMLP whatever --moe-grouped-gemm says (the flag only trips a CUDA
 # capability check), and --moe-permute-fusion is refused ("fused permutation is not available").
 # Without TE neither Megatron flag is passed. megalab's spec has a substitute for the first one:
-# GroupedMLP experts (torch._grouped_mm, megalab/grouped_experts.py), switched on by the
+# GroupedMLP experts (torch._grouped_mm, megalab/runtime/grouped_experts.py), switched on by the
 # grouped_gemm lever in MEGALAB_FAST (on by default for such a preset; FAST=none or a FAST list
 # without it turns it off). The preflight says which flags were substituted and which dropped; the
 # run record keeps both (config.substituted_flags: flag -> lever, config.dropped_flags).
@@ -342,7 +342,7 @@ def preflight(exp: Experiment, opts: Options, impl: str, gpus_present: int | Non
         f"recompute: {exp.recompute}; GPU cap: {opts.gpu_mem_gb + ' GB' if opts.gpu_mem_gb else 'none'}",
         f"impl       {impl}" + (" (Transformer Engine)" if impl == "transformer_engine"
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})")
-        + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/cp_attention.py'}"
+        + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/runtime/cp_attention.py'}"
            if exp.cp > 1 else ""),
         f"speed      fast path: {fast_patches(opts, impl, exp)}; full-iteration CUDA graph: "
         f"{'on' if opts.cuda_graph else 'off (CUDA_GRAPH=1)'}"
@@ -387,7 +387,7 @@ def data_problem(exp: Experiment) -> str | None:
         return None
     if not Path(prefix + ".idx").is_file():
         return f"DATA={prefix}: {prefix}.idx not found; fix: make prepare-data (it prints DATA=...)"
-    from megalab import data
+    from megalab.harness import data
 
     return data.split_problem(prefix, os.environ.get("SPLIT") or data.DEFAULT_SPLIT, int(exp.model_cfg["seq_length"]))
 
@@ -396,7 +396,7 @@ def cp_problem(exp: Experiment, opts: Options, impl: str) -> str | None:
     """Why this target's context parallelism cannot run on this path, or None.
 
     Megatron has CP only inside Transformer Engine's attention; megalab's TE-free spec has its own
-    (megalab/cp_attention.py) for p2p, all_gather and a2a. Megatron's stock local spec has none.
+    (megalab/runtime/cp_attention.py) for p2p, all_gather and a2a. Megatron's stock local spec has none.
     """
     if exp.cp <= 1 or impl == "transformer_engine":
         return None
@@ -404,7 +404,7 @@ def cp_problem(exp: Experiment, opts: Options, impl: str) -> str | None:
         return (f"target {exp.id} uses context parallelism (CP={exp.cp}), which Megatron's local spec lacks "
                 "(only Transformer Engine's attention has it); fix: drop SPEC=local (megalab's spec has CP) "
                 "or run with Transformer Engine (TE=1)")
-    from megalab.cp_attention import MODES
+    from megalab.runtime.cp_attention import MODES
 
     mode = exp.cp_comm or "p2p"
     if mode not in MODES:
@@ -418,7 +418,7 @@ def cp_problem(exp: Experiment, opts: Options, impl: str) -> str | None:
 
 def megatron_check(exp: Experiment, command: str) -> str:
     """Megatron's own verdict on the flags, when megatron-core is importable here."""
-    from megalab import validate
+    from megalab.harness import validate
 
     if validate.megatron_available() is None:
         return "megatron   not installed here: Megatron's own argument check skipped"
@@ -431,8 +431,8 @@ def megatron_check(exp: Experiment, command: str) -> str:
 
 
 def plan_lines(exp: Experiment, opts: Options, impl: str, inv: dict) -> str:
-    """The estimator's prediction (megalab/estimate.py); warns, never refuses: OOM is a lesson too."""
-    from megalab import estimate
+    """The estimator's prediction (megalab/results/estimate.py); warns, never refuses: OOM is a lesson too."""
+    from megalab.results import estimate
 
     cap = estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else None
     gpu = (inv.get("names") or [None])[0]
@@ -450,7 +450,7 @@ def plan_lines(exp: Experiment, opts: Options, impl: str, inv: dict) -> str:
 def check_megatron_installed() -> None:
     if os.environ.get("MEGATRON_LM"):
         return
-    v = __import__("megalab.validate", fromlist=["x"]).megatron_available()
+    v = __import__("megalab.harness.validate", fromlist=["x"]).megatron_available()
     if v is None:
         raise LaunchError("megatron-core is not installed; fix: pip install --no-deps megatron-core==0.19.2 "
                           "(Python 3.12) or `make setup`")
@@ -512,7 +512,7 @@ def run(target: str, opts: Options | None = None, exp: Experiment | None = None)
     opts = opts or Options.from_env()
     exp, variant = (exp, None) if exp is not None else resolve(target)
     if variant == "resume":
-        from megalab import resume
+        from megalab.harness import resume
 
         return resume.run(exp, opts)
     if variant == "profile":
@@ -526,7 +526,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     exp.validate()
     opts = check_options(opts)
     impl = transformer_impl(opts)
-    from megalab.monitor import GpuMemoryMonitor, gpu_inventory
+    from megalab.harness.monitor import GpuMemoryMonitor, gpu_inventory
 
     inv = gpu_inventory()
     env = wrapper_env(exp, opts, impl)
@@ -557,7 +557,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
 
     started = dt.datetime.now(dt.timezone.utc)
     interrupted = False
-    from megalab.progress import Progress
+    from megalab.harness.progress import Progress
 
     progress = Progress(verbose=opts.verbose)
     with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:

@@ -19,7 +19,7 @@ import sys  # noqa: E402
 from functools import partial  # noqa: E402
 
 if __package__ in (None, ""):  # run as a file by torchrun: make `import megalab` work
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from megalab._compat import ensure_typing_override  # noqa: E402
 
@@ -192,14 +192,14 @@ def _report_implementation(args, fast: list[str]) -> None:
         by = "te" if args.transformer_impl == "transformer_engine" else "megalab"
         cp = f"{by}-{'+'.join(dict.fromkeys(args.cp_comm_type))}"
     # Whose MoE experts run: TE's grouped GEMM, megalab's GroupedMLP (torch._grouped_mm: the spec
-    # builds it when MEGALAB_FAST has grouped_gemm, megalab/grouped_experts.py), or SequentialMLP.
+    # builds it when MEGALAB_FAST has grouped_gemm, megalab/runtime/grouped_experts.py), or SequentialMLP.
     experts = "none"
     if args.num_experts:
         experts = "sequential"
         if args.transformer_impl == "transformer_engine":
             experts = "te_grouped_gemm" if args.moe_grouped_gemm else experts
-        elif spec == "megalab.spec.megalab_layer_spec":
-            from megalab import grouped_experts
+        elif spec == "megalab.runtime.spec.megalab_layer_spec":
+            from megalab.runtime import grouped_experts
 
             experts = "megalab_grouped_mm" if grouped_experts.wanted(args.moe_grouped_gemm) else experts
     print(f"megalab: transformer_impl={args.transformer_impl} spec={spec} transformer_engine={te} "
@@ -215,9 +215,9 @@ def main() -> None:
     set_startup_timestamps(program_start=_PROGRAM_START_TIME, main_entry=time.time())
     _skip_helper_compilation_if_prebuilt()
     _cap_gpu_memory()
-    from megalab import fastpath
+    from megalab.runtime import fastpath
 
-    fast = fastpath.apply(fastpath.requested())  # opt-in: MEGALAB_FAST=all (megalab/fastpath.py)
+    fast = fastpath.apply(fastpath.requested())  # opt-in: MEGALAB_FAST=all (megalab/runtime/fastpath.py)
 
     args = parse_and_validate_args()
     if args.spec and args.spec[0] != "local":

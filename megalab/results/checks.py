@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from megalab.catalog import ROOT
+from megalab.harness.catalog import ROOT
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 OUTPUT = Path("results") / "checks.md"
@@ -562,7 +562,8 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
 
     Returns (results, changed). The page is only rewritten when its content changes.
     """
-    from megalab import catalog, tables
+    from megalab.harness import catalog
+    from megalab.results import tables
 
     root = Path(root) if root is not None else ROOT
     claims = load_claims(claims_path)
@@ -590,7 +591,7 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     ap.add_argument("--claims", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from megalab.catalog import CatalogError
+    from megalab.harness.catalog import CatalogError
 
     try:
         results, _ = write_checks(args.root, args.claims)

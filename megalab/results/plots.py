@@ -32,8 +32,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from megalab import catalog, tables
-from megalab.catalog import ROOT
+from megalab.harness import catalog
+from megalab.results import tables
+from megalab.harness.catalog import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
 SIZE, DPI = (9.0, 4.5), 100

@@ -19,9 +19,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from megalab import catalog, launch
-from megalab.catalog import ROOT, Experiment
-from megalab.launch import LaunchError, Options
+from megalab.harness import catalog, launch
+from megalab.harness.catalog import ROOT, Experiment
+from megalab.harness.launch import LaunchError, Options
 
 DEFAULT_GPUS_PER_NODE = 8
 # Make variables a node's `make <target>` reads; those set at submission are written into the script

@@ -51,7 +51,7 @@ def cli(argv: list[str]) -> int:
     if len(rest) > 1 or any(a.startswith("-") for a in rest):
         print("usage: python -m megalab arguments [--count] [PATTERN]", file=sys.stderr)
         return 2
-    from megalab.validate import megatron_available
+    from megalab.harness.validate import megatron_available
 
     version = megatron_available()
     if version is None:

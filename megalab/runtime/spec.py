@@ -15,16 +15,16 @@ checkpoints match) and swaps in:
 * `SDPAttention`: `torch.nn.functional.scaled_dot_product_attention`, which picks a fused kernel
   (FlashAttention, cuDNN or memory-efficient) that never stores the s x s matrix.
 * Context parallelism (`--context-parallel-size`, all three `--cp-comm-type` modes p2p,
-  all_gather, a2a) in `SDPAttention`, from megalab/cp_attention.py: Megatron has CP only inside
+  all_gather, a2a) in `SDPAttention`, from megalab/runtime/cp_attention.py: Megatron has CP only inside
   Transformer Engine's attention.
 * `Norm`: LayerNorm/RMSNorm that marks its parameters `sequence_parallel`, the contract Megatron's
   own SP-capable norms follow, so `finalize_model_grads` sums their gradients over the TP group.
   It is also the final norm of the block.
-* `GroupedMLP` MoE experts (megalab/grouped_experts.py) when the `grouped_gemm` fast-path lever
+* `GroupedMLP` MoE experts (megalab/runtime/grouped_experts.py) when the `grouped_gemm` fast-path lever
   is on (or Megatron's --moe-grouped-gemm): SequentialMLP's parameters, computed with
   `torch._grouped_mm` instead of a loop over the experts. Megatron's grouped experts need TE.
 
-Use it with `--transformer-impl local --spec megalab.spec megalab_layer_spec`, and keep
+Use it with `--transformer-impl local --spec megalab.runtime.spec megalab_layer_spec`, and keep
 `--attention-backend` off `local` (Megatron then swaps its own attention back in).
 """
 
@@ -38,7 +38,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab import cp_attention, grouped_experts  # noqa: E402
+from megalab.runtime import cp_attention, grouped_experts  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -130,7 +130,7 @@ class SDPAttention(MegatronModule):
         self.tp_group = pg_collection.tp
         world_size = pg_collection.tp.size()
 
-        # Context parallelism (megalab/cp_attention.py): Megatron's own CP lives only in TE's
+        # Context parallelism (megalab/runtime/cp_attention.py): Megatron's own CP lives only in TE's
         # attention (DotProductAttention asserts "only supported by TEDotProductAttention").
         # TransformerLayer passes config.cp_comm_type in as cp_comm_type when CP > 1.
         self.cp_size = config.context_parallel_size
@@ -397,7 +397,7 @@ def megalab_transformer_layer_spec(
 
 
 def megalab_layer_spec(config, vp_stage: Optional[int] = None) -> ModuleSpec:
-    """The `--spec megalab.spec megalab_layer_spec` entry point: a TransformerBlock spec.
+    """The `--spec megalab.runtime.spec megalab_layer_spec` entry point: a TransformerBlock spec.
 
     It returns a *block* spec rather than a single-layer spec because, given a layer spec,
     TransformerBlock picks the final norm itself (`transformer_block.LayerNormImpl`, which is

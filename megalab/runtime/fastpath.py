@@ -12,8 +12,8 @@ prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot ser
 (MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
 
-A fifth lever, `grouped_gemm`, is not a patch: megalab/spec.py reads it when it builds MoE layers and
-then gives them GroupedMLP experts (megalab/grouped_experts.py: torch._grouped_mm instead of
+A fifth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
+then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
 SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
 default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
 """
@@ -23,9 +23,9 @@ import os
 
 import torch
 
-GROUPED_GEMM = "grouped_gemm"  # megalab/grouped_experts.py's MoE experts
+GROUPED_GEMM = "grouped_gemm"  # megalab/runtime/grouped_experts.py's MoE experts
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa", GROUPED_GEMM)
-SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/spec.py, so `apply` leaves them alone
+SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so `apply` leaves them alone
 
 
 def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):

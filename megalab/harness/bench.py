@@ -1,9 +1,9 @@
 """`make bench`: Megatron's stock local spec vs megalab's TE-free spec, measured in one GPU run.
 
-    python -m megalab.bench run            the whole benchmark (configs/bench.yaml) -> results/bench/
-    python -m megalab.bench matmul         the bf16 8192^3 matmul ceiling only
-    python -m megalab.bench trace FILE     where a step's time goes, from a torch profiler trace
-    python -m megalab.bench report         rebuild results/bench/README.md from the committed runs
+    python -m megalab.harness.bench run            the whole benchmark (configs/bench.yaml) -> results/bench/
+    python -m megalab.harness.bench matmul         the bf16 8192^3 matmul ceiling only
+    python -m megalab.harness.bench trace FILE     where a step's time goes, from a torch profiler trace
+    python -m megalab.harness.bench report         rebuild results/bench/README.md from the committed runs
 
 Every case is an ordinary megalab launch (`launch.run`): same wrapper, same monitor, same record,
 so a bench number and a table number are measured the same way. Cases that differ from a catalog
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from megalab.catalog import ROOT
+from megalab.harness.catalog import ROOT
 
 CONFIG = ROOT / "configs" / "bench.yaml"
 BENCH_DIR = ROOT / "results" / "bench"
@@ -152,7 +152,7 @@ class Run:
         return (self.id, self.spec, self.fast, self.cuda_graph, self.iters, self.extra_args)
 
     def experiment(self):
-        from megalab import catalog
+        from megalab.harness import catalog
 
         exp = catalog.get(self.target)
         if self.zero2 is not None and self.zero2 != exp.zero2:
@@ -266,7 +266,7 @@ class Runner:
         if self.budget_s is not None and time.monotonic() - self.start > self.budget_s:
             self.out_of_time = True
             return None
-        from megalab import launch
+        from megalab.harness import launch
 
         exp = run.experiment()
         if exp.gpus > self.gpus:
@@ -353,7 +353,7 @@ PARTS = ("matmul", "cases", "ablation", "search", "parity", "experts")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m megalab.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m megalab.harness.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("matmul")
     t = sub.add_parser("trace")
@@ -371,13 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             if bad:
                 raise BenchError(f"bench: unknown part(s) {bad}; fix: --parts from {','.join(PARTS)}")
             runner = run_all(load_config(), BENCH_DIR / "runs", args.budget_s, parts)
-            from megalab import benchreport
+            from megalab.results import benchreport
 
             benchreport.write(BENCH_DIR)
             if runner.out_of_time:
                 print("bench: time budget spent; run it again to measure the rest (finished runs are kept)")
         elif args.cmd == "report":
-            from megalab import benchreport
+            from megalab.results import benchreport
 
             print(benchreport.write(BENCH_DIR))
         elif args.cmd == "matmul":

@@ -26,8 +26,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from megalab import logparse, plots, tables
-from megalab.catalog import ROOT
+from megalab.results import logparse, plots, tables
+from megalab.harness.catalog import ROOT
 
 PAGE = Path("results") / "data" / "README.md"
 RUNS = Path("results") / "data" / "runs"

@@ -20,7 +20,7 @@ loop it runs
 with exactly the elementwise steps of Megatron's `MLP.forward` in between, so it computes the same
 function as SequentialMLP (tests/test_grouped_experts.py compares outputs and every gradient).
 
-How it is switched on. megalab/spec.py builds MoE layers with these experts when the `grouped_gemm`
+How it is switched on. megalab/runtime/spec.py builds MoE layers with these experts when the `grouped_gemm`
 fast-path lever is in MEGALAB_FAST (the launcher adds it when the model preset asks for
 `moe_grouped_gemm` and TE is absent; FAST=none or a FAST list without it gives SequentialMLP), or
 when Megatron's own `--moe-grouped-gemm` is on with megalab's spec: see `wanted`.
@@ -52,7 +52,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from megalab import fastpath
+from megalab.runtime import fastpath
 from megatron.core.fusions.fused_bias_geglu import quick_gelu, weighted_bias_quick_geglu_impl
 from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear

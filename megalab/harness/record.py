@@ -13,7 +13,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from megalab.catalog import ROOT
+from megalab.harness.catalog import ROOT
 
 # Dense bf16 peak (TFLOP/s) per GPU model, from the vendors' datasheets; MFU is measured / peak.
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0,
@@ -83,7 +83,7 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
     run sees part of the story (Megatron prints its arguments and the end of training on rank 0, the
     iterations on the last rank): there a clean exit code decides between `incomplete` and `ok`.
     """
-    from megalab import logparse
+    from megalab.results import logparse
 
     fields = logparse.summary_fields(logparse.parse_file(log), warmup=warmup)
     status = fields.pop("status")
@@ -101,7 +101,7 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
 
 def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
           started, ended, hostname, dropped_flags=(), substituted_flags=None, outputs=None) -> dict:
-    from megalab.launch import fast_patches  # launch imports this module
+    from megalab.harness.launch import fast_patches  # launch imports this module
 
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
@@ -120,7 +120,7 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         # TE-only preset flags megalab ran without TE: flag -> the fast-path lever (launch.py)
         "substituted_flags": dict(substituted_flags or {}),
         **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
-        # whose context parallelism ran: TE's attention, or megalab/cp_attention.py without TE
+        # whose context parallelism ran: TE's attention, or megalab/runtime/cp_attention.py without TE
         "cp_impl": None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),
     }
     rec = {
