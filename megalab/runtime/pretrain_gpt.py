@@ -207,6 +207,11 @@ def _report_implementation(args, fast: list[str]) -> None:
 
 
 def main() -> None:
+    import faulthandler
+    import signal
+
+    # `kill -USR1 <worker pid>` prints every thread's Python stack into the log: how a hang is read.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from megatron.core.enums import ModelType
     from megatron.training import pretrain, set_startup_timestamps
     from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
@@ -230,6 +235,60 @@ def main() -> None:
 
     cfg = pretrain_cfg_container_from_args(args, model_cfg=gpt_config_from_args(args))
     pretrain(cfg, train_valid_test_datasets_provider, ModelType.encoder_or_decoder, forward_step)
+    shutdown()
+
+
+def _captured_graphs() -> list:
+    """Megatron's full-iteration CUDA graphs still alive (class attributes of its two wrappers)."""
+    graphs = []
+    try:
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+        for stage, graph in FullCudaGraphWrapper.cuda_graph.items():
+            if graph is not None:
+                graphs.append(graph)
+            FullCudaGraphWrapper.cuda_graph[stage] = None
+            FullCudaGraphWrapper.result[stage] = None
+    except ImportError:
+        pass
+    try:
+        from megatron.core.optimizer.optimizer_cuda_graph import OptimizerCudaGraphWrapper
+
+        if OptimizerCudaGraphWrapper.cuda_graph is not None:
+            graphs.append(OptimizerCudaGraphWrapper.cuda_graph)
+        OptimizerCudaGraphWrapper.cuda_graph = None
+        OptimizerCudaGraphWrapper.result = None
+    except ImportError:
+        pass
+    return graphs
+
+
+def shutdown() -> None:
+    """End the run in order: CUDA graphs first, then the NCCL process groups.
+
+    Megatron's pretrain() returns with its process groups alive and leaves them to the interpreter's
+    exit. A full-iteration CUDA graph (CUDA_GRAPH=1) that captured NCCL collectives keeps those
+    communicators in use, so when the groups are torn down at exit with the graph still alive,
+    ncclCommDestroy waits forever (pytorch/pytorch#115388): the multi-GPU CUDA-graph runs trained
+    every iteration, warned "destroy_process_group() was not called" and hung. Resetting the graphs,
+    then destroying the groups explicitly, is the order NCCL needs; single-GPU runs capture no
+    collective, which is why they always exited.
+    """
+    import torch.distributed as dist
+
+    graphs = _captured_graphs()
+    for graph in graphs:
+        graph.reset()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    if dist.is_initialized():
+        from megatron.core import parallel_state
+
+        dist.barrier()
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"megalab: shutdown clean cuda_graphs_released={len(graphs)}", flush=True)
 
 
 if __name__ == "__main__":
