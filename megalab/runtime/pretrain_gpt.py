@@ -27,6 +27,8 @@ ensure_typing_override()  # megatron-core 0.19 uses typing.override (3.12+); har
 
 import torch  # noqa: E402
 
+from megalab.runtime import fastpath, memcap  # noqa: E402
+
 
 def _skip_helper_compilation_if_prebuilt() -> None:
     """initialize_megatron() runs `make` in megatron/core/datasets to build helpers_cpp.
@@ -41,30 +43,6 @@ def _skip_helper_compilation_if_prebuilt() -> None:
     import megatron.core.datasets.utils as ds_utils
 
     ds_utils.compile_helpers = lambda: None
-
-
-def _cap_gpu_memory() -> None:
-    """MEGALAB_GPU_MEM_GB=80 makes a bigger GPU (an H200) run out of memory where an 80 GB card would.
-
-    The cap covers this process's whole footprint: the CUDA context already allocated counts
-    against it, and PyTorch's caching allocator gets the rest via set_per_process_memory_fraction.
-    Nominal GB are scaled like the H100 80GB's (81559 MiB for "80"), so GPU_MEM_GB=80 reproduces
-    the reference card. NCCL and cuBLAS workspaces outside PyTorch's allocator are not capped.
-    """
-    cap_gb = os.environ.get("MEGALAB_GPU_MEM_GB")
-    if not cap_gb:
-        return
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    torch.zeros(1, device="cuda")  # create the context so it is counted
-    free, total = torch.cuda.mem_get_info()
-    cap = float(cap_gb) * (81559 / 80) * 2**20
-    in_use = total - free
-    fraction = max(0.0, min(1.0, (cap - in_use) / total))
-    torch.cuda.set_per_process_memory_fraction(fraction, local_rank)
-    if local_rank == 0:
-        print(f"megalab: gpu_mem_cap_gb={cap_gb} cap_mib={cap / 2**20:.0f} "
-              f"allocator_fraction={fraction:.4f} device_total_mib={total / 2**20:.0f}", flush=True)
 
 
 def get_batch(data_iterator, vp_stage=None):
@@ -118,6 +96,9 @@ def forward_step(data_iterator, model):
     from megatron.core.utils import get_attr_wrapped_model
     from megatron.training import get_timers
 
+    from megatron.training import get_args
+
+    memcap.step(getattr(get_args(), "curr_iteration", 0))  # NCCL's buffers appear in the first iterations
     timers = get_timers()
     timers("batch-generator", log_level=2).start()
     vp_stage = get_attr_wrapped_model(model, "vp_stage")
@@ -219,9 +200,7 @@ def main() -> None:
 
     set_startup_timestamps(program_start=_PROGRAM_START_TIME, main_entry=time.time())
     _skip_helper_compilation_if_prebuilt()
-    _cap_gpu_memory()
-    from megalab.runtime import fastpath
-
+    memcap.install()  # GPU_MEM_GB: an 80 GB card on a bigger one (megalab/runtime/memcap.py)
     fast = fastpath.apply(fastpath.requested())  # opt-in: MEGALAB_FAST=all (megalab/runtime/fastpath.py)
 
     args = parse_and_validate_args()

@@ -1,0 +1,80 @@
+"""GPU_MEM_GB=80: make a bigger GPU (an H200) run out of memory where an 80 GB card would.
+
+PyTorch can only cap its own caching allocator (set_per_process_memory_fraction). The rest of a
+process's footprint lives outside it: the CUDA context, NCCL's communicator buffers (allocated at
+each group's first collective, during the first iterations), cuBLAS workspaces. A cap set once at
+start-up therefore let a capped run use the cap *plus* NCCL's buffers, and rows such as 525 and 129
+ended `ok` above an H100's physical memory. So the cap is applied again during the first
+iterations, each time subtracting what is then in use outside the allocator: whatever NCCL takes,
+the allocator gets less, and the process as a whole stays under the card's size, as on a real card.
+
+Nominal GB are scaled like the H100 80GB's (81559 MiB for "80"), so GPU_MEM_GB=80 reproduces the
+reference card.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+H100_80GB_MIB = 81559  # NVML's total for an H100 80GB HBM3: what "80" means
+
+
+class MemoryCap:
+    """The process-wide cap, re-applied while memory outside the allocator can still grow."""
+
+    def __init__(self, cap_gb: str, device: int, reapply_iterations: int = 3):
+        self.cap_gb = cap_gb
+        self.cap = float(cap_gb) * (H100_80GB_MIB / 80) * 2**20
+        self.device = device
+        self.reapply_iterations = reapply_iterations
+        self.fraction = None
+
+    def outside_allocator(self) -> int:
+        """Bytes this process holds outside PyTorch's allocator (context, NCCL, cuBLAS workspaces)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return (total - free) - torch.cuda.memory_reserved(self.device)
+
+    def apply(self, announce: bool = False) -> None:
+        total = torch.cuda.mem_get_info(self.device)[1]
+        outside = self.outside_allocator()
+        fraction = max(0.0, min(1.0, (self.cap - outside) / total))
+        if self.fraction is not None and abs(fraction - self.fraction) < 1e-3:
+            return  # nothing new outside the allocator: keep the hot path quiet
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+        first, self.fraction = self.fraction is None, fraction
+        if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+            return
+        if first:
+            print(f"megalab: gpu_mem_cap_gb={self.cap_gb} cap_mib={self.cap / 2**20:.0f} "
+                  f"allocator_fraction={fraction:.4f} device_total_mib={total / 2**20:.0f}", flush=True)
+        elif announce:
+            print(f"megalab: gpu_mem_cap re-applied outside_allocator_mib={outside / 2**20:.0f} "
+                  f"allocator_fraction={fraction:.4f}", flush=True)
+
+    def step(self, iteration: int) -> None:
+        """Called from each forward step: re-apply during the first iterations only."""
+        if iteration <= self.reapply_iterations and not torch.cuda.is_current_stream_capturing():
+            self.apply(announce=True)
+
+
+_CAP: MemoryCap | None = None
+
+
+def install() -> MemoryCap | None:
+    """Set the cap from MEGALAB_GPU_MEM_GB (the launcher passes GPU_MEM_GB), before anything is allocated."""
+    global _CAP
+    cap_gb = os.environ.get("MEGALAB_GPU_MEM_GB")
+    if not cap_gb:
+        return None
+    device = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(device)
+    torch.zeros(1, device="cuda")  # create the context so it is counted
+    _CAP = MemoryCap(cap_gb, device)
+    _CAP.apply()
+    return _CAP
+
+
+def step(iteration: int) -> None:
+    if _CAP is not None:
+        _CAP.step(iteration)

@@ -1,0 +1,57 @@
+"""megalab/runtime/memcap.py: the GPU_MEM_GB cap counts memory outside PyTorch's allocator.
+
+A fake device stands in for the GPU: 140 GiB total, a context of 0.5 GiB, then NCCL buffers that
+appear after start-up. The allocator's fraction must shrink by exactly what NCCL took, so the
+process as a whole stays under the cap (the rows that ended `ok` above an 80 GB card's memory).
+"""
+import pytest
+import torch
+
+from megalab.runtime import memcap
+
+GiB = 2**30
+
+
+class FakeDevice:
+    def __init__(self):
+        self.total = 140 * GiB
+        self.outside = int(0.5 * GiB)  # CUDA context
+        self.reserved = 0
+        self.fractions = []
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (self.total - self.outside - self.reserved, self.total))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: self.reserved)
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: self.fractions.append(f))
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+def test_cap_subtracts_memory_outside_the_allocator_as_it_grows(monkeypatch, capsys):
+    dev = FakeDevice()
+    dev.install(monkeypatch)
+    cap = memcap.MemoryCap("80", device=0)
+    cap.apply()
+    first = dev.fractions[-1]
+    assert first * dev.total == pytest.approx(cap.cap - 0.5 * GiB)
+    dev.reserved = 30 * GiB          # the allocator's own blocks never count twice
+    cap.step(iteration=1)
+    assert len(dev.fractions) == 1   # nothing new outside the allocator: not re-applied
+    dev.outside += 2 * GiB           # NCCL's communicators at the first collective
+    cap.step(iteration=2)
+    assert dev.fractions[-1] * dev.total == pytest.approx(cap.cap - 2.5 * GiB)
+    # allocator limit + memory outside it == the cap: the whole process fits an 80 GB card
+    assert dev.fractions[-1] * dev.total + dev.outside == pytest.approx(cap.cap)
+    out = capsys.readouterr().out
+    assert "gpu_mem_cap_gb=80 cap_mib=81559" in out and "re-applied outside_allocator_mib=2560" in out
+
+
+def test_cap_is_left_alone_after_the_first_iterations_and_while_capturing(monkeypatch):
+    dev = FakeDevice()
+    dev.install(monkeypatch)
+    cap = memcap.MemoryCap("80", device=0, reapply_iterations=3)
+    cap.apply()
+    dev.outside += GiB
+    cap.step(iteration=4)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    cap.step(iteration=2)
+    assert len(dev.fractions) == 1
