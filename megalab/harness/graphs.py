@@ -1,0 +1,86 @@
+"""CUDA_GRAPH=auto: Megatron's full-iteration CUDA graph wherever it works and pays.
+
+Without Transformer Engine a small step is mostly kernel launches: the graph replays the whole
+forward+backward as one launch (101 on an H100: 331 -> 84 ms; on 2x H200 a TP=2 1.2B step
+142 -> 117 ms, a PP=2+VPP step 1151 -> 745 ms). It costs memory (the graph's private pool and static
+inputs: +0.8 to +6.5 GiB on the rows measured) and it cannot capture everything. So `auto` turns it
+on for a layout only when (a) that kind of layout has been seen to capture, replay and exit on the
+rig, and (b) the memory plan leaves room for the graph; otherwise off, with the reason printed in
+the preflight and kept in the run record. CUDA_GRAPH=1 forces it on, CUDA_GRAPH=0 off.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+# The graph's extra memory as a share of the predicted peak: a safety margin, not a model. Seen:
+# 111 +6.0% (1x H100), 002 +8.8%, 232 +3.0% (2x H200); results/bench/README.md keeps the pairs.
+GRAPH_MEMORY_SHARE = 0.10
+GRAPH_MEMORY_MIN_GIB = 1.0
+
+# Layout features where the graph fails or is unverified, and why (checked in this order).
+REFUSED = (
+    ("te", "measured without Transformer Engine only; TE brings its own graph paths (--cuda-graph-impl transformer_engine)"),
+    ("spec_local", "Megatron's stock local spec stays stock: it is the bench's unmodified baseline"),
+    ("profile", "Megatron's per-microbatch timers and the torch profiler need kernels launched one by one"),
+    ("moe", "MoE token routing synchronises with the host; capture fails on the rig "
+            "(522: 'operation not permitted on an event last recorded in a capturing stream')"),
+    ("cp", "not yet verified with megalab's context-parallel attention (CUDA_GRAPH=1 to try)"),
+    ("recompute", "not yet verified with activation recompute (CUDA_GRAPH=1 to try)"),
+    ("multinode", "verified on one node only (CUDA_GRAPH=1 to try)"),
+    ("exit_interval", "a run stopped early for a resume check is not verified with the graph"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphDecision:
+    on: bool
+    reason: str
+
+    def line(self) -> str:
+        return f"full-iteration CUDA graph: {'on' if self.on else 'off'} ({self.reason})"
+
+
+def graph_memory_gib(predicted_peak_gib: float) -> float:
+    """The memory the estimator adds for the graph."""
+    return max(GRAPH_MEMORY_MIN_GIB, GRAPH_MEMORY_SHARE * predicted_peak_gib)
+
+
+def decide(requested: str, *, features: set[str], predicted_peak_gib: float | None,
+           capacity_gib: float | None) -> GraphDecision:
+    """requested: the CUDA_GRAPH variable (auto | 1 | 0); features: names from REFUSED that apply.
+
+    capacity_gib is what one GPU may use: the GPU_MEM_GB cap, else the GPU's own memory (None when
+    neither is known, e.g. planning on a machine without GPUs and no GPU named).
+    """
+    value = (requested or "auto").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return GraphDecision(False, "CUDA_GRAPH=0")
+    if value in ("1", "true", "yes", "on"):
+        return GraphDecision(True, "CUDA_GRAPH=1")
+    if value != "auto":
+        raise ValueError(f"CUDA_GRAPH={requested} is not auto, 1 or 0; fix: CUDA_GRAPH=auto (the default), 1 or 0")
+    for feature, why in REFUSED:
+        if feature in features:
+            return GraphDecision(False, f"auto: {why}")
+    if predicted_peak_gib is None or capacity_gib is None:
+        return GraphDecision(False, "auto: no memory plan for this layout or GPU, so no room for the graph is known")
+    need = predicted_peak_gib + graph_memory_gib(predicted_peak_gib)
+    if need > capacity_gib:
+        return GraphDecision(False, f"auto: predicted {predicted_peak_gib:.1f} GiB + graph "
+                                    f"{graph_memory_gib(predicted_peak_gib):.1f} GiB > {capacity_gib:.1f} GiB per GPU")
+    return GraphDecision(True, f"auto: predicted {need:.1f} GiB with the graph <= {capacity_gib:.1f} GiB per GPU")
+
+
+def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_interval) -> set[str]:
+    """The REFUSED features an experiment and its options have."""
+    found = {
+        "te": impl == "transformer_engine",
+        "spec_local": spec != "megalab",
+        "profile": profile or bool(getattr(exp, "timing_log_level", 0)),
+        "moe": bool(exp.num_experts),
+        "cp": exp.cp > 1,
+        "recompute": exp.recompute not in (None, "", "none"),
+        "multinode": nnodes > 1,
+        "exit_interval": bool(exit_interval),
+    }
+    return {k for k, v in found.items() if v}

@@ -1,0 +1,44 @@
+"""CUDA_GRAPH=auto's policy (megalab/harness/graphs.py): on where verified and where memory allows."""
+import pytest
+
+from megalab.harness import catalog, graphs
+
+
+def decide(target, requested="auto", predicted=None, capacity=80.0, **kw):
+    exp = catalog.get(target)
+    opts = dict(impl="local", spec="megalab", profile=False, nnodes=1, exit_interval=None) | kw
+    return graphs.decide(requested, features=graphs.features_of(exp, **opts),
+                         predicted_peak_gib=predicted, capacity_gib=capacity)
+
+
+def test_dense_layouts_get_the_graph_when_it_fits():
+    d = decide("101-gpt2xl-dp1-gbs1-bf16", predicted=33.0)
+    assert d.on and "36.3 GiB" in d.reason
+    assert decide("232-strong-scale-gpt2-1.2B-tp2-paper", predicted=27.0).on
+    assert decide("489-gpt2large-pp2-9L-vpp2-m8", predicted=21.0).on
+
+
+def test_memory_turns_it_off_and_says_by_how_much():
+    d = decide("002-gpt2large-dp2-gbs64", predicted=74.1, capacity=74.5)
+    assert not d.on and "74.1 GiB + graph 7.4 GiB > 74.5 GiB" in d.reason
+    assert not decide("101-gpt2xl-dp1-gbs1-bf16", predicted=None).on  # no plan, no graph
+
+
+@pytest.mark.parametrize("target,kw,word", [
+    ("522-olmoe-dp2-zero2-ep2", {}, "MoE"),
+    ("005-gpt2large-cp2-gbs64", {}, "context-parallel"),
+    ("101-gpt2xl-dp1-gbs1-bf16", {"profile": True}, "profiler"),
+    ("101-gpt2xl-dp1-gbs1-bf16", {"spec": "local"}, "stock"),
+    ("101-gpt2xl-dp1-gbs1-bf16", {"impl": "transformer_engine"}, "Transformer Engine"),
+    ("101-gpt2xl-dp1-gbs1-bf16", {"nnodes": 2}, "one node"),
+])
+def test_unverified_or_failing_layouts_stay_off_with_a_reason(target, kw, word):
+    d = decide(target, predicted=10.0, **kw)
+    assert not d.on and word in d.reason
+
+
+def test_explicit_values_win_and_bad_ones_are_one_line_errors():
+    assert decide("522-olmoe-dp2-zero2-ep2", requested="1").on
+    assert not decide("101-gpt2xl-dp1-gbs1-bf16", requested="0", predicted=1.0).on
+    with pytest.raises(ValueError, match="fix: CUDA_GRAPH=auto"):
+        decide("101-gpt2xl-dp1-gbs1-bf16", requested="maybe")
