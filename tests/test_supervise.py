@@ -92,6 +92,19 @@ def test_worker_and_its_escaped_child_do_not_survive(tmp_path, orphan):
     assert _none_survive(pids)
 
 
+def test_a_failing_callback_still_ends_the_run(tmp_path):
+    pids = tmp_path / "pids"
+    pids.write_text("")
+
+    def broken(line):
+        raise RuntimeError("progress line broke")
+
+    with pytest.raises(RuntimeError, match="progress line broke"):
+        supervise.supervise([sys.executable, str(FAKE / "hang_silent.py")], env={**os.environ, "FAKE_PIDS": str(pids)},
+                            log_path=tmp_path / "logs.txt", on_line=broken, limits=QUICK)
+    assert _none_survive(_pids(pids))
+
+
 def test_previous_signal_handlers_are_restored(tmp_path):
     mine = lambda *a: None  # noqa: E731
     old = signal.signal(signal.SIGTERM, mine)
@@ -159,7 +172,7 @@ def test_launch_records_an_exit_hang_as_ok_with_a_note(tmp_path):
     rec = _record(tmp_path)
     assert proc.returncode == 0, out
     assert rec["status"] == "ok" and rec["ended_by"] == "exit_hang"
-    assert [n for n in rec["notes"] if n.startswith("exit_hang: still running 1 s")]
+    assert [n for n in rec["notes"] if n.startswith("exit_hang: still running, silent for 1 s")]
     assert "port       " in out and "free port picked" in out
     assert _none_survive(_pids(pids))
 

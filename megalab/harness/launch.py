@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib.util
+import math
 import os
 import socket
 import subprocess
@@ -581,7 +582,9 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     from megalab.harness.progress import Progress
 
     progress = Progress(verbose=opts.verbose)
-    limits = supervise.Limits(silent_s=opts.watchdog_silent_s, startup_s=opts.watchdog_startup_s,
+    quiet_node = opts.nnodes > 1 and opts.node_rank != opts.nnodes - 1  # the last node logs the iterations
+    limits = supervise.Limits(silent_s=math.inf if quiet_node else opts.watchdog_silent_s,
+                              startup_s=math.inf if quiet_node else opts.watchdog_startup_s,
                               exit_grace_s=opts.exit_grace_s)
     with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
         try:

@@ -36,7 +36,7 @@ class Limits:
 
     silent_s: float = 300  # no output for this long after the first iteration line: hung
     startup_s: float = 900  # ... before it (imports, compilation, data, CUDA graph capture)
-    exit_grace_s: float = 120  # still alive this long after the end-of-training line: exit_hang
+    exit_grace_s: float = 120  # alive and silent this long after the end-of-training line: exit_hang
     kill_grace_s: float = 10  # SIGTERM, then SIGKILL after this long
 
 
@@ -156,13 +156,16 @@ def supervise(argv: list[str], *, env: dict[str, str], log_path: Path,
     try:
         proc = subprocess.Popen(argv, env={**env, TOKEN_VAR: token}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_reader, args=(proc.stdout, lines), name="run-log", daemon=True).start()
-        reason, detail = _watch(proc, lines, log_path, on_line, limits, caught)
-        if reason or proc.poll() is None:
-            terminate(proc, token, limits.kill_grace_s, hurry=lambda: len(caught) > 1)
-        else:  # ended by itself: still nothing of it may outlive it (a worker torchrun left behind)
-            terminate(proc, token, min(limits.kill_grace_s, 2.0))
+        reason, detail = None, ""
+        try:
+            lines: queue.Queue = queue.Queue()
+            threading.Thread(target=_reader, args=(proc.stdout, lines), name="run-log", daemon=True).start()
+            reason, detail = _watch(proc, lines, log_path, on_line, limits, caught)
+        finally:  # also when the log or the callback failed: the run never outlives its supervisor
+            if reason or proc.poll() is None:
+                terminate(proc, token, limits.kill_grace_s, hurry=lambda: len(caught) > 1)
+            else:  # ended by itself: still nothing of it may outlive it (a worker torchrun left behind)
+                terminate(proc, token, min(limits.kill_grace_s, 2.0))
         if caught and reason is None and proc.returncode not in (0, None):
             reason, detail = "killed", f"{signal.Signals(caught[0]).name} while the run was ending"
         return Outcome(proc.returncode, reason, detail, round(time.monotonic() - t0, 1),
@@ -199,7 +202,9 @@ def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, ca
                 last_out = now
                 if not iterating and parse_iteration_line(text) is not None:
                     iterating = True
-                if end_seen is None and END_RE.search(text):
+                # the exit grace counts from the last output after the end of training: Megatron
+                # may still save a final checkpoint then, and says so
+                if end_seen is not None or END_RE.search(text):
                     end_seen = now
             if proc.poll() is not None:
                 # it exited; what is still in the pipe arrives at once, unless an escaped
@@ -210,8 +215,8 @@ def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, ca
                 continue
             # (output closed but the command runs on: the watchdog below still applies)
             if end_seen is not None and now - end_seen > limits.exit_grace_s:
-                return "exit_hang", (f"still running {limits.exit_grace_s:g} s after Megatron's end-of-training "
-                                     "line; ended by the launcher (EXIT_GRACE_S)")
+                return "exit_hang", (f"still running, silent for {limits.exit_grace_s:g} s after Megatron's "
+                                     "end-of-training line; ended by the launcher (EXIT_GRACE_S)")
             quiet = limits.silent_s if iterating else limits.startup_s
             if now - last_out > quiet:
                 where = "after training began" if iterating else "during start-up"
