@@ -213,7 +213,7 @@ def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, ca
                 if eof or now - max(exited_at, last_out) > 1.0:
                     return None, ""
                 continue
-            # (output closed but the command runs on: the watchdog below still applies)
+            # the watchdog (also when the command closed its output but runs on)
             if end_seen is not None and now - end_seen > limits.exit_grace_s:
                 return "exit_hang", (f"still running, silent for {limits.exit_grace_s:g} s after Megatron's "
                                      "end-of-training line; ended by the launcher (EXIT_GRACE_S)")
