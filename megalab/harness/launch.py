@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import importlib.util
+import math
 import os
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from megalab.harness import catalog, record
+from megalab.harness import catalog, ports, record
 from megalab.harness.catalog import ROOT, CatalogError, Experiment
 
 WRAPPER = ROOT / "scripts" / "train_gpt.sh"
@@ -40,7 +40,7 @@ class Options:
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "localhost"
-    master_port: int = 6000
+    master_port: int | None = None  # None: a free port on one node, 6000 across nodes (ports.py)
     extra_args: str = ""
     warmup: int = 3
     # megalab's TE-free speed-ups (megalab/runtime/fastpath.py): None = the default for the spec
@@ -53,6 +53,10 @@ class Options:
     verbose: bool = False  # VERBOSE=1: the whole log on the terminal, not the progress line
     profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
     exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
+    allow_busy_gpus: bool = False  # ALLOW_BUSY_GPUS=1: start beside other processes' GPU memory
+    watchdog_silent_s: float = 300  # WATCHDOG_SILENT_S: no output this long after training began: hung
+    watchdog_startup_s: float = 900  # WATCHDOG_STARTUP_S: the same before the first iteration
+    exit_grace_s: float = 120  # EXIT_GRACE_S: alive this long after the end of training: exit_hang
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Options":
@@ -74,7 +78,7 @@ class Options:
                 nnodes=int(get("NNODES", 1)),
                 node_rank=int(get("NODE_RANK", 0)),
                 master_addr=get("MASTER_ADDR", "localhost"),
-                master_port=int(get("MASTER_PORT", 6000)),
+                master_port=int(get("MASTER_PORT", 0)) or None,
                 extra_args=get("EXTRA_ARGS", ""),
                 warmup=int(get("WARMUP", 3)),
                 fast=get("FAST", None),
@@ -85,6 +89,10 @@ class Options:
                 load=Path(get("LOAD", "")) if get("LOAD", "") else None,
                 wandb=flag("WANDB"),
                 verbose=flag("VERBOSE"),
+                allow_busy_gpus=flag("ALLOW_BUSY_GPUS"),
+                watchdog_silent_s=float(get("WATCHDOG_SILENT_S", 300)),
+                watchdog_startup_s=float(get("WATCHDOG_STARTUP_S", 900)),
+                exit_grace_s=float(get("EXIT_GRACE_S", 120)),
             )
         except ValueError as e:
             raise LaunchError(f"a make variable is not a number ({e}); fix: e.g. ITERS=20 NNODES=2 SAVE_INTERVAL=50") from None
@@ -207,7 +215,7 @@ def wrapper_env(exp: Experiment, opts: Options, impl: str, run_dir: Path | None 
         "MOE_GROUPED_GEMM": te_flag("moe_grouped_gemm"), "MOE_PERMUTE_FUSION": te_flag("moe_permute_fusion"),
         "TIMING_LOG_LEVEL": exp.timing_log_level,
         "GPUS_PER_NODE": gpus_per_node(exp, opts), "NNODES": opts.nnodes, "NODE_RANK": opts.node_rank,
-        "MASTER_ADDR": opts.master_addr, "MASTER_PORT": opts.master_port,
+        "MASTER_ADDR": opts.master_addr, "MASTER_PORT": opts.master_port or ports.DEFAULT_PORT,
         "TE_IMPL": impl, "SPEC": opts.spec,
         "EXTRA_ARGS": " ".join([*exp.extra_args, opts.extra_args]).strip(),
         "CUDA_GRAPH": int(opts.cuda_graph), "MEGALAB_FAST": fast_patches(opts, impl, exp),
@@ -475,6 +483,19 @@ def check_gpus(exp: Experiment, opts: Options, inv: dict) -> int:
                       f"{opts.nnodes} node(s) x {found} = {opts.nnodes * found} of {exp.gpus} GPUs; fix: {fix}")
 
 
+def check_busy(per_node: int, opts: Options) -> list[dict]:
+    """GPUs of this run that other processes use: refused in one line unless ALLOW_BUSY_GPUS=1."""
+    from megalab.harness import monitor
+
+    busy = monitor.busy_gpus(monitor.run_gpu_indices(per_node))
+    if busy and not opts.allow_busy_gpus:
+        raise LaunchError(f"GPUs in use by other processes ({monitor.describe_busy(busy)}); fix: wait for "
+                          "them to end, kill them, or ALLOW_BUSY_GPUS=1 (the record then says so)")
+    if busy:
+        print(f"warning    ALLOW_BUSY_GPUS=1: starting beside {monitor.describe_busy(busy)}")
+    return busy
+
+
 def make_run_dir(outdir: Path, target: str) -> Path:
     try:
         outdir.mkdir(parents=True, exist_ok=True)
@@ -494,12 +515,9 @@ def make_run_dir(outdir: Path, target: str) -> Path:
     return run_dir
 
 
-def _stream(proc: subprocess.Popen, log_path: Path, progress) -> None:
-    with open(log_path, "wb") as log:
-        for line in iter(proc.stdout.readline, b""):
-            log.write(line)
-            log.flush()
-            progress.feed(line.decode("utf-8", errors="replace"))
+def train_argv() -> list[str]:
+    """What one launch runs: the wrapper, which execs torchrun (tests put a fake torchrun here)."""
+    return ["bash", str(WRAPPER)]
 
 
 def _tail(log_path: Path, n: int = 15) -> str:
@@ -525,6 +543,8 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     """Preflight, and unless DRY_RUN, one launch: its run record and run dir (None for a dry run)."""
     exp.validate()
     opts = check_options(opts)
+    asked_port = opts.master_port
+    opts = dataclasses.replace(opts, master_port=ports.master_port(asked_port, opts.nnodes))
     impl = transformer_impl(opts)
     from megalab.harness.monitor import GpuMemoryMonitor, gpu_inventory
 
@@ -534,6 +554,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     print("\n".join(preflight(exp, opts, impl, inv["count"]) + outputs_lines(opts)))
     print(megatron_check(exp, command))
     print(plan_lines(exp, opts, impl, inv))
+    print(ports.describe(asked_port, opts.master_port, opts.nnodes))
 
     problem = cp_problem(exp, opts, impl) or data_problem(exp)  # a dry run only warns
     if opts.dry_run:
@@ -546,6 +567,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     if problem:
         raise LaunchError(problem)
     per_node = check_gpus(exp, opts, inv)
+    busy = check_busy(per_node, opts)
     check_megatron_installed()
     run_dir = make_run_dir(opts.outdir, exp.id)
     env = wrapper_env(exp, opts, impl, run_dir)
@@ -556,29 +578,31 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     print(f"run dir    {run_dir}  (full log: logs.txt)")
 
     started = dt.datetime.now(dt.timezone.utc)
-    interrupted = False
+    from megalab.harness import supervise
     from megalab.harness.progress import Progress
 
     progress = Progress(verbose=opts.verbose)
+    quiet_node = opts.nnodes > 1 and opts.node_rank != opts.nnodes - 1  # the last node logs the iterations
+    limits = supervise.Limits(silent_s=math.inf if quiet_node else opts.watchdog_silent_s,
+                              startup_s=math.inf if quiet_node else opts.watchdog_startup_s,
+                              exit_grace_s=opts.exit_grace_s)
     with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
-        proc = subprocess.Popen(["bash", str(WRAPPER)], env=child_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            _stream(proc, run_dir / "logs.txt", progress)
-            rc = proc.wait()
-        except KeyboardInterrupt:
-            interrupted = True
-            os.killpg(proc.pid, signal.SIGTERM)
-            rc = proc.wait()
+            outcome = supervise.supervise(train_argv(), env=child_env, log_path=run_dir / "logs.txt",
+                                          on_line=progress.feed, limits=limits)
         finally:
             progress.close()
+    rc = outcome.returncode
+    if outcome.reason:
+        print(f"ended      {outcome.reason}: {outcome.detail}")
     ended = dt.datetime.now(dt.timezone.utc)
 
     rec = record.build(
         exp=exp, opts=opts, impl=impl, command=command, run_dir=run_dir, returncode=rc,
-        interrupted=interrupted, monitor=mon, inventory=inv, started=started, ended=ended,
+        interrupted=False, monitor=mon, inventory=inv, started=started, ended=ended,
         hostname=socket.gethostname(), dropped_flags=dropped_flags(exp, impl, opts),
         substituted_flags=substituted_flags(exp, impl, opts), outputs=outputs_config(opts),
+        outcome=outcome, busy_gpus=busy,
     )
     record.write(rec, run_dir / "run.json")
     if rec["status"] != "ok" and not opts.verbose:
@@ -586,4 +610,6 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     print(record.one_line(rec))
     for line in record.profile_lines(rec, run_dir):
         print(line)
+    if outcome.reason == "killed":  # a stop asked for stops every caller (bench, resume, batch) too
+        raise SystemExit(outcome.exit_code)
     return rec, run_dir

@@ -42,6 +42,49 @@ def visible_gpu_indices(nvml) -> list[int]:
     return out
 
 
+# More in use than an idle GPU shows (the driver's own reservation, well under 1 GiB): another
+# process's memory, even where NVML lists no process (a container hides other containers' PIDs).
+BUSY_BASELINE_MIB = 1024
+
+
+def run_gpu_indices(num_gpus: int | None = None) -> list[int]:
+    """NVML indices of the GPUs a run of `num_gpus` per node uses: torchrun takes the first visible."""
+    try:
+        return visible_gpu_indices(_nvml())[:num_gpus]
+    except Exception:  # no driver: no GPU to be busy
+        return []
+
+
+def busy_gpus(indices: list[int], own_pids: set[int] | None = None) -> list[dict]:
+    """The GPUs among `indices` (NVML) that other processes use: compute processes (our own PID
+    excluded) or memory in use above BUSY_BASELINE_MIB. One dict per busy GPU:
+    {'gpu': index, 'used_mib': memory in use, 'processes': [{'pid', 'used_mib' (None if hidden)}]}."""
+    own = own_pids if own_pids is not None else {os.getpid()}
+    try:
+        nvml = _nvml()
+    except Exception:
+        return []
+    busy = []
+    for i in indices:
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        procs = [{"pid": p.pid, "used_mib": p.usedGpuMemory // 2**20 if p.usedGpuMemory else None}
+                 for p in nvml.nvmlDeviceGetComputeProcesses(h) if p.pid not in own]
+        used = nvml.nvmlDeviceGetMemoryInfo(h).used // 2**20
+        if procs or used > BUSY_BASELINE_MIB:
+            busy.append({"gpu": i, "used_mib": used, "processes": procs})
+    return busy
+
+
+def describe_busy(busy: list[dict]) -> str:
+    """'GPU 0: PID 41 (30.1 GiB), PID 42 (68.0 GiB); 98.9 GiB in use', one clause per GPU."""
+    out = []
+    for b in busy:
+        pids = ", ".join(f"PID {p['pid']}" + (f" ({p['used_mib'] / 1024:.1f} GiB)" if p["used_mib"] else "")
+                         for p in b["processes"]) or "no process visible (another container?)"
+        out.append(f"GPU {b['gpu']}: {pids}; {b['used_mib'] / 1024:.1f} GiB in use")
+    return "; ".join(out)
+
+
 def gpu_inventory() -> dict:
     """{'count', 'names', 'memory_mib', 'driver'} for the visible GPUs; count 0 without NVML/GPUs."""
     try:
@@ -84,10 +127,20 @@ class GpuMemoryMonitor:
             self.error = f"NVML unavailable: {e}"
             return self
         self.peak_mib = [0] * len(self._handles)
-        self.baseline_mib = [self._used(h) for h in self._handles]
+        self.baseline_mib = [self._used(h) for h in self._handles]  # in use before the run starts
         self._thread = threading.Thread(target=self._loop, name="gpu-monitor", daemon=True)
         self._thread.start()
         return self
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        """NVML indices of the sampled GPUs (baseline_mib and peak_mib follow this order)."""
+        return list(getattr(self, "_idx", []))
+
+    def busy_at_start(self) -> list[dict]:
+        """GPUs whose memory in use when the run started was above BUSY_BASELINE_MIB."""
+        return [{"gpu": i, "used_mib": mib, "processes": []}
+                for i, mib in zip(self.gpu_indices, self.baseline_mib) if mib > BUSY_BASELINE_MIB]
 
     def __exit__(self, *exc):
         self._stop.set()

@@ -75,38 +75,72 @@ def versions(driver: str | None) -> dict:
 
 
 def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: list[int],
-             peak: float | None, one_node: bool = True) -> dict:
+             peak: float | None, one_node: bool = True, ended_by: str | None = None,
+             end_detail: str = "", busy: bool = False) -> dict:
     """The record's measured fields, all derived from the raw log and the memory peaks.
 
     The status is the log's, corrected by what the log cannot know: a run stopped by the user is
     `incomplete`, a clean-looking log whose process exited non-zero is `failed`. A node of a multi-node
     run sees part of the story (Megatron prints its arguments and the end of training on rank 0, the
     iterations on the last rank): there a clean exit code decides between `incomplete` and `ok`.
+
+    The launcher's supervisor (supervise.py) knows what the log cannot: `ended_by` "killed" (a
+    signal to the launcher), "hung" (the watchdog), "exit_hang" (alive after the end of training:
+    `ok` with a note when every iteration ran, else `hung`). A run that started on GPUs other
+    processes held (`busy`) and ran out of memory is `oom_busy`, never a plain `oom`: not a result.
     """
     from megalab.results import logparse
 
-    fields = logparse.summary_fields(logparse.parse_file(log), warmup=warmup)
+    summary = logparse.parse_file(log)
+    fields = logparse.summary_fields(summary, warmup=warmup)
     status = fields.pop("status")
+    notes = []
     if status in ("empty", "incomplete") and not one_node and returncode == 0:
         status = "ok"
     elif status == "empty" or (status == "ok" and returncode not in (0, None)):
         status = "failed"
     if interrupted:
         status = "incomplete"
+    if ended_by in ("killed", "hung"):
+        status = ended_by
+    elif ended_by == "exit_hang":
+        last = summary.iterations[-1].iteration if summary.iterations else None
+        done = summary.finished or bool(summary.train_iters and last and last >= summary.train_iters)
+        status = "ok" if done else "hung"
+        notes.append(f"exit_hang: {end_detail}")
+    if busy and status == "oom":
+        status = "oom_busy"
     tflops = fields.get("tflops_per_gpu")
-    return {"status": status, **fields,
+    return {"status": status, **fields, "notes": notes,
             "mfu": round(tflops / peak, 4) if (tflops and peak) else None,
             "mem_peak_mib": used_mib, "mem_peak_gib": [round(u / 1024, 2) for u in used_mib]}
 
 
+def busy_note(busy: list[dict]) -> str:
+    from megalab.harness.monitor import describe_busy
+
+    return (f"busy_gpus: started beside other processes ({describe_busy(busy)}); its memory and step "
+            "times are not its own (ALLOW_BUSY_GPUS=1)")
+
+
 def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
-          started, ended, hostname, dropped_flags=(), substituted_flags=None, outputs=None) -> dict:
+          started, ended, hostname, dropped_flags=(), substituted_flags=None, outputs=None,
+          outcome=None, busy_gpus=None) -> dict:
+    """`outcome`: the supervisor's (supervise.Outcome); `busy_gpus`: what the preflight found busy
+    (monitor.busy_gpus) when ALLOW_BUSY_GPUS=1 let the run start anyway."""
     from megalab.harness.launch import fast_patches  # launch imports this module
 
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
+    busy = list(busy_gpus or [])
+    if hasattr(monitor, "busy_at_start"):  # memory in use at start with no process listed counts too
+        busy += [b for b in monitor.busy_at_start() if b["gpu"] not in {x["gpu"] for x in busy}]
+    ended_by = outcome.reason if outcome else None
     meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak,
-                    one_node=opts.nnodes == 1)
+                    one_node=opts.nnodes == 1, ended_by=ended_by,
+                    end_detail=outcome.detail if outcome else "", busy=bool(busy))
+    if busy:
+        meas["notes"].append(busy_note(busy))
     config = dataclasses.asdict(exp) | {
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
@@ -128,6 +162,10 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "target": exp.id,
         "status": meas.pop("status"),
         "returncode": returncode,
+        # how the run ended, when the launcher ended it: killed (a signal), hung or exit_hang (watchdog)
+        "ended_by": ended_by,
+        "end_detail": outcome.detail if outcome and outcome.reason else None,
+        "busy_gpus": busy,
         **meas,
         "peak_tflops": peak,
         "mem_baseline_mib": monitor.baseline_mib,
@@ -212,10 +250,13 @@ def refresh(run_dir: Path) -> dict:
     rec = load(run_dir / "run.json")
     cfg = rec.get("config") or {}
     used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
-    # the log cannot tell a user's interrupt: keep `incomplete` as the launcher recorded it
-    rec.update(measured(run_dir / rec["files"]["log"], rec.get("warmup_iters") or 3, rec.get("returncode"),
-                        rec.get("status") == "incomplete", used, rec.get("peak_tflops"),
-                        one_node=cfg.get("nnodes", 1) == 1),
+    # the log cannot tell a user's interrupt or the watchdog: keep what the launcher recorded
+    meas = measured(run_dir / rec["files"]["log"], rec.get("warmup_iters") or 3, rec.get("returncode"),
+                    rec.get("status") == "incomplete", used, rec.get("peak_tflops"),
+                    one_node=cfg.get("nnodes", 1) == 1, ended_by=rec.get("ended_by"),
+                    end_detail=rec.get("end_detail") or "", busy=bool(rec.get("busy_gpus")))
+    meas["notes"] += [n for n in rec.get("notes") or [] if not n.startswith("exit_hang:")]
+    rec.update(meas,
                mem_baseline_mib=(rec.get("mem_baseline_mib") or [])[: rec["num_gpus"]])
     rec.setdefault("refreshed", []).append(
         {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"})

@@ -1,0 +1,224 @@
+"""Run one command to its end in bounded time, and leave none of its processes behind.
+
+The command (torchrun and its workers) runs in its own session and process group, so one signal
+reaches all of it. While it runs, SIGINT/SIGTERM/SIGHUP to the launcher end the whole group (the
+launcher then writes its record), and a watchdog ends a run that went silent or that is still
+alive long after Megatron's end-of-training line. Ending is SIGTERM, a grace period, then SIGKILL,
+to the group and to any descendant that escaped it (setsid), found through /proc: by parentage,
+and by a token put in the command's environment that every descendant inherits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from megalab.results.logparse import parse_iteration_line
+
+TOKEN_VAR = "MEGALAB_RUN_TOKEN"  # marks every process of one supervised run (inherited environment)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TICK_S = 0.2  # how often the loop looks at signals and deadlines when the log is quiet
+# Megatron's print_datetime() at the end of training (and of an --exit-interval stop)
+END_RE = re.compile(r"\[(after training is done|exiting program at iteration \d+)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Watchdog limits, seconds (make variables WATCHDOG_SILENT_S, WATCHDOG_STARTUP_S, EXIT_GRACE_S)."""
+
+    silent_s: float = 300  # no output for this long after the first iteration line: hung
+    startup_s: float = 900  # ... before it (imports, compilation, data, CUDA graph capture)
+    exit_grace_s: float = 120  # alive and silent this long after the end-of-training line: exit_hang
+    kill_grace_s: float = 10  # SIGTERM, then SIGKILL after this long
+
+
+@dataclasses.dataclass
+class Outcome:
+    returncode: int | None  # the command's exit status (negative: the signal that ended it)
+    reason: str | None  # None (it ended by itself) | "killed" | "hung" | "exit_hang"
+    detail: str  # one line, for the record and the terminal
+    seconds: float
+    signal: int | None = None  # the signal the launcher received ("killed")
+
+    @property
+    def exit_code(self) -> int:
+        """What the launcher exits with after a kill: 128 + the signal, as a shell would."""
+        return 128 + self.signal if self.signal else 1
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgid) of a process, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a zombie holds no memory and no port)."""
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def _has_token(pid: int, token: bytes) -> bool:
+    try:
+        return token in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def run_processes(root: int, token: str | None) -> set[int]:
+    """Every live process of the run: descendants of `root`, members of its group, token holders."""
+    me = os.getpid()
+    procs = {}
+    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if d.name.isdigit() and (st := _stat(int(d.name))) and st[0] != "Z":
+            procs[int(d.name)] = st
+    ours = {pid for pid, (_, _, pgid) in procs.items() if pgid == root}
+    if root in procs:
+        ours.add(root)
+    grew = True
+    while grew:  # descendants by parentage, whatever group or session they moved to
+        new = {pid for pid, (_, ppid, _) in procs.items() if ppid in ours and pid not in ours}
+        ours |= new
+        grew = bool(new)
+    if token:
+        marker = f"{TOKEN_VAR}={token}".encode()
+        ours |= {pid for pid in procs if pid not in ours and _has_token(pid, marker)}
+    ours.discard(me)
+    return ours
+
+
+def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
+    if proc.returncode is None:  # the group at once (catches a fork since the scan); once the
+        try:                     # leader is reaped its id may be reused: then only the pids found
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def terminate(proc: subprocess.Popen, token: str | None, grace_s: float, hurry=lambda: False) -> None:
+    """SIGTERM the run's processes, SIGKILL what is left after `grace_s` (or at once if `hurry()`)."""
+    pids = run_processes(proc.pid, token)  # before the parent dies and its children are re-parented
+    _signal_all(proc, pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not hurry():
+        proc.poll()
+        if not any(alive(p) for p in pids | run_processes(proc.pid, token)):
+            break
+        time.sleep(0.1)
+    for _ in range(3):  # SIGKILL cannot be ignored; a few rounds catch late forks
+        left = {p for p in pids | run_processes(proc.pid, token) if alive(p)}
+        if not left:
+            break
+        _signal_all(proc, left, signal.SIGKILL)
+        time.sleep(0.1)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # unkillable (D state): report it rather than wait forever
+        pass
+
+
+def _reader(stream, q: queue.Queue) -> None:
+    for line in iter(stream.readline, b""):
+        q.put(line)
+    q.put(None)
+
+
+def supervise(argv: list[str], *, env: dict[str, str], log_path: Path,
+              on_line: Callable[[str], None] = lambda line: None, limits: Limits = Limits()) -> Outcome:
+    """Run `argv` (no shell) to its end: every line to `log_path` (flushed) and to `on_line`."""
+    token = uuid.uuid4().hex
+    caught: list[int] = []
+
+    def on_signal(signum, frame):  # only a note: the loop below acts within TICK_S
+        caught.append(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, env={**env, TOKEN_VAR: token}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        reason, detail = None, ""
+        try:
+            lines: queue.Queue = queue.Queue()
+            threading.Thread(target=_reader, args=(proc.stdout, lines), name="run-log", daemon=True).start()
+            reason, detail = _watch(proc, lines, log_path, on_line, limits, caught)
+        finally:  # also when the log or the callback failed: the run never outlives its supervisor
+            if reason or proc.poll() is None:
+                terminate(proc, token, limits.kill_grace_s, hurry=lambda: len(caught) > 1)
+            else:  # ended by itself: still nothing of it may outlive it (a worker torchrun left behind)
+                terminate(proc, token, min(limits.kill_grace_s, 2.0))
+        if caught and reason is None and proc.returncode not in (0, None):
+            reason, detail = "killed", f"{signal.Signals(caught[0]).name} while the run was ending"
+        return Outcome(proc.returncode, reason, detail, round(time.monotonic() - t0, 1),
+                       signal=caught[0] if reason == "killed" else None)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, caught: list[int]):
+    """Stream the log until the command ends or must be ended: (reason, detail)."""
+    last_out = time.monotonic()
+    iterating = False
+    end_seen: float | None = None
+    exited_at: float | None = None
+    eof = False
+    with open(log_path, "wb") as log:
+        while True:
+            if caught:
+                return "killed", f"{signal.Signals(caught[0]).name} to the launcher"
+            try:
+                line = lines.get(timeout=TICK_S)
+            except queue.Empty:
+                line = b""
+            now = time.monotonic()
+            if line is None:  # end of output: the command and everything holding its pipe closed it
+                eof = True
+                line = b""
+            elif line:
+                log.write(line)
+                log.flush()
+                text = line.decode("utf-8", errors="replace")
+                on_line(text)
+                last_out = now
+                if not iterating and parse_iteration_line(text) is not None:
+                    iterating = True
+                # the exit grace counts from the last output after the end of training: Megatron
+                # may still save a final checkpoint then, and says so
+                if end_seen is not None or END_RE.search(text):
+                    end_seen = now
+            if proc.poll() is not None:
+                # it exited; what is still in the pipe arrives at once, unless an escaped
+                # process holds the pipe open: then stop reading after a second of quiet
+                exited_at = exited_at or now
+                if eof or now - max(exited_at, last_out) > 1.0:
+                    return None, ""
+                continue
+            # the watchdog (also when the command closed its output but runs on)
+            if end_seen is not None and now - end_seen > limits.exit_grace_s:
+                return "exit_hang", (f"still running, silent for {limits.exit_grace_s:g} s after Megatron's "
+                                     "end-of-training line; ended by the launcher (EXIT_GRACE_S)")
+            quiet = limits.silent_s if iterating else limits.startup_s
+            if now - last_out > quiet:
+                where = "after training began" if iterating else "during start-up"
+                var = "WATCHDOG_SILENT_S" if iterating else "WATCHDOG_STARTUP_S"
+                return "hung", f"no output for {quiet:g} s {where}; ended by the launcher ({var})"

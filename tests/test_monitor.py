@@ -1,0 +1,169 @@
+"""Never start on GPUs others hold, never call such a run's OOM a result, never share a port (issue 16)."""
+import dataclasses
+import datetime as dt
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from megalab.harness import catalog, launch, monitor, ports, record
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 2**30
+
+
+class _Nvml(types.SimpleNamespace):
+    """GPUs with the compute processes and memory in use given: {index: (used GiB, [(pid, GiB)])}."""
+
+    def __init__(self, gpus):
+        super().__init__()
+        self.gpus = gpus
+
+    def nvmlInit(self): pass
+    def nvmlDeviceGetCount(self): return len(self.gpus)
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetUUID(self, h): return f"GPU-{h}"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(used=int(self.gpus[h][0] * GIB), total=80 * GIB)
+
+    def nvmlDeviceGetComputeProcesses(self, h):
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=int(gib * GIB) if gib is not None else None)
+                for pid, gib in self.gpus[h][1]]
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    def install(gpus, visible=None):
+        monkeypatch.setitem(sys.modules, "pynvml", _Nvml(gpus))
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    return install
+
+
+def test_busy_gpus_names_other_processes_and_skips_our_own(nvml):
+    nvml({0: (99.0, [(4101, 31.0), (4102, 68.0)]), 1: (0.5, [(os.getpid(), 0.4)]), 2: (0.3, [])})
+    busy = monitor.busy_gpus([0, 1, 2])
+    assert [b["gpu"] for b in busy] == [0]
+    assert [p["pid"] for p in busy[0]["processes"]] == [4101, 4102]
+    assert monitor.describe_busy(busy) == "GPU 0: PID 4101 (31.0 GiB), PID 4102 (68.0 GiB); 99.0 GiB in use"
+
+
+def test_memory_in_use_without_a_visible_process_is_busy(nvml):
+    """A container hides other containers' PIDs: memory in use above ~1 GiB is enough."""
+    nvml({0: (0.5, []), 1: (68.9, [])})
+    (b,) = monitor.busy_gpus([0, 1])
+    assert b["gpu"] == 1 and "no process visible" in monitor.describe_busy([b])
+
+
+def test_only_the_gpus_the_run_uses_are_checked(nvml):
+    nvml({0: (50.0, [(7, 50.0)]), 1: (0.2, []), 2: (0.2, [])}, visible="2,1")
+    assert monitor.run_gpu_indices(1) == [2] and monitor.run_gpu_indices(2) == [2, 1]
+    assert monitor.busy_gpus(monitor.run_gpu_indices(2)) == []
+
+
+def test_without_nvml_nothing_is_busy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert monitor.run_gpu_indices(1) == [] and monitor.busy_gpus([0]) == []
+
+
+def test_preflight_refuses_busy_gpus_in_one_line_unless_allowed(nvml, capsys):
+    nvml({0: (69.0, [(4101, 68.9)])})
+    with pytest.raises(launch.LaunchError) as e:
+        launch.check_busy(1, launch.Options())
+    line = str(e.value)
+    assert "\n" not in line and "GPU 0: PID 4101 (68.9 GiB)" in line
+    assert "fix: wait for them to end, kill them, or ALLOW_BUSY_GPUS=1" in line
+    opts = launch.Options.from_env({"ALLOW_BUSY_GPUS": "1"})
+    assert [b["gpu"] for b in launch.check_busy(1, opts)] == [0]
+    assert "warning    ALLOW_BUSY_GPUS=1" in capsys.readouterr().out
+
+
+def _build(tmp_path, log, busy=None, baseline=(), outcome=None):
+    shutil.copy(ROOT / "tests/fixtures/logs" / log, tmp_path / "logs.txt")
+    mon = monitor.GpuMemoryMonitor(tmp_path / "m.csv")
+    mon._idx, mon.baseline_mib = list(range(len(baseline))), list(baseline)
+    now = dt.datetime.now(dt.timezone.utc)
+    return record.build(exp=catalog.get("101"), opts=launch.Options(), impl="local", command="x",
+                        run_dir=tmp_path, returncode=1, interrupted=False, monitor=mon, inventory={},
+                        started=now, ended=now, hostname="h", busy_gpus=busy, outcome=outcome)
+
+
+def test_an_oom_on_busy_gpus_is_not_a_plain_oom(tmp_path):
+    assert _build(tmp_path, "oom_rank1.txt")["status"] == "oom"
+    busy = [{"gpu": 0, "used_mib": 70000, "processes": [{"pid": 4101, "used_mib": 70000}]}]
+    rec = _build(tmp_path, "oom_rank1.txt", busy=busy)
+    assert rec["status"] == "oom_busy" and rec["busy_gpus"] == busy
+    assert any(n.startswith("busy_gpus: started beside other processes (GPU 0: PID 4101") for n in rec["notes"])
+    from megalab.results import tables
+
+    assert "oom_busy" not in tables.USABLE  # never picked as a target's result
+
+
+def test_memory_in_use_at_start_marks_the_record_busy(tmp_path):
+    """The monitor's baseline, taken as the run starts, catches what the preflight could not see."""
+    rec = _build(tmp_path, "oom_rank1.txt", baseline=[70550])
+    assert rec["status"] == "oom_busy" and rec["busy_gpus"] == [{"gpu": 0, "used_mib": 70550, "processes": []}]
+    assert _build(tmp_path, "oom_rank1.txt", baseline=[500])["status"] == "oom"
+
+
+def test_statuses_the_supervisor_decides(tmp_path):
+    from megalab.harness.supervise import Outcome
+
+    ok_log = "ok_1gpu_v019.txt"
+    killed = _build(tmp_path, ok_log, outcome=Outcome(-15, "killed", "SIGTERM to the launcher", 3.0, 15))
+    assert killed["status"] == "killed" and killed["end_detail"] == "SIGTERM to the launcher"
+    hang = Outcome(-15, "exit_hang", "still running 120 s after Megatron's end-of-training line", 9.0)
+    rec = _build(tmp_path, ok_log, outcome=hang)
+    assert rec["status"] == "ok" and rec["notes"] == [f"exit_hang: {hang.detail}"]
+    # an exit hang before every iteration ran is a hang
+    assert _build(tmp_path, "truncated_midline.txt", outcome=hang)["status"] == "hung"
+    silent = Outcome(-9, "hung", "no output for 300 s after training began", 400.0)
+    assert _build(tmp_path, ok_log, outcome=silent)["status"] == "hung"
+
+
+def test_refresh_keeps_what_the_supervisor_recorded(tmp_path):
+    from megalab.harness.supervise import Outcome
+
+    hang = Outcome(-15, "exit_hang", "still running 1 s after the end", 9.0)
+    rec = _build(tmp_path, "ok_1gpu_v019.txt", outcome=hang)
+    (tmp_path / "m.csv").write_text("t_s,gpu,mem_used_mib,util_pct\n0,0,1000,5\n")
+    rec["files"]["memory"] = "m.csv"
+    record.write(rec, tmp_path / "run.json")
+    again = record.refresh(tmp_path)
+    assert again["status"] == "ok" and again["notes"] == rec["notes"]
+
+
+# ---- the rendezvous port -------------------------------------------------------------------------
+def test_one_node_gets_a_free_port_and_master_port_wins():
+    assert launch.Options.from_env({}).master_port is None
+    port = ports.master_port(None, nnodes=1)
+    assert port != ports.DEFAULT_PORT and 1024 < port < 65536
+    assert ports.master_port(29500, nnodes=1) == 29500
+    assert ports.master_port(None, nnodes=2) == ports.DEFAULT_PORT
+    assert launch.Options.from_env({"MASTER_PORT": "29500"}).master_port == 29500
+    assert "free port picked" in ports.describe(None, port, 1)
+
+
+def test_dry_run_shows_the_port_it_would_use(capsys, monkeypatch):
+    monkeypatch.setattr(launch, "megatron_check", lambda exp, command: "megatron   skipped")
+    monkeypatch.setattr(launch, "plan_lines", lambda *a: "plan       skipped")
+    launch.launch(catalog.get("101"), launch.Options(dry_run=True, master_port=29511))
+    out = capsys.readouterr().out
+    assert "port       29511 (MASTER_PORT)" in out and "--master_port 29511" in out
+    two = dataclasses.replace(launch.Options(dry_run=True), nnodes=2)
+    launch.launch(catalog.get("122"), two)
+    assert "--master_port 6000" in capsys.readouterr().out
+
+
+def test_watchdog_variables_are_read_as_numbers():
+    o = launch.Options.from_env({"WATCHDOG_SILENT_S": "60", "WATCHDOG_STARTUP_S": "600", "EXIT_GRACE_S": "30"})
+    assert (o.watchdog_silent_s, o.watchdog_startup_s, o.exit_grace_s) == (60, 600, 30)
+    assert (launch.Options().watchdog_silent_s, launch.Options().exit_grace_s) == (300, 120)
+    with pytest.raises(launch.LaunchError, match="not a number"):
+        launch.Options.from_env({"EXIT_GRACE_S": "soon"})

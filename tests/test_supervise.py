@@ -1,0 +1,204 @@
+"""Every run ends in bounded time with a record, and leaves no process behind (issue 16).
+
+Fake torchruns (tests/fixtures/fake_torchrun/) stand in for Megatron: one that trains and exits,
+one that goes silent, one that hangs after the end of training, one that ignores SIGTERM, one that
+spawns a worker whose child escapes the process group. Every fake notes its PIDs in FAKE_PIDS, and
+each test checks by PID that none survives.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megalab.harness import supervise
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE = ROOT / "tests" / "fixtures" / "fake_torchrun"
+QUICK = supervise.Limits(silent_s=1, startup_s=2, exit_grace_s=1, kill_grace_s=1)
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _none_survive(pids, within=3.0) -> bool:
+    # a zombie (exited, not yet reaped by whoever inherited it) holds no memory and no port
+    return _wait_for(lambda: not any(supervise.alive(p) for p in pids), within)
+
+
+def _supervise(tmp_path, script, limits=QUICK, **env):
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    seen = []
+    out = supervise.supervise([sys.executable, str(FAKE / script)], log_path=tmp_path / "logs.txt",
+                              env={**os.environ, "FAKE_PIDS": str(pids), **env}, on_line=seen.append,
+                              limits=limits)
+    return out, seen, _pids(pids)
+
+
+def test_a_run_that_ends_by_itself_is_streamed_to_log_and_callback(tmp_path):
+    out, seen, pids = _supervise(tmp_path, "ok.py")
+    assert (out.returncode, out.reason) == (0, None)
+    log = (tmp_path / "logs.txt").read_text()
+    assert log.count("] iteration ") == 5 and "[after training is done]" in log
+    assert "".join(seen) == log
+    assert out.seconds < 10 and _none_survive(pids)
+
+
+def test_silent_after_training_began_is_hung(tmp_path):
+    out, _, pids = _supervise(tmp_path, "hang_silent.py")
+    assert out.reason == "hung" and "WATCHDOG_SILENT_S" in out.detail and "after training began" in out.detail
+    assert out.returncode == -signal.SIGTERM
+    assert _none_survive(pids)
+
+
+def test_silent_in_startup_and_deaf_to_sigterm_is_hung_and_sigkilled(tmp_path):
+    out, _, pids = _supervise(tmp_path, "ignore_term.py")
+    assert out.reason == "hung" and "WATCHDOG_STARTUP_S" in out.detail
+    assert out.returncode == -signal.SIGKILL
+    assert QUICK.startup_s + QUICK.kill_grace_s <= out.seconds < 10
+    assert _none_survive(pids)
+
+
+def test_alive_after_end_of_training_is_exit_hang(tmp_path):
+    # silent_s is longer than the test: only the exit grace can end it
+    limits = supervise.Limits(silent_s=60, startup_s=60, exit_grace_s=1, kill_grace_s=1)
+    out, _, pids = _supervise(tmp_path, "exit_hang.py", limits=limits)
+    assert out.reason == "exit_hang" and "EXIT_GRACE_S" in out.detail
+    assert out.seconds < 10 and _none_survive(pids)
+
+
+@pytest.mark.parametrize("orphan", ["0", "1"])
+def test_worker_and_its_escaped_child_do_not_survive(tmp_path, orphan):
+    """The escapee called setsid (out of the group); with orphan=1 its parent is gone too, so only
+    the run's token in its environment still ties it to the run."""
+    out, _, pids = _supervise(tmp_path, "spawn.py", FAKE_ORPHAN=orphan)
+    assert len(pids) == 3, pids
+    assert out.reason == "hung"
+    assert _none_survive(pids)
+
+
+def test_a_failing_callback_still_ends_the_run(tmp_path):
+    pids = tmp_path / "pids"
+    pids.write_text("")
+
+    def broken(line):
+        raise RuntimeError("progress line broke")
+
+    with pytest.raises(RuntimeError, match="progress line broke"):
+        supervise.supervise([sys.executable, str(FAKE / "hang_silent.py")], env={**os.environ, "FAKE_PIDS": str(pids)},
+                            log_path=tmp_path / "logs.txt", on_line=broken, limits=QUICK)
+    assert _none_survive(_pids(pids))
+
+
+def test_previous_signal_handlers_are_restored(tmp_path):
+    mine = lambda *a: None  # noqa: E731
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        _supervise(tmp_path, "ok.py")
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+LAUNCHER = """
+import os, sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from megalab.harness import supervise
+out = supervise.supervise([sys.executable, {fake!r}], env=dict(os.environ), log_path=Path({log!r}),
+                          limits=supervise.Limits(silent_s=60, startup_s=60, exit_grace_s=60, kill_grace_s=1))
+print(out.reason, out.signal, flush=True)
+sys.exit(out.exit_code)
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_launcher_ends_every_worker(tmp_path, sig, code):
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    src = LAUNCHER.format(root=str(ROOT), fake=str(FAKE / "spawn.py"), log=str(tmp_path / "logs.txt"))
+    launcher = subprocess.Popen([sys.executable, "-c", src], env={**os.environ, "FAKE_PIDS": str(pids)},
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: "iteration" in (tmp_path / "logs.txt").read_text()
+                         if (tmp_path / "logs.txt").exists() else False)
+        workers = _pids(pids)
+        assert len(workers) == 3
+        t0 = time.monotonic()
+        launcher.send_signal(sig)
+        rc = launcher.wait(timeout=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert rc == code and launcher.stdout.read().split() == ["killed", str(int(sig))]
+    assert _none_survive(workers)
+
+
+# ---- end to end: launch.run() with a fake torchrun in place of scripts/train_gpt.sh ---------------
+def _launch(tmp_path, fake, **env):
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    env = {**os.environ, "OUTDIR": str(tmp_path / "out"), "FAKE_PIDS": str(pids), "ITERS": "5",
+           "WATCHDOG_SILENT_S": "1", "WATCHDOG_STARTUP_S": "3", "EXIT_GRACE_S": "1", **env}
+    env.pop("MASTER_PORT", None)
+    return subprocess.Popen([sys.executable, str(FAKE / "launch_fake.py"), fake, "101"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), pids
+
+
+def _record(tmp_path) -> dict:
+    (run_json,) = (tmp_path / "out").glob("*/run.json")
+    return json.loads(run_json.read_text())
+
+
+def test_launch_records_an_exit_hang_as_ok_with_a_note(tmp_path):
+    proc, pids = _launch(tmp_path, "exit_hang.py")
+    out, _ = proc.communicate(timeout=60)
+    rec = _record(tmp_path)
+    assert proc.returncode == 0, out
+    assert rec["status"] == "ok" and rec["ended_by"] == "exit_hang"
+    assert [n for n in rec["notes"] if n.startswith("exit_hang: still running, silent for 1 s")]
+    assert "port       " in out and "free port picked" in out
+    assert _none_survive(_pids(pids))
+
+
+def test_launch_records_a_silent_run_as_hung_with_the_log_tail(tmp_path):
+    proc, pids = _launch(tmp_path, "hang_silent.py")
+    out, _ = proc.communicate(timeout=60)
+    rec = _record(tmp_path)
+    assert proc.returncode == 1
+    assert rec["status"] == "hung" and "WATCHDOG_SILENT_S" in rec["end_detail"]
+    assert "log         [" in out and "result     101-gpt2xl-dp1-gbs1-bf16: hung" in out
+    assert _none_survive(_pids(pids))
+
+
+def test_sigterm_to_the_launcher_writes_a_killed_record_and_exits_143(tmp_path):
+    proc, pids = _launch(tmp_path, "spawn.py", WATCHDOG_SILENT_S="60", WATCHDOG_STARTUP_S="60")
+    try:
+        assert _wait_for(lambda: len(_pids(pids)) == 3, timeout=20)
+        assert _wait_for(lambda: any("iteration" in p.read_text() for p in (tmp_path / "out").glob("*/logs.txt")))
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rec = _record(tmp_path)
+    assert proc.returncode == 143, out
+    assert rec["status"] == "killed" and rec["ended_by"] == "killed" and "SIGTERM" in rec["end_detail"]
+    assert "log        " in out  # the tail, as for any run that did not end ok
+    assert _none_survive(_pids(pids))
