@@ -66,6 +66,14 @@ def test_silent_after_training_began_is_hung(tmp_path):
     assert _none_survive(pids)
 
 
+def test_a_hung_workers_python_stacks_reach_the_log_before_it_is_ended(tmp_path):
+    out, _, pids = _supervise(tmp_path, "pretrain_gpt_stuck.py")
+    log = (tmp_path / "logs.txt").read_text()
+    assert out.reason == "hung"
+    assert "megalab: watchdog: Python stacks of workers" in log and "stuck_in_a_collective" in log
+    assert _none_survive(pids)
+
+
 def test_silent_in_startup_and_deaf_to_sigterm_is_hung_and_sigkilled(tmp_path):
     out, _, pids = _supervise(tmp_path, "ignore_term.py")
     assert out.reason == "hung" and "WATCHDOG_STARTUP_S" in out.detail

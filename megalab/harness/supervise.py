@@ -215,10 +215,45 @@ def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, ca
                 continue
             # the watchdog (also when the command closed its output but runs on)
             if end_seen is not None and now - end_seen > limits.exit_grace_s:
+                _dump_stacks(proc, lines, log)
                 return "exit_hang", (f"still running, silent for {limits.exit_grace_s:g} s after Megatron's "
                                      "end-of-training line; ended by the launcher (EXIT_GRACE_S)")
             quiet = limits.silent_s if iterating else limits.startup_s
             if now - last_out > quiet:
+                _dump_stacks(proc, lines, log)
                 where = "after training began" if iterating else "during start-up"
                 var = "WATCHDOG_SILENT_S" if iterating else "WATCHDOG_STARTUP_S"
                 return "hung", f"no output for {quiet:g} s {where}; ended by the launcher ({var})"
+
+
+WORKER_MARK = b"pretrain_gpt"  # the entry point registers faulthandler on SIGUSR1 (megalab/runtime/pretrain_gpt.py)
+
+
+def _dump_stacks(proc, lines: queue.Queue, log, wait_s: float = 3.0) -> None:
+    """Before a hung run is ended: every worker's Python stacks into the log, so the record shows
+    where it hung. Only the training workers get SIGUSR1 (torchrun would die of it)."""
+    workers = []
+    for pid in run_processes(proc.pid, None):
+        try:
+            if WORKER_MARK in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.append(pid)
+        except OSError:
+            continue
+    if not workers:
+        return
+    log.write(f"megalab: watchdog: Python stacks of workers {' '.join(map(str, workers))} follow\n".encode())
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        log.write(line)
+    log.flush()
