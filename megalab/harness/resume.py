@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from megalab.results import logparse
-from megalab.harness import record
+from megalab.harness import launch, plan as planner, record
 from megalab.harness.catalog import Experiment
+from megalab.results import logparse
 
 
 def check(saved_log, resumed_log, stop_at: int) -> dict:
@@ -52,8 +52,6 @@ def line(c: dict) -> str:
 
 
 def run(exp: Experiment, opts) -> int:
-    from megalab.harness import launch
-
     if opts.iters < 4 or opts.load:
         raise launch.LaunchError(f"resume-{exp.id} trains ITERS/2 steps, saves, and resumes to ITERS; "
                                  f"fix: ITERS=4 or more (e.g. ITERS=40), and no LOAD (it makes its own)")
@@ -63,9 +61,9 @@ def run(exp: Experiment, opts) -> int:
     first = launch.launch(exp, dataclasses.replace(opts, save=True, save_interval=stop, exit_interval=stop))
     if first is None:  # DRY_RUN: the second launch's command, loading the first's checkpoint dir
         load = Path("RUN_DIR_OF_LAUNCH_1/checkpoints")
-        env = launch.wrapper_env(exp, dataclasses.replace(opts, load=load), launch.transformer_impl(opts))
+        second = planner.build(exp, dataclasses.replace(opts, load=load), planner.Machine.here())
         print(f"resume     launch 2 of 2: iterations {stop + 1}-{opts.iters}, loading launch 1's checkpoint")
-        print(launch.torchrun_command(env))
+        print(second.command)
         return 0
     rec1, dir1 = first
     if rec1["status"] != "ok":
