@@ -119,15 +119,17 @@ setup: $(VENV)/.stamp
 test: $(VENV)/.stamp
 	$(VENV)/bin/python -m pytest -q tests
 
-# The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables.
+# The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables
+# (torch-free: the base dependencies do; `make setup` only where $(PY) lacks them).
 quickstart:
 	@if nvidia-smi -L >/dev/null 2>&1; then \
 	    ITERS=$${ITERS:-20} $(PY) -m megalab run 101-gpt2xl-dp1-gbs1-bf16; \
 	else \
 	    echo "quickstart: no GPU found (nvidia-smi -L failed): showing the plan of 101 and the committed results"; \
-	    $(MAKE) --no-print-directory setup && \
-	    DRY_RUN=1 $(VENV)/bin/python -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
-	    $(VENV)/bin/python -m megalab tables && \
+	    py=$(PY); $$py -c "import yaml, pandas, matplotlib" 2>/dev/null || \
+	        { $(MAKE) --no-print-directory setup && py=$(VENV)/bin/python; } && \
+	    DRY_RUN=1 $$py -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
+	    $$py -m megalab tables && \
 	    echo "tables rebuilt: see results/01-dp-zero2.md"; \
 	fi
 
@@ -183,7 +185,7 @@ monitor-gpu:
 
 tensorboard:
 	@$(PY) -c "import tensorboard" 2>/dev/null || { echo "tensorboard: not installed; fix: pip install tensorboard (or pip install -e '.[logging]')" >&2; exit 2; }
-	$(PY) -m tensorboard.main --logdir "$${OUTDIR:-outdir}" --bind_all --port "$$PORT"
+	$(PY) -m tensorboard.main --logdir $(call quote,$(or $(OUTDIR),outdir)) --bind_all --port $(call quote,$(PORT))
 
 show-arguments:
 	@$(PY) -m megalab arguments $${GREP:+"$$GREP"}

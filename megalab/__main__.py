@@ -46,18 +46,6 @@ def _list() -> int:
     return 0
 
 
-def _run(target: str) -> int:
-    """make <target>: a launch, or resume-<id>'s two."""
-    from megalab.harness import launch
-
-    exp, variant = launch.resolve(target)
-    if variant == "resume":
-        from megalab.harness import resume
-
-        return resume.run(exp, launch.Options.from_env())
-    return launch.run(target)
-
-
 def _show_command(target: str) -> int:
     """The plan's command alone, for scripts and for reading (make show-command ID=...)."""
     import dataclasses
@@ -89,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "run":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab run TARGET")
-            return _run(rest[0])
+            from megalab.harness import launch
+
+            return launch.run(rest[0])
         if cmd == "show-command":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab show-command TARGET (make show-command ID=...)")

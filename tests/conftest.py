@@ -5,6 +5,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
+os.environ.setdefault("PY", sys.executable)  # `make` in a test runs this interpreter, not whatever python3 is
 
 import socket  # noqa: E402
 

@@ -16,7 +16,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from megalab.harness import catalog, plan as planner, record
+from megalab.harness import catalog, plan as planner, record, resume
 from megalab.harness.catalog import CatalogError, Experiment
 from megalab.harness.plan import WRAPPER, RunPlan, profile_start, wandb_mode  # noqa: F401 (re-exported)
 from megalab.harness.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
@@ -317,12 +317,11 @@ def _execute(argv: list[str], env: dict[str, str], run_dir: Path, progress) -> t
 # ---- one target, one launch ---------------------------------------------------------------------------
 
 def run(target: str, opts: Options | None = None, exp: Experiment | None = None) -> int:
-    """Launch a catalog target or its profile-<id> variant (or `exp`, built by the benchmark).
-    resume-<id> is two launches: megalab.harness.resume.run (python -m megalab run dispatches it)."""
+    """Launch a catalog target or a variant of one (or `exp`, a variant built by the benchmark)."""
     opts = opts or Options.from_env()
     exp, variant = (exp, None) if exp is not None else resolve(target)
     if variant == "resume":
-        raise LaunchError(f"{target} is two launches; fix: python -m megalab run {target} (or make {target})")
+        return resume.run(exp, opts, launch)
     if variant == "profile":
         exp, opts = profiled(exp, opts)
     done = launch(exp, opts)

@@ -112,6 +112,11 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
     return tuple(names)
 
 
+def fastpath(opts: Options, impl: str, exp: Experiment | None = None) -> str:
+    """The levers as MEGALAB_FAST spells them ("none" for none)."""
+    return ",".join(fast_levers(opts, impl, exp)) or "none"
+
+
 def substituted_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> dict[str, str]:
     """TE-only flags the preset asks for that megalab runs without TE: flag -> the lever doing it."""
     if impl == "transformer_engine" or exp.num_experts is None:
