@@ -12,6 +12,17 @@ import socket  # noqa: E402
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """GPU-only tests (@pytest.mark.gpu) run only when asked for: MEGALAB_GPU_TESTS=1 or -m gpu.
+    A plain `pytest` on a GPU host never starts GPU work."""
+    if os.environ.get("MEGALAB_GPU_TESTS") == "1" or "gpu" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="GPU test: MEGALAB_GPU_TESTS=1 or pytest -m gpu runs it")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on, for a test's own gloo rendezvous."""
     with socket.socket() as s:

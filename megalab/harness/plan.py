@@ -62,7 +62,10 @@ class Machine:
 
 
 def te_available() -> str | None:
-    if importlib.util.find_spec("transformer_engine") is None:
+    try:
+        if importlib.util.find_spec("transformer_engine") is None:
+            return None
+    except ImportError:  # present but not importable here
         return None
     try:
         from importlib.metadata import version
