@@ -22,10 +22,6 @@ quote = '$(subst ','\'',$(1))'
 # Target ids, straight from the catalog (no Python needed to list them).
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
-# Every variable of megalab/harness/variables.py (tests/test_launch.py checks this line against it).
-export ITERS WARMUP GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
-# Recipes' own user values, read as "$$VAR" too.
-export IDS GREP PORT BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS ID
 
 .PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
 
@@ -192,3 +188,9 @@ show-arguments:
 
 count-arguments:
 	@$(PY) -m megalab arguments --count
+
+# ---- exports, last: an `export NAME` before `NAME ?= default` would define NAME empty and hide the default.
+# Every variable of megalab/harness/variables.py (tests/test_plan.py checks this line against it).
+export ITERS WARMUP GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
+# Recipes' own user values, read as "$$VAR" too.
+export IDS GREP PORT BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS ID

@@ -110,7 +110,7 @@ def preflight(plan: RunPlan) -> list[str]:
     exp, opts, impl = plan.exp, plan.opts, plan.impl
     m = exp.model_cfg
     found = "unknown" if plan.machine.gpus is None else str(plan.machine.gpus)
-    graph = ("on" if plan.cuda_graph else "off (CUDA_GRAPH=1)" if opts.cuda_graph == "0"
+    graph = ("on" if plan.cuda_graph else "off (CUDA_GRAPH=1)" if opts.cuda_graph in ("0", False)
              else f"off ({plan.cuda_graph_reason}; CUDA_GRAPH=1 turns it on)")
     lines = [
         f"target     {exp.id}: {exp.about}",

@@ -137,10 +137,10 @@ def dropped_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> list[str
 
 
 def cuda_graph(opts: Options) -> tuple[bool, str]:
-    """CUDA_GRAPH=1 / 0 / auto -> (on, why)."""
-    if opts.cuda_graph == "1":
+    """CUDA_GRAPH=1 / 0 / auto -> (on, why). A bool (the bench's levers) reads as 1 / 0."""
+    if opts.cuda_graph in ("1", True):
         return True, "CUDA_GRAPH=1"
-    if opts.cuda_graph == "0":
+    if opts.cuda_graph in ("0", False):
         return False, "CUDA_GRAPH=0"
     return False, "auto policy not yet decided"
 

@@ -1,7 +1,7 @@
 """The make variables, declared once: name, type, default, one line of help, whether an sbatch
 script forwards it, and its group. Everything else is derived from this table: `Options.from_env`
 (the typed view a run is planned from), slurm's forwarded list, the Makefile's `export` line
-(tests/test_launch.py checks it lists exactly these) and `make help`'s variable list
+(tests/test_plan.py checks it lists exactly these) and `make help`'s variable list
 (`python -m megalab variables`). Standard library only: `make help` needs nothing installed.
 """
 from __future__ import annotations
