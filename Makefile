@@ -2,13 +2,11 @@
 #
 #   make 101-gpt2xl-dp1-gbs1-bf16            run it (a GPU run, ends as a row in results/)
 #   DRY_RUN=1 make 128-gpt2xl-dp8-gbs128-zero2   print the preflight and the exact torchrun command
+#   make show-command ID=101                  the torchrun command alone
 #
-# Variables (environment or make arguments): ITERS (100), GPU_MEM_GB (cap, e.g. 80 on an H200),
-# DRY_RUN, OUTDIR (outdir), SPEC (megalab|local), TE (auto|1|0), FAST (fast-path patches, none|all|list),
-# CUDA_GRAPH (1: Megatron's full-iteration CUDA graph), NNODES, NODE_RANK, MASTER_ADDR,
-# MASTER_PORT, EXTRA_ARGS (appended Megatron flags), MEGATRON_LM (run upstream's pretrain_gpt.py),
-# SAVE=1 [SAVE_INTERVAL], LOAD=<checkpoint dir>, WANDB=1 [WANDB_PROJECT, WANDB_ENTITY], VERBOSE=1,
-# DATA=<prefix> [TOKENIZER_MODEL, SPLIT, VOCAB_FILE, MERGE_FILE] (real data; mock by default).
+# Variables: set them in the environment (ITERS=20 make 101), or as make arguments. Their one table
+# is megalab/harness/variables.py; `make help` prints it. Values reach recipes through the
+# environment, quoted ("$$VAR"), never pasted into shell text.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -18,12 +16,12 @@ VENV ?= .venv
 # (GPU machines and NGC containers, which bring their own CUDA torch).
 PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
+# A make value as one shell word: single-quoted, its own single quotes escaped.
+quote = '$(subst ','\'',$(1))'
+
 # Target ids, straight from the catalog (no Python needed to list them).
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
-export ITERS GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH NNODES NODE_RANK MASTER_ADDR MASTER_PORT EXTRA_ARGS MEGATRON_LM WARMUP
-export DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE
-export SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY VERBOSE
 
 .PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
 
@@ -32,8 +30,11 @@ help:
 	@echo
 	@echo "Everyday commands:"
 	@sed -n 's/^#> /  make /p' Makefile
+	@echo
+	@$(PY) -m megalab variables 2>/dev/null || echo "Variables: see megalab/harness/variables.py"
 
 #> list                    every target: id, GPUs, what it shows
+#> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
 #> tables                  rebuild results/*.md and results/data/README.md from the committed run records
@@ -58,41 +59,40 @@ help:
 list:
 	@$(PY) -m megalab list
 
+.PHONY: show-command
+show-command:
+	@[ -n "$$ID" ] || { echo 'show-command: set ID, e.g. make show-command ID=101' >&2; exit 2; }
+	@$(PY) -m megalab show-command "$$ID"
+
 $(TARGETS):
 	@$(PY) -m megalab run $@
 
 # Several targets in one go (IDS="101 111 ..."), going on past failures: an OOM row is a result too.
 batch:
-	@[ -n "$(IDS)" ] || { echo 'batch: set IDS, e.g. make batch IDS="101 111"' >&2; exit 2; }
-	@fails=0; for id in $(IDS); do $(PY) -m megalab run $$id || fails=$$((fails+1)); done; \
-	 echo "batch: $$fails of $(words $(IDS)) run(s) did not end ok"
+	@[ -n "$$IDS" ] || { echo 'batch: set IDS, e.g. make batch IDS="101 111"' >&2; exit 2; }
+	@set -f; fails=0; n=0; for id in $$IDS; do n=$$((n+1)); $(PY) -m megalab run "$$id" || fails=$$((fails+1)); done; \
+	 echo "batch: $$fails of $$n run(s) did not end ok"
 
 # ---- beyond one node: SLURM (megalab/harness/slurm.py). GPUS_PER_NODE (8) sets the nodes; SBATCH_ARGS
 # (e.g. '--partition=gpu --time=1:00:00') go to sbatch, SRUN_ARGS (e.g. pyxis' --container-image) to srun.
-export GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS
 $(addprefix slurm-,$(TARGETS)): slurm-%:
 	@$(PY) -m megalab slurm $*
 
-# ---- docker/Dockerfile: NGC PyTorch (Transformer Engine included) + megalab. The repo is mounted
-# over the image's copy, so edits and outdir/ stay on the host. --ipc=host shares the host's /dev/shm
-# (NCCL, DataLoader workers; --shm-size is the limit instead with DOCKER_ARGS=--ipc=private);
-# pinned memory needs no memlock limit.
+# ---- docker/Dockerfile: NGC PyTorch (Transformer Engine included) + megalab. docker-run's argv is
+# built by megalab/harness/docker.py (the repo mounted over the image's copy, OUTDIR at /outdir,
+# DOCKER_ARGS and DOCKER_CMD split as shell word lists): no value passes through a shell.
 DOCKER_IMAGE ?= megalab
-DOCKER_SHM ?= 16g
-DOCKER_CMD ?= bash
 .PHONY: docker-build docker-run
 docker-found:
 	@command -v docker >/dev/null || { echo "make: docker not found; fix: install Docker and the NVIDIA Container Toolkit" >&2; exit 2; }
 docker-build: docker-found
-	docker build -f docker/Dockerfile -t $(DOCKER_IMAGE) .
+	docker build -f docker/Dockerfile -t "$$DOCKER_IMAGE" .
 docker-run: docker-found
-	docker run --rm $(if $(shell [ -t 0 ] && echo tty),-it) --gpus all --ipc=host --shm-size=$(DOCKER_SHM) \
-	    --ulimit memlock=-1 --ulimit stack=67108864 -v "$(CURDIR)":/workspace/megalab \
-	    $(if $(OUTDIR),-v "$(abspath $(OUTDIR))":/outdir -e OUTDIR=/outdir) $(DOCKER_ARGS) $(DOCKER_IMAGE) $(DOCKER_CMD)
+	@$(PY) -m megalab docker-run
 
 # Anything else is not a target: let the catalog say so (with the closest ids) instead of make.
 .DEFAULT:
-	@$(PY) -m megalab $(if $(filter slurm-%,$@),slurm $(@:slurm-%=%),run $@)
+	@$(PY) -m megalab $(if $(filter slurm-%,$@),slurm,run) $(call quote,$(@:slurm-%=%))
 
 # ---- set-up on a CPU machine (CI, laptops): a venv with CPU torch and megatron-core 0.19.2 -------
 # megatron-core 0.17+ declares Python >= 3.12 and ships cp312 wheels only; its source imports on
@@ -115,15 +115,17 @@ setup: $(VENV)/.stamp
 test: $(VENV)/.stamp
 	$(VENV)/bin/python -m pytest -q tests
 
-# The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables.
+# The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables
+# (torch-free: the base dependencies do; `make setup` only where $(PY) lacks them).
 quickstart:
 	@if nvidia-smi -L >/dev/null 2>&1; then \
 	    ITERS=$${ITERS:-20} $(PY) -m megalab run 101-gpt2xl-dp1-gbs1-bf16; \
 	else \
 	    echo "quickstart: no GPU found (nvidia-smi -L failed): showing the plan of 101 and the committed results"; \
-	    $(MAKE) --no-print-directory setup && \
-	    DRY_RUN=1 $(VENV)/bin/python -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
-	    $(VENV)/bin/python -m megalab tables && \
+	    py=$(PY); $$py -c "import yaml, pandas, matplotlib" 2>/dev/null || \
+	        { $(MAKE) --no-print-directory setup && py=$(VENV)/bin/python; } && \
+	    DRY_RUN=1 $$py -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
+	    $$py -m megalab tables && \
 	    echo "tables rebuilt: see results/01-dp-zero2.md"; \
 	fi
 
@@ -135,7 +137,7 @@ tables:
 # "--parts cases,ablation --budget-s 500". Needs a GPU; `bench-report` rebuilds the page anywhere.
 .PHONY: bench bench-report
 bench:
-	@$(PY) -m megalab.harness.bench run $(BENCH_ARGS)
+	@set -f; $(PY) -m megalab.harness.bench run $$BENCH_ARGS
 
 bench-report:
 	@$(PY) -m megalab.harness.bench report
@@ -159,10 +161,10 @@ TOKENIZER ?= gpt2
 DATA_PREFIX ?=
 .PHONY: prepare-data
 prepare-data:
-	@$(PY) -m megalab prepare-data --source '$(DATA_SOURCE)' --tokenizer '$(TOKENIZER)' \
-	    $(if $(DATA_PREFIX),--out '$(DATA_PREFIX)') $(if $(WORKERS),--workers $(WORKERS)) \
-	    $(if $(LIMIT_DOCS),--limit-docs $(LIMIT_DOCS)) $(if $(filter 1,$(FORCE)),--force) \
-	    $(if $(filter gpt2,$(TOKENIZER)),$(if $(VOCAB_FILE),--vocab-file '$(VOCAB_FILE)') $(if $(MERGE_FILE),--merge-file '$(MERGE_FILE)'))
+	@$(PY) -m megalab prepare-data --source "$$DATA_SOURCE" --tokenizer "$$TOKENIZER" \
+	    $${DATA_PREFIX:+--out "$$DATA_PREFIX"} $${WORKERS:+--workers "$$WORKERS"} \
+	    $${LIMIT_DOCS:+--limit-docs "$$LIMIT_DOCS"} $(if $(filter 1,$(FORCE)),--force) \
+	    $(if $(filter gpt2,$(TOKENIZER)),$${VOCAB_FILE:+--vocab-file "$$VOCAB_FILE"} $${MERGE_FILE:+--merge-file "$$MERGE_FILE"})
 
 # Removes local scratch only; committed results/ are never touched.
 clean:
@@ -179,10 +181,16 @@ monitor-gpu:
 
 tensorboard:
 	@$(PY) -c "import tensorboard" 2>/dev/null || { echo "tensorboard: not installed; fix: pip install tensorboard (or pip install -e '.[logging]')" >&2; exit 2; }
-	$(PY) -m tensorboard.main --logdir $(or $(OUTDIR),outdir) --bind_all --port $(PORT)
+	$(PY) -m tensorboard.main --logdir $(call quote,$(or $(OUTDIR),outdir)) --bind_all --port $(call quote,$(PORT))
 
 show-arguments:
-	@$(PY) -m megalab arguments $(if $(GREP),'$(GREP)')
+	@$(PY) -m megalab arguments $${GREP:+"$$GREP"}
 
 count-arguments:
 	@$(PY) -m megalab arguments --count
+
+# ---- exports, last: an `export NAME` before `NAME ?= default` would define NAME empty and hide the default.
+# Every variable of megalab/harness/variables.py (tests/test_plan.py checks this line against it).
+export ITERS WARMUP GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT ALLOW_BUSY_GPUS WATCHDOG_SILENT_S WATCHDOG_STARTUP_S EXIT_GRACE_S GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
+# Recipes' own user values, read as "$$VAR" too.
+export IDS GREP PORT BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS ID

@@ -1,6 +1,9 @@
 """`python -m megalab <command>`: what the Makefile calls.
 
   run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
+  show-command TARGET   the exact torchrun command of a target, nothing else (make show-command ID=...)
+  variables      the make variables, their defaults and meaning (make help; --names: names only)
+  docker-run     a container of docker/Dockerfile's image with the GPUs (make docker-run)
   slurm TARGET   write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)
   list           every target: id, GPUs, what it shows (make list)
   targets        target ids only, one per line (the Makefile reads these)
@@ -22,22 +25,40 @@ import sys
 # Commands that are one module's own `cli(argv)`, imported only when asked for.
 MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
-                   "tables": "results.tables", "data-report": "results.datareport"}
+                   "tables": "results.tables", "data-report": "results.datareport",
+                   "variables": "harness.variables", "docker-run": "harness.docker"}
 
 
 def _list() -> int:
-    from tabulate import tabulate
-
     from megalab.harness import catalog
 
     chapters = catalog.chapters()
-    rows = []
+    rows = [["target", "GPUs", "reproduces", "what it shows"]]
     for exp in catalog.catalog().values():
         kind = f"ref {exp.ref}" if exp.ref else (f"2-GPU analogue of {exp.analogue_of}" if exp.analogue_of else "")
-        rows.append([exp.id, exp.gpus, kind, exp.about])
-    print(tabulate(rows, headers=["target", "GPUs", "reproduces", "what it shows"], tablefmt="simple"))
-    print(f"\n{len(rows)} targets in {len(chapters)} chapter(s). Run one: make <target>  "
+        rows.append([exp.id, str(exp.gpus), kind, exp.about])
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    rows.insert(1, ["-" * w for w in widths])
+    for r in rows:  # GPUs right-aligned, as a number column
+        print("  ".join(r[c].rjust(widths[c]) if c == 1 else r[c].ljust(widths[c]) for c in range(4)).rstrip())
+    print(f"\n{len(rows) - 2} targets in {len(chapters)} chapter(s). Run one: make <target>  "
           "(DRY_RUN=1 prints the plan; ITERS=, GPU_MEM_GB=, NNODES= see `make help`)")
+    return 0
+
+
+def _show_command(target: str) -> int:
+    """The plan's command alone, for scripts and for reading (make show-command ID=...)."""
+    import dataclasses
+
+    from megalab.harness import launch, plan
+
+    exp, variant = launch.resolve(target)
+    opts = launch.Options.from_env()
+    if variant == "profile":
+        exp, opts = launch.profiled(exp, opts)
+    if variant == "resume":
+        raise launch.LaunchError(f"{target} is two launches; fix: DRY_RUN=1 make {target} shows both commands")
+    print(plan.build(exp, dataclasses.replace(opts, dry_run=True), plan.Machine.here()).command)
     return 0
 
 
@@ -48,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     from megalab.harness.catalog import CatalogError
-    from megalab.harness.launch import LaunchError
+    from megalab.harness.variables import LaunchError
 
     try:
         if cmd in MODULE_COMMANDS:
@@ -59,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             from megalab.harness import launch
 
             return launch.run(rest[0])
+        if cmd == "show-command":
+            if len(rest) != 1:
+                raise LaunchError("usage: python -m megalab show-command TARGET (make show-command ID=...)")
+            return _show_command(rest[0])
         if cmd == "slurm":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab slurm TARGET")

@@ -2,9 +2,10 @@
 # megalab's one launcher: GPT pre-training on Megatron-Core, one torchrun per node.
 #
 # Flags are grouped by concern in named arrays, as in Megatron-LM's examples/. Every number comes
-# from the environment; `python -m megalab run TARGET` fills it from the catalog
-# (configs/experiments/*.yaml + configs/models.yaml), so two targets never differ by a copy of this
-# file. You can also call it by hand:
+# from the environment. This is the readable view of a run: `python -m megalab run TARGET` builds
+# the same argv in Python (megalab/harness/plan.py, same array names) and runs it directly;
+# tests/test_plan.py checks, for every catalog target, that this script builds exactly that argv.
+# You can call it by hand:
 #   NUM_LAYERS=48 HIDDEN_SIZE=1600 NUM_HEADS=25 SEQ_LEN=1024 GBS=1 MBS=1 DRY_RUN=1 scripts/train_gpt.sh
 set -euo pipefail
 
@@ -180,7 +181,13 @@ fi
 PERF_ARGS=()
 [ "$CUDA_GRAPH" = 1 ] && PERF_ARGS+=(--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad)
 
-read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
+# EXTRA_ARGS is a shell word list ('--seed 7 --data-cache-path "/a b"'): Python's shlex splits it,
+# exactly as the launcher does, into argv items. Never eval: a value is data, not code.
+EXTRA=()
+if [ -n "${EXTRA_ARGS:-}" ]; then
+    mapfile -d '' -t EXTRA < <("${PYTHON:-python3}" -c \
+        'import shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(sys.argv[1])))' "$EXTRA_ARGS")
+fi
 
 if [ -n "${MEGATRON_LM:-}" ]; then
     ENTRY=("$MEGATRON_LM/pretrain_gpt.py")      # upstream's own entry point, same flags

@@ -5,10 +5,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
+os.environ.setdefault("PY", sys.executable)  # `make` in a test runs this interpreter, not whatever python3 is
 
 import socket  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU-only tests (@pytest.mark.gpu) run only when asked for: MEGALAB_GPU_TESTS=1 or -m gpu.
+    A plain `pytest` on a GPU host never starts GPU work."""
+    if os.environ.get("MEGALAB_GPU_TESTS") == "1" or "gpu" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="GPU test: MEGALAB_GPU_TESTS=1 or pytest -m gpu runs it")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 def free_port() -> int:

@@ -3,20 +3,26 @@ the committed report, and a clean refusal without a GPU."""
 import dataclasses
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from megalab.harness import bench, launch
+from megalab.harness import bench, launch, plan
 from megalab.results import benchreport
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# No GPU visible, whatever the host has: a test never starts a benchmark run.
+NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+
+
 def test_bench_refuses_to_run_without_a_gpu():
-    out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run"], cwd=ROOT, capture_output=True,
+                         text=True, env=NO_GPU)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "fix:" in lines[0]
@@ -24,7 +30,7 @@ def test_bench_refuses_to_run_without_a_gpu():
 
 def test_unknown_part_is_a_one_line_error():
     out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run", "--parts", "cases,warp"], cwd=ROOT,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=NO_GPU)
     assert out.returncode == 2 and "unknown part" in out.stderr and "fix:" in out.stderr
 
 
@@ -74,18 +80,18 @@ def test_record_key_matches_the_run_that_made_it():
     run = bench.Run(target="101-gpt2xl-dp1-gbs1-bf16", spec="megalab", fast="fused_adam,foreach_norm",
                     cuda_graph=True, gbs=4, iters=15)
     opts = dataclasses.replace(launch.Options(), spec="megalab", fast=run.fast, cuda_graph=True, iters=15)
-    config = {"id": run.experiment().id, "spec": "megalab", "fastpath": launch.fast_patches(opts, "local"),
+    config = {"id": run.experiment().id, "spec": "megalab", "fastpath": plan.fastpath(opts, "local"),
               "cuda_graph": True, "iters": 15, "extra_args": opts.extra_args}
     assert bench.record_key({"config": config}) == run.key()
 
 
 def test_fast_path_defaults_differ_by_spec():
-    assert launch.fast_patches(launch.Options(spec="megalab"), "local") == launch.DEFAULT_FAST
-    assert launch.fast_patches(launch.Options(spec="local"), "local") == "none"
-    assert launch.fast_patches(launch.Options(spec="megalab", fast="none"), "local") == "none"
-    assert launch.fast_patches(launch.Options(spec="megalab"), "transformer_engine") == "none"
+    assert plan.fastpath(launch.Options(spec="megalab"), "local") == plan.DEFAULT_FAST
+    assert plan.fastpath(launch.Options(spec="local"), "local") == "none"
+    assert plan.fastpath(launch.Options(spec="megalab", fast="none"), "local") == "none"
+    assert plan.fastpath(launch.Options(spec="megalab"), "transformer_engine") == "none"
     with pytest.raises(launch.LaunchError, match="FAST=warp.*fix"):
-        launch.fast_patches(launch.Options(fast="warp"), "local")
+        plan.fastpath(launch.Options(fast="warp"), "local")
 
 
 class _FakeRunner:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, launch, validate
+from megalab.harness import catalog, launch, plan, validate
 from megalab.harness.catalog import CatalogError, Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,6 +15,11 @@ REF = ROOT / "configs" / "reference" / "anchor_8xh100.csv"
 
 def _opts(**kw):
     return launch.Options(**({"iters": 20} | kw))
+
+
+def _plan(exp, opts, impl="local", gpus=None):
+    """The plan of exp under impl: Transformer Engine "present" or not on this (pretend) machine."""
+    return plan.build(exp, opts, plan.Machine(gpus=gpus, te="x" if impl == "transformer_engine" else None))
 
 
 def test_makefile_target_list_matches_catalog():
@@ -98,15 +103,14 @@ def test_chapter3_cp_targets_and_their_2gpu_points():
         assert {e.cp_comm for e in ch3 if e.cp == 2 and e.seq_length == seq} == {"p2p", "all_gather", "a2a"}
     # megalab's ring attention has no attention dropout: every chapter-3 row (baselines too) runs without
     for e in ch3:
-        assert launch.attention_dropout(e, _opts()) == 0.0, e.id
-        assert launch.cp_problem(e, _opts(), "local") is None, e.id
+        assert launch.attention_dropout(_plan(e, _opts())) == 0.0, e.id
+        assert launch.cp_problem(_plan(e, _opts())) is None, e.id
 
 
 def test_cp_flags_reach_megatron():
     for target, mode in (("302", "p2p"), ("312", "all_gather"), ("352", "a2a")):
         exp = catalog.get(target)
-        cmd = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
-        args = validate.validate(validate.entry_args(cmd), exp.gpus)
+        args = validate.validate(_plan(exp, _opts()).entry_args, exp.gpus)
         assert (args.context_parallel_size, args.cp_comm_type, args.attention_dropout) == (2, [mode], 0.0)
 
 
@@ -116,11 +120,10 @@ def test_profile_targets_turn_on_megatrons_timers():
         assert variant == "profile" and plain.id.startswith(target.split("-", 1)[1] + "-")
         exp, _ = launch.profiled(plain, _opts())
         assert dataclasses.replace(exp, id=plain.id, timing_log_level=0) == plain
-        cmd = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
-        assert "--timing-log-level 2" in cmd
-        assert validate.validate(validate.entry_args(cmd), exp.gpus).timing_log_level == 2
-    assert "--timing-log-level" not in launch.torchrun_command(
-        launch.wrapper_env(catalog.get("282"), _opts(), "local"))
+        p = _plan(exp, _opts())
+        assert "--timing-log-level 2" in p.command
+        assert validate.validate(p.entry_args, exp.gpus).timing_log_level == 2
+    assert "--timing-log-level" not in _plan(catalog.get("282"), _opts()).command
 
 
 def test_virtual_stages_are_counted_both_ways():
@@ -136,10 +139,10 @@ def test_virtual_stages_are_counted_both_ways():
 def test_every_target_dry_runs_and_megatron_accepts_it(target):
     exp = catalog.get(target)
     exp.validate()
-    env = launch.wrapper_env(exp, _opts(), "local")
-    cmd = launch.torchrun_command(env)
+    p = _plan(exp, _opts())
+    cmd = p.command
     assert cmd.startswith("torchrun ") and f"--nproc_per_node {exp.gpus}" in cmd
-    args = validate.validate(validate.entry_args(cmd), exp.gpus)
+    args = validate.validate(p.entry_args, exp.gpus)
     assert args.data_parallel_size == exp.dp
     assert args.global_batch_size == exp.gbs and args.micro_batch_size == exp.mbs
     assert args.use_distributed_optimizer == exp.zero2
@@ -153,7 +156,7 @@ def test_every_target_dry_runs_and_megatron_accepts_it(target):
         # Megatron's TE-only flags stay off on the local path; grouped GEMM is megalab's own
         # substitute (MEGALAB_FAST=...,grouped_gemm, read by megalab/runtime/spec.py)
         assert not args.moe_grouped_gemm and not args.moe_permute_fusion
-        assert ("grouped_gemm" in env["MEGALAB_FAST"].split(",")) == launch.wants_grouped_gemm(exp)
+        assert ("grouped_gemm" in p.env["MEGALAB_FAST"].split(",")) == plan.wants_grouped_gemm(exp)
     # The model config Megatron builds next (TransformerConfig.__post_init__ has checks of its own,
     # e.g. MoE biases only with ETP=1, fused permutation only with TE).
     from megatron.training.argument_utils import gpt_config_from_args
@@ -199,16 +202,15 @@ def test_layouts_megatron_would_reject_fail_early_with_a_fix(kw, msg):
 
 def test_megatron_rejection_is_reported_in_one_line(monkeypatch):
     exp = _bad(gbs=32, mbs=16, extra_args=("--no-such-flag",))
-    env = launch.wrapper_env(exp, _opts(), "local")
     with pytest.raises(launch.LaunchError, match="Megatron rejects x on 2 GPUs") as e:
-        launch.megatron_check(exp, launch.torchrun_command(env))
+        launch.megatron_check(_plan(exp, _opts()))
     assert "\n" not in str(e.value)
 
 
 def test_moe_preset_becomes_flags_and_te_only_ones_are_substituted_or_dropped_without_te():
     exp = catalog.get("522")
-    local = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "local"))
-    te = launch.torchrun_command(launch.wrapper_env(exp, _opts(), "transformer_engine"))
+    local = _plan(exp, _opts(), "local").command
+    te = _plan(exp, _opts(), "transformer_engine").command
     for flag in ("--num-experts 64", "--moe-router-topk 8", "--expert-model-parallel-size 2",
                  "--expert-tensor-parallel-size 1", "--moe-token-dispatcher-type alltoall",
                  "--moe-ffn-hidden-size 1024", "--moe-router-force-load-balancing", "--disable-bias-linear"):
@@ -216,18 +218,18 @@ def test_moe_preset_becomes_flags_and_te_only_ones_are_substituted_or_dropped_wi
     assert "--moe-grouped-gemm" not in local and "--moe-permute-fusion" not in local
     assert "--moe-grouped-gemm --moe-permute-fusion" in te
     # without TE: grouped GEMM by megalab's GroupedMLP (the grouped_gemm lever), permute fusion dropped
-    assert launch.substituted_flags(exp, "local") == {"--moe-grouped-gemm": "grouped_gemm"}
-    assert launch.dropped_flags(exp, "local") == ["--moe-permute-fusion"]
-    assert launch.dropped_flags(exp, "transformer_engine") == [] and launch.substituted_flags(exp, "transformer_engine") == {}
-    assert launch.dropped_flags(catalog.get("212"), "local") == []
-    assert "--disable-bias-linear" not in launch.torchrun_command(launch.wrapper_env(catalog.get("212"), _opts(), "local"))
-    lines = launch.preflight(exp, _opts(), "local", 2)
+    assert dict(_plan(exp, _opts(), "local").substituted_flags) == {"--moe-grouped-gemm": "grouped_gemm"}
+    assert list(_plan(exp, _opts(), "local").dropped_flags) == ["--moe-permute-fusion"]
+    assert list(_plan(exp, _opts(), "transformer_engine").dropped_flags) == [] and dict(_plan(exp, _opts(), "transformer_engine").substituted_flags) == {}
+    assert list(_plan(catalog.get("212"), _opts(), "local").dropped_flags) == []
+    assert "--disable-bias-linear" not in _plan(catalog.get("212"), _opts()).command
+    lines = launch.preflight(_plan(exp, _opts(), gpus=2))
     assert any(l.startswith("substitute --moe-grouped-gemm") for l in lines)
     assert any(l.startswith("dropped    --moe-permute-fusion: need Transformer Engine") for l in lines)
     # FAST=none (or SPEC=local): no substitute, both dropped, SequentialMLP experts
-    assert launch.dropped_flags(exp, "local", _opts(fast="none")) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
+    assert list(_plan(exp, _opts(fast="none"), "local").dropped_flags) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
     assert any(l.startswith("dropped    --moe-grouped-gemm --moe-permute-fusion")
-               for l in launch.preflight(exp, _opts(fast="none"), "local", 2))
+               for l in launch.preflight(_plan(exp, _opts(fast="none"), gpus=2)))
 
 
 def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, capsys):
@@ -241,7 +243,7 @@ def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, 
     real_popen = subprocess.Popen
 
     def fake_popen(args, **kw):  # the training run itself: a stand-in that prints one line
-        if list(args) == ["bash", str(launch.WRAPPER)] and (kw.get("env") or os.environ).get("DRY_RUN") != "1":
+        if list(args)[0] == "torchrun":  # the plan's argv, run without a shell
             args = ["bash", "-c", "echo 'megalab: stand-in for torchrun'"]
         return real_popen(args, **kw)
 

@@ -88,9 +88,10 @@ def test_math_block_backward_matches_autograd(causal):
 
 # ------------------------------------------------------------------ on GPUs (skipped on CPU machines)
 # The fused path (flash-attention kernels that return the log-sum-exp) only runs on CUDA in bf16.
-# `python -m pytest -q tests/test_cp_attention.py` on the GPU rig runs these too.
+# `MEGALAB_GPU_TESTS=1 python -m pytest -q tests/test_cp_attention.py` on the GPU rig runs these too.
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def cuda(test):  # GPU-only: marked gpu (skipped unless asked for), and skipped where no GPU is
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
 
 
 @cuda
@@ -130,6 +131,7 @@ def _nccl_worker(rank, cp, port):
         dist.destroy_process_group()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_every_cp_mode_on_two_gpus_with_nccl_in_bf16():
     mp.spawn(_nccl_worker, args=(2, _free_port()), nprocs=2, join=True)

@@ -1,6 +1,8 @@
 """docker/Dockerfile cannot be built on a CPU runner: check it statically instead."""
+import os
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -31,21 +33,32 @@ def test_pins_agree_with_pyproject():
     assert "monitor" in extras and "nvitop" in PYPROJECT["project"]["optional-dependencies"]["monitor"]
 
 
-def test_copied_paths_workdir_and_command_exist():
+def _docker_argv(tmp_path, target, **env):
+    """What `make <target>` hands docker, from a fake docker on PATH that records its argv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\n")
+    (bin_dir / "docker").chmod(0o755)
+    out = subprocess.run(["make", "-s", target], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PY": sys.executable, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env})
+    assert out.returncode == 0, out.stderr
+    return (tmp_path / "argv").read_text().split("\0")[:-1]
+
+
+def test_copied_paths_workdir_and_command_exist(tmp_path):
     for args in _instructions("COPY"):
         *sources, _dest = args.split()
         for src in sources:
             assert (ROOT / src).exists(), f"COPY {src}: not in the repo"
     (workdir,) = _instructions("WORKDIR")
     assert f"safe.directory {workdir}" in DOCKERFILE
-    run = subprocess.run(["make", "-n", "docker-run"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert f":{workdir} " in run, "make docker-run must mount the repo where the image installed it"
+    run = " ".join(_docker_argv(tmp_path, "docker-run")) + " "
+    assert f"{ROOT}:{workdir} " in run, "make docker-run must mount the repo where the image installed it"
     for flag in ("--gpus all", "--ipc=host", "--shm-size=", "--ulimit memlock=-1", "--ulimit stack=67108864"):
         assert flag in run
     assert _instructions("CMD") == ['["bash"]']
     assert "bash-completion" in DOCKERFILE
 
 
-def test_docker_build_uses_this_dockerfile():
-    out = subprocess.run(["make", "-n", "docker-build"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert "docker build -f docker/Dockerfile -t megalab ." in out
+def test_docker_build_uses_this_dockerfile(tmp_path):
+    assert _docker_argv(tmp_path, "docker-build") == ["build", "-f", "docker/Dockerfile", "-t", "megalab", "."]

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from megalab.runtime import grouped_experts
-from megalab.harness import launch  # noqa: E402
+from megalab.harness import launch, plan  # noqa: E402
 from megalab.harness.catalog import get as target  # noqa: E402
 from megalab.runtime.grouped_experts import GroupedMLP  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
@@ -255,23 +255,29 @@ def _opts(**kw):
     return launch.Options(**({"iters": 20} | kw))
 
 
+def _plan(exp, opts, impl="local", gpus=None):
+    """The plan of exp under impl: Transformer Engine "present" or not on this (pretend) machine."""
+    return plan.build(exp, opts, plan.Machine(gpus=gpus, te="x" if impl == "transformer_engine" else None))
+
+
 @pytest.mark.parametrize("tid", ["522", "531"])  # EP=2; expert-TP=2
 def test_olmoe_targets_get_the_substitute_and_megatron_accepts_them(tid):
     from megalab.harness import validate
     from megatron.training.argument_utils import gpt_config_from_args
 
     exp = target(tid)
-    env = launch.wrapper_env(exp, _opts(), "local")
+    p = _plan(exp, _opts())
+    env = p.env
     assert grouped_experts.LEVER in env["MEGALAB_FAST"].split(",")
     assert grouped_experts.wanted(env={"MEGALAB_FAST": env["MEGALAB_FAST"]})
-    cmd = launch.torchrun_command(env)
+    cmd = p.command
     assert "--moe-grouped-gemm" not in cmd  # Megatron's flag stays off: its grouped GEMM is TE's
-    args = validate.validate(validate.entry_args(cmd), exp.gpus)
+    args = validate.validate(p.entry_args, exp.gpus)
     assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (exp.ep, exp.etp)
     gpt_config_from_args(args)
-    assert launch.substituted_flags(exp, "local", _opts()) == {"--moe-grouped-gemm": grouped_experts.LEVER}
-    assert launch.dropped_flags(exp, "local", _opts()) == ["--moe-permute-fusion"]
-    lines = launch.preflight(exp, _opts(), "local", 2)
+    assert dict(_plan(exp, _opts(), "local").substituted_flags) == {"--moe-grouped-gemm": grouped_experts.LEVER}
+    assert list(_plan(exp, _opts(), "local").dropped_flags) == ["--moe-permute-fusion"]
+    lines = launch.preflight(_plan(exp, _opts(), gpus=2))
     assert any(line.startswith("substitute --moe-grouped-gemm") for line in lines)
     assert any(line.startswith("dropped    --moe-permute-fusion") for line in lines)
 
@@ -279,12 +285,12 @@ def test_olmoe_targets_get_the_substitute_and_megatron_accepts_them(tid):
 def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
     exp = target("522")
     for opts in (_opts(fast="none"), _opts(fast="fused_adam"), _opts(spec="local")):
-        assert launch.substituted_flags(exp, "local", opts) == {}
-        assert launch.dropped_flags(exp, "local", opts) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
-        assert grouped_experts.LEVER not in launch.fast_patches(opts, "local", exp).split(",")
-    assert launch.substituted_flags(exp, "transformer_engine", _opts()) == {}
-    assert "--moe-grouped-gemm" in launch.torchrun_command(launch.wrapper_env(exp, _opts(), "transformer_engine"))
+        assert dict(_plan(exp, opts).substituted_flags) == {}
+        assert list(_plan(exp, opts).dropped_flags) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
+        assert grouped_experts.LEVER not in _plan(exp, opts).fastpath.split(",")
+    assert dict(_plan(exp, _opts(), "transformer_engine").substituted_flags) == {}
+    assert "--moe-grouped-gemm" in _plan(exp, _opts(), "transformer_engine").command
     # FAST=all asks for every lever, this one included; a dense model has nothing to group
-    assert grouped_experts.LEVER in launch.fast_patches(_opts(fast="all"), "local", exp).split(",")
-    assert grouped_experts.LEVER not in launch.fast_patches(_opts(fast="all"), "local", target("101")).split(",")
-    assert launch.fast_patches(_opts(), "local", target("101")) == launch.DEFAULT_FAST
+    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath.split(",")
+    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath.split(",")
+    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import launch, monitor
+from megalab.harness import launch, monitor, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,8 +42,9 @@ def test_more_gpus_than_present_says_needed_and_found():
 
 def test_te_requested_but_absent():
     with pytest.raises(launch.LaunchError, match="Transformer Engine, which is not installed"):
-        launch.transformer_impl(launch.Options(te="1"))
-    assert launch.transformer_impl(launch.Options()) == "local"
+        plan.transformer_impl(launch.Options(te="1"), te=None)
+    assert plan.transformer_impl(launch.Options(), te=None) == "local"
+    assert plan.transformer_impl(launch.Options(), te="2.1") == "transformer_engine"
 
 
 @pytest.mark.parametrize("version,msg", [(None, "megatron-core is not installed"),
@@ -54,7 +55,7 @@ def test_megatron_missing_or_wrong_version(monkeypatch, version, msg):
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     monkeypatch.setattr(validate, "megatron_available", lambda: version)
     with pytest.raises(launch.LaunchError, match=msg):
-        launch.check_megatron_installed()
+        launch.check_megatron_installed(launch.Options())
 
 
 def test_outdir_not_writable(tmp_path):
@@ -81,14 +82,13 @@ def test_nnodes_must_divide_gpus():
     from megalab.harness import catalog
 
     with pytest.raises(launch.LaunchError, match="do not split over NNODES=3"):
-        launch.gpus_per_node(catalog.get("128"), launch.Options(nnodes=3))
+        plan.gpus_per_node(catalog.get("128"), launch.Options(nnodes=3))
 
 
 def test_two_nodes_halves_processes_per_node():
     from megalab.harness import catalog
 
-    env = launch.wrapper_env(catalog.get("128"), launch.Options(nnodes=2, node_rank=1, master_addr="n0"), "local")
-    cmd = launch.torchrun_command(env)
+    cmd = plan.build(catalog.get("128"), launch.Options(nnodes=2, node_rank=1, master_addr="n0")).command
     assert "--nproc_per_node 4 --nnodes 2 --node_rank 1 --master_addr n0" in cmd
 
 
@@ -141,13 +141,21 @@ def test_monitor_without_nvml_does_not_break_the_run(monkeypatch, tmp_path):
 def test_megatron_lm_checkout_runs_upstreams_entry_point(tmp_path):
     from megalab.harness import catalog
 
-    env = launch.wrapper_env(catalog.get("101"), launch.Options(), "local")
-    cmd = launch.torchrun_command({**env, "MEGATRON_LM": str(tmp_path)})
-    assert f"{tmp_path}/pretrain_gpt.py --num-layers 48" in cmd
+    p = plan.build(catalog.get("101"), launch.Options(megatron_lm=str(tmp_path)))
+    assert f"{tmp_path}/pretrain_gpt.py --num-layers 48" in p.command
+    assert p.env["PYTHONPATH"].split(":")[:2] == [str(ROOT), str(tmp_path)]
 
 
-def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables():
-    out = _make("quickstart")
+def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables(tmp_path):
+    """On any host, GPU or not: an nvidia-smi that fails keeps it on the no-GPU path (no GPU run),
+    and this interpreter has the base dependencies, so no venv is built."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    before = {p: p.read_bytes() for p in sorted((ROOT / "results").rglob("*.md"))}
+    out = _make("quickstart", f"PY={sys.executable}", PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert {p: p.read_bytes() for p in before} == before  # committed pages rebuilt byte-identical
     assert out.returncode == 0, out.stderr
     assert "no GPU found" in out.stdout
     assert "torchrun --nproc_per_node 1" in out.stdout and "tables" in out.stdout
@@ -169,26 +177,33 @@ def test_ring_attention_needs_attention_dropout_off():
     from megalab.harness import catalog
 
     exp = catalog.get("005")
-    assert launch.cp_problem(exp, launch.Options(), "local") is None
-    assert launch.cp_problem(exp, launch.Options(), "transformer_engine") is None
-    problem = launch.cp_problem(exp, launch.Options(extra_args="--attention-dropout 0.1"), "local")
-    assert "--attention-dropout 0" in problem and "fix" in problem
+    te = plan.Machine(te="2.1")
+
+    def problem(e, opts=launch.Options(), machine=plan.Machine()):
+        return launch.cp_problem(plan.build(e, opts, machine))
+
+    assert problem(exp) is None
+    assert problem(exp, machine=te) is None
+    why = problem(exp, launch.Options(extra_args="--attention-dropout 0.1"))
+    assert "--attention-dropout 0" in why and "fix" in why
     ag = dataclasses.replace(exp, cp_comm="all_gather", extra_args=())
-    assert launch.cp_problem(ag, launch.Options(), "local") is None  # SDPA keeps dropout there
+    assert problem(ag) is None  # SDPA keeps dropout there
     hier = dataclasses.replace(exp, cp_comm="a2a+p2p")
-    assert "not one of megalab's CP modes" in launch.cp_problem(hier, launch.Options(), "local")
+    assert "not one of megalab's CP modes" in problem(hier)
 
 
 def test_real_data_flags_and_missing_dataset(tmp_path):
     from megalab.harness import catalog
 
-    env = launch.wrapper_env(catalog.get("101"), launch.Options(), "local")
     data = {"DATA": str(tmp_path / "owt_text_document"), "TOKENIZER_MODEL": str(tmp_path / "tok"), "SPLIT": "98,2,0"}
-    cmd = launch.torchrun_command({**env, **data})
+    p = plan.build(catalog.get("101"), launch.Options.from_env(data))
+    cmd = p.command
     assert f"--data-path {tmp_path}/owt_text_document --tokenizer-type HuggingFaceTokenizer" in cmd
-    assert "--split 98\\,2\\,0" in cmd and "--mock-data" not in cmd
-    out = subprocess.run(["bash", str(launch.WRAPPER)], env={**os.environ, **env, **data},
-                         capture_output=True, text=True)
+    assert "--split 98,2,0" in cmd and "--mock-data" not in cmd
+    assert launch.data_problem(p) == f"DATA={data['DATA']}: {data['DATA']}.idx not found; fix: make prepare-data (it prints DATA=...)"
+    env = {**os.environ, **plan.wrapper_env(p)}
+    env.pop("DRY_RUN", None)
+    out = subprocess.run(["bash", str(launch.WRAPPER)], env=env, capture_output=True, text=True)
     assert out.returncode == 2 and "owt_text_document.idx not found; fix: make prepare-data" in out.stderr
 
 
@@ -219,14 +234,19 @@ def test_record_keeps_the_catalogs_extra_flags_and_the_users(tmp_path):
     from types import SimpleNamespace
 
     from megalab.harness import catalog, record
+    from megalab.results import logparse
 
     exp = catalog.get("302")
     assert exp.extra_args
     shutil.copy(ROOT / "tests/fixtures/logs/ok_1gpu_v019.txt", tmp_path / "logs.txt")
     now = dt.datetime.now(dt.timezone.utc)
-    rec = record.build(exp=exp, opts=launch.Options(extra_args="--seed 7"), impl="local", command="x",
-                       run_dir=tmp_path, returncode=0, interrupted=False,
+    p = plan.build(exp, launch.Options(extra_args="--seed 7"), run_dir=tmp_path)
+    rec = record.build(plan=p, returncode=0, interrupted=False,
                        monitor=SimpleNamespace(peak_mib=[], baseline_mib=[], samples=0, error=None),
                        inventory={}, started=now, ended=now, hostname="h")
     assert rec["config"]["catalog_extra_args"] == list(exp.extra_args)
     assert rec["config"]["extra_args"] == "--seed 7"
+    # schema 2: the plan as `intent`, the entry point's own `megalab:` line as `observed`
+    assert rec["schema"] == 2 and rec["intent"]["argv"] == p.argv and rec["command"] == p.command
+    assert rec["intent"]["groups"]["EXTRA"][-2:] == ["--seed", "7"]
+    assert rec["observed"] == logparse.parse_file(tmp_path / "logs.txt").megalab and rec["observed"]

@@ -89,8 +89,10 @@ def _build(tmp_path, log, busy=None, baseline=(), outcome=None):
     mon = monitor.GpuMemoryMonitor(tmp_path / "m.csv")
     mon._idx, mon.baseline_mib = list(range(len(baseline))), list(baseline)
     now = dt.datetime.now(dt.timezone.utc)
-    return record.build(exp=catalog.get("101"), opts=launch.Options(), impl="local", command="x",
-                        run_dir=tmp_path, returncode=1, interrupted=False, monitor=mon, inventory={},
+    from megalab.harness import plan
+
+    p = plan.build(catalog.get("101"), launch.Options(), plan.Machine(gpus=1, te=None), run_dir=tmp_path)
+    return record.build(plan=p, returncode=1, interrupted=False, monitor=mon, inventory={},
                         started=now, ended=now, hostname="h", busy_gpus=busy, outcome=outcome)
 
 
@@ -151,7 +153,7 @@ def test_one_node_gets_a_free_port_and_master_port_wins():
 
 
 def test_dry_run_shows_the_port_it_would_use(capsys, monkeypatch):
-    monkeypatch.setattr(launch, "megatron_check", lambda exp, command: "megatron   skipped")
+    monkeypatch.setattr(launch, "megatron_check", lambda plan: "megatron   skipped")
     monkeypatch.setattr(launch, "plan_lines", lambda *a: "plan       skipped")
     launch.launch(catalog.get("101"), launch.Options(dry_run=True, master_port=29511))
     out = capsys.readouterr().out

@@ -132,18 +132,21 @@ def test_resume_variant_dry_run_shows_both_launches():
     assert "--save " not in cmds[1] and "--exit-interval" not in cmds[1]
 
 
-# A stand-in for torchrun: Megatron's iteration lines, a checkpoint when saving, resuming from LOAD.
+# A stand-in for torchrun, given the plan's argv: Megatron's iteration lines, a checkpoint when saving
+# (--save), resuming from --load.
 STAND_IN = r"""
-import os, pathlib
-total, stop, load = int(os.environ["ITERS"]), os.environ.get("EXIT_INTERVAL"), os.environ.get("LOAD")
+import os, pathlib, sys
+argv = sys.argv[1:]
+flag = lambda name: argv[argv.index(name) + 1] if name in argv else None
+total, stop, load = int(flag("--train-iters")), flag("--exit-interval"), flag("--load")
 first = int(pathlib.Path(load, "latest_checkpointed_iteration.txt").read_text()) + 1 if load else 1
 first -= int(os.environ.get("FAKE_RESTART_FROM_SCRATCH", 0)) * (first - 1)
 last = int(stop) if stop else total
 for i in range(first, last + 1):
     print(f" [2026-01-01 00:00:00.000000] iteration {i:8d}/{total:8d} | elapsed time per iteration (ms): 400.0 |"
           f" lm loss: {10.8 - 0.1 * i:.6E} |", flush=True)
-if os.environ.get("SAVE") == "1":
-    ck = pathlib.Path(os.environ["RUN_DIR"], "checkpoints"); ck.mkdir()
+if flag("--save"):
+    ck = pathlib.Path(flag("--save")); ck.mkdir()
     (ck / "latest_checkpointed_iteration.txt").write_text(str(last))
 print(f"[exiting program at iteration {last}] datetime: 2026-01-01 00:00:01" if stop
       else "[after training is done] datetime: 2026-01-01 00:00:01")
@@ -159,8 +162,8 @@ def fake_gpu_run(monkeypatch):
     real_popen = subprocess.Popen
 
     def fake_popen(args, **kw):
-        if list(args) == ["bash", str(launch.WRAPPER)] and (kw.get("env") or os.environ).get("DRY_RUN") != "1":
-            args = [sys.executable, "-c", STAND_IN]
+        if list(args)[0] == "torchrun":  # the plan's argv, run without a shell
+            args = [sys.executable, "-c", STAND_IN, *args[1:]]
         return real_popen(args, **kw)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
@@ -313,7 +316,7 @@ def test_monitor_gpu_without_gpu_and_with_nvidia_smi(tmp_path):
 
 
 def test_tensorboard_serves_outdir_on_port():
-    assert "--logdir outdir --bind_all --port 7007" in _make("-n", "tensorboard", PORT="7007").stdout
+    assert "--logdir 'outdir' --bind_all --port '7007'" in _make("-n", "tensorboard", PORT="7007").stdout
     out = _make("tensorboard", PY="false")
     assert out.returncode != 0 and "fix: pip install tensorboard" in _error(out.stderr, "tensorboard:")
 

@@ -176,8 +176,8 @@ class Experiment:
 # Megatron's --cp-comm-type values (a2a+p2p also needs --hierarchical-context-parallel-sizes).
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
-# Preset keys and what they are (scripts/train_gpt.sh turns each into flags; launch.wrapper_env
-# passes them). Anything else in configs/models.yaml is a typo and refused.
+# Preset keys and what they are (plan.py turns each into flags, as scripts/train_gpt.sh does from
+# plan.wrapper_env). Anything else in configs/models.yaml is a typo and refused.
 PRESET_KEYS = {
     "about", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
     "vocab_size", "ffn_hidden_size", "disable_bias_linear",

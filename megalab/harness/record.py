@@ -19,7 +19,10 @@ from megalab.harness.catalog import ROOT
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0,
                     "B200": 2250.0, "L40S": 362.0, "A10": 125.0}
 
-SCHEMA = 1
+try:  # the typed record reader (megalab/results/records.py) owns the version where it exists
+    from megalab.results.records import SCHEMA
+except ImportError:
+    SCHEMA = 2  # 2: adds `intent` (the run plan) and `observed` (the entry point's `megalab:` line)
 
 
 def peak_tflops(gpu_name: str | None) -> float | None:
@@ -76,7 +79,7 @@ def versions(driver: str | None) -> dict:
 
 def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: list[int],
              peak: float | None, one_node: bool = True, ended_by: str | None = None,
-             end_detail: str = "", busy: bool = False) -> dict:
+             end_detail: str = "", busy: bool = False, summary=None) -> dict:
     """The record's measured fields, all derived from the raw log and the memory peaks.
 
     The status is the log's, corrected by what the log cannot know: a run stopped by the user is
@@ -91,7 +94,7 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
     """
     from megalab.results import logparse
 
-    summary = logparse.parse_file(log)
+    summary = summary or logparse.parse_file(log)
     fields = logparse.summary_fields(summary, warmup=warmup)
     status = fields.pop("status")
     notes = []
@@ -123,36 +126,44 @@ def busy_note(busy: list[dict]) -> str:
             "times are not its own (ALLOW_BUSY_GPUS=1)")
 
 
-def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, monitor, inventory,
-          started, ended, hostname, dropped_flags=(), substituted_flags=None, outputs=None,
+def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, hostname, outputs=None,
           outcome=None, busy_gpus=None) -> dict:
-    """`outcome`: the supervisor's (supervise.Outcome); `busy_gpus`: what the preflight found busy
-    (monitor.busy_gpus) when ALLOW_BUSY_GPUS=1 let the run start anyway."""
-    from megalab.harness.launch import fast_patches  # launch imports this module
+    """The record of one launch of `plan` (megalab/harness/plan.py) into plan.run_dir.
 
+    `outcome`: the supervisor's (supervise.Outcome); `busy_gpus`: what the preflight found busy
+    (monitor.busy_gpus) when ALLOW_BUSY_GPUS=1 let the run start anyway.
+
+    Schema 2 keeps every field of schema 1 (readers rely on them) and adds `intent`, the plan, and
+    `observed`, what the entry point reported it ran (its `megalab: k=v` line: impl, fast path, CP
+    mode, expert kernel); the two differ when, e.g., a lever found nothing to replace.
+    """
+    from megalab.results import logparse
+
+    exp, opts, impl, run_dir = plan.exp, plan.opts, plan.impl, plan.run_dir
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
+    summary = logparse.parse_file(run_dir / "logs.txt")
     busy = list(busy_gpus or [])
     if hasattr(monitor, "busy_at_start"):  # memory in use at start with no process listed counts too
         busy += [b for b in monitor.busy_at_start() if b["gpu"] not in {x["gpu"] for x in busy}]
     ended_by = outcome.reason if outcome else None
     meas = measured(run_dir / "logs.txt", opts.warmup, returncode, interrupted, monitor.peak_mib or [], peak,
                     one_node=opts.nnodes == 1, ended_by=ended_by,
-                    end_detail=outcome.detail if outcome else "", busy=bool(busy))
+                    end_detail=outcome.detail if outcome else "", busy=bool(busy), summary=summary)
     if busy:
         meas["notes"].append(busy_note(busy))
     config = dataclasses.asdict(exp) | {
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": exp.model_cfg,
         "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
-        "spec": opts.spec if impl == "local" else None, "nnodes": opts.nnodes,
+        "spec": plan.spec, "nnodes": opts.nnodes,
         "node_rank": opts.node_rank,
         # the catalog's own extra flags, and the user's EXTRA_ARGS (the bench and the estimator key on it)
         "catalog_extra_args": list(exp.extra_args), "extra_args": opts.extra_args,
-        "fastpath": fast_patches(opts, impl, exp), "cuda_graph": opts.cuda_graph,
-        "data": os.environ.get("DATA") or "mock",
-        "dropped_flags": list(dropped_flags),
-        # TE-only preset flags megalab ran without TE: flag -> the fast-path lever (launch.py)
-        "substituted_flags": dict(substituted_flags or {}),
+        "fastpath": plan.fastpath, "cuda_graph": plan.cuda_graph,
+        "data": opts.data,
+        "dropped_flags": list(plan.dropped_flags),
+        # TE-only preset flags megalab ran without TE: flag -> the fast-path lever (plan.py)
+        "substituted_flags": dict(plan.substituted_flags),
         **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
         # whose context parallelism ran: TE's attention, or megalab/runtime/cp_attention.py without TE
         "cp_impl": None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),
@@ -180,8 +191,10 @@ def build(*, exp, opts, impl, command, run_dir: Path, returncode, interrupted, m
         "started": started.isoformat(timespec="seconds"),
         "ended": ended.isoformat(timespec="seconds"),
         "duration_s": round((ended - started).total_seconds(), 1),
-        "command": command,
+        "command": plan.command,
         "config": config,
+        "intent": plan.to_dict(),
+        "observed": dict(summary.megalab),
         "versions": versions(inventory.get("driver")),
         "files": {"log": "logs.txt", "memory": "gpu_memory.csv",
                   **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}

@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from megalab.results import logparse
-from megalab.harness import record
+from megalab.harness import plan as planner, record
 from megalab.harness.catalog import Experiment
+from megalab.harness.variables import LaunchError
+from megalab.results import logparse
 
 
 def check(saved_log, resumed_log, stop_at: int) -> dict:
@@ -51,28 +52,27 @@ def line(c: dict) -> str:
             + (f" ({c['why']})" if c["why"] else ""))
 
 
-def run(exp: Experiment, opts) -> int:
-    from megalab.harness import launch
-
+def run(exp: Experiment, opts, launch) -> int:
+    """Both launches; `launch` is launch.launch (passed in: launch.py imports this module)."""
     if opts.iters < 4 or opts.load:
-        raise launch.LaunchError(f"resume-{exp.id} trains ITERS/2 steps, saves, and resumes to ITERS; "
+        raise LaunchError(f"resume-{exp.id} trains ITERS/2 steps, saves, and resumes to ITERS; "
                                  f"fix: ITERS=4 or more (e.g. ITERS=40), and no LOAD (it makes its own)")
     stop = opts.iters // 2
     exp = dataclasses.replace(exp, id=f"resume-{exp.id}")
     print(f"resume     launch 1 of 2: iterations 1-{stop} of {opts.iters}, checkpoint at {stop}")
-    first = launch.launch(exp, dataclasses.replace(opts, save=True, save_interval=stop, exit_interval=stop))
+    first = launch(exp, dataclasses.replace(opts, save=True, save_interval=stop, exit_interval=stop))
     if first is None:  # DRY_RUN: the second launch's command, loading the first's checkpoint dir
         load = Path("RUN_DIR_OF_LAUNCH_1/checkpoints")
-        env = launch.wrapper_env(exp, dataclasses.replace(opts, load=load), launch.transformer_impl(opts))
+        second = planner.build(exp, dataclasses.replace(opts, load=load), planner.Machine.here())
         print(f"resume     launch 2 of 2: iterations {stop + 1}-{opts.iters}, loading launch 1's checkpoint")
-        print(launch.torchrun_command(env))
+        print(second.command)
         return 0
     rec1, dir1 = first
     if rec1["status"] != "ok":
         print(f"resume     launch 1 ended {rec1['status']}: nothing to resume")
         return 1
     print(f"resume     launch 2 of 2: iterations {stop + 1}-{opts.iters} from {dir1 / 'checkpoints'}")
-    rec2, dir2 = launch.launch(exp, dataclasses.replace(opts, load=dir1 / "checkpoints"))
+    rec2, dir2 = launch(exp, dataclasses.replace(opts, load=dir1 / "checkpoints"))
     rec2["resume_check"] = c = check(dir1 / "logs.txt", dir2 / "logs.txt", stop)
     record.write(rec2, dir2 / "run.json")
     print(line(c))

@@ -19,16 +19,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from megalab.harness import catalog, launch
+from megalab.harness import catalog, launch, plan as planner
 from megalab.harness.catalog import ROOT, Experiment
-from megalab.harness.launch import LaunchError, Options
+from megalab.harness.variables import FORWARDED, LaunchError, Options
 
 DEFAULT_GPUS_PER_NODE = 8
-# Make variables a node's `make <target>` reads; those set at submission are written into the script
-# so that it reruns the same way (`sbatch job.sbatch`).
-FORWARDED = ("ITERS", "WARMUP", "GPU_MEM_GB", "SPEC", "TE", "FAST", "CUDA_GRAPH", "EXTRA_ARGS", "MEGATRON_LM",
-             "DATA", "TOKENIZER_MODEL", "SPLIT", "VOCAB_FILE", "MERGE_FILE",
-             "SAVE", "SAVE_INTERVAL", "LOAD", "WANDB", "WANDB_PROJECT", "WANDB_ENTITY")
+# Make variables a node's `make <target>` reads (variables.py marks them forwarded): those set at
+# submission are written into the script, each shlex-quoted, so that it reruns the same way
+# (`sbatch job.sbatch`) and no value is ever read as shell code.
 
 
 @dataclasses.dataclass
@@ -49,7 +47,7 @@ def layout(exp: Experiment, env=os.environ) -> Layout:
 
     per, nnodes = number("GPUS_PER_NODE"), number("NNODES")
     if per is None and nnodes is not None:
-        per = launch.gpus_per_node(exp, Options(nnodes=nnodes))
+        per = planner.gpus_per_node(exp, Options(nnodes=nnodes))
     per = min(exp.gpus, per or DEFAULT_GPUS_PER_NODE)  # a 2-GPU target takes 2 GPUs of one node
     if exp.gpus % per:
         raise LaunchError(f"target {exp.id} needs {exp.gpus} GPUs, which do not fill nodes of "
@@ -61,11 +59,19 @@ def layout(exp: Experiment, env=os.environ) -> Layout:
     return out
 
 
+def words(name: str, env=os.environ) -> list[str]:
+    """A variable holding more flags (SBATCH_ARGS, SRUN_ARGS), split as a shell word list."""
+    try:
+        return shlex.split(env.get(name, ""))
+    except ValueError as e:
+        raise LaunchError(f"{name}={env.get(name)!r} is not a shell word list ({e}); fix: balance its quotes") from None
+
+
 def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
     """The sbatch script: one srun task per node, each running `make <target>` for its NODE_RANK."""
     forwarded = [f"export {k}={shlex.quote(env[k])}" for k in FORWARDED if env.get(k)]
-    port = env.get("MASTER_PORT") or "$((20000 + SLURM_JOB_ID % 20000))"
-    srun_args = env.get("SRUN_ARGS", "")
+    port = shlex.quote(env["MASTER_PORT"]) if env.get("MASTER_PORT") else "$((20000 + SLURM_JOB_ID % 20000))"
+    srun_args = shlex.join(words("SRUN_ARGS", env))
     node_cmd = (f"NODE_RANK=$SLURM_NODEID OUTDIR={shlex.quote(str(job_dir))}/node$SLURM_NODEID "
                 f"exec make --no-print-directory {exp.id}")
     return "\n".join([
@@ -81,7 +87,7 @@ def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
         f"#SBATCH --gpus-per-node={lay.gpus_per_node}",
         "#SBATCH --exclusive",
         "# --exclusive: a measurement wants no neighbours on its nodes.",
-        f"#SBATCH --output={job_dir}/slurm-%j.out",
+        f"#SBATCH --output={shlex.quote(str(job_dir / 'slurm-%j.out'))}",
         "set -euo pipefail",
         f"cd {shlex.quote(str(ROOT))}",
         "export NNODES=$SLURM_NNODES",
@@ -97,17 +103,16 @@ def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
     ])
 
 
-def node_commands(exp: Experiment, lay: Layout, impl: str, opts: Options) -> list[str]:
+def node_commands(exp: Experiment, lay: Layout, opts: Options, machine: planner.Machine) -> list[str]:
     """The torchrun command of node 0 and of the last node, as the script's tasks will run them
-    (with the variables set at submission, which the script forwards)."""
-    ranks = sorted({0, lay.nodes - 1})
+    (with the variables set at submission, which the script forwards). The rendezvous address and
+    port are the script's shell variables: shown as such, every other item quoted."""
+    shown = {"--master_addr": "$MASTER_ADDR", "--master_port": "$MASTER_PORT"}
     lines = []
-    for rank in ranks:
-        node = dataclasses.replace(opts, nnodes=lay.nodes, node_rank=rank, master_addr="MEGALAB_MASTER_ADDR",
-                                   master_port=1)
-        cmd = launch.torchrun_command(launch.wrapper_env(exp, node, impl))
-        cmd = cmd.replace("MEGALAB_MASTER_ADDR", "$MASTER_ADDR").replace("--master_port 1 ", "--master_port $MASTER_PORT ")
-        lines.append(f"node {rank}     {cmd}")
+    for rank in sorted({0, lay.nodes - 1}):
+        argv = planner.build(exp, dataclasses.replace(opts, nnodes=lay.nodes, node_rank=rank), machine).argv
+        items = [shown.get(argv[i - 1]) or shlex.quote(a) if i else a for i, a in enumerate(argv)]
+        lines.append(f"node {rank}     {' '.join(items)}")
     return lines
 
 
@@ -121,21 +126,23 @@ def submit(target: str, env=os.environ) -> int:
     if not dry and sbatch is None:
         raise LaunchError("sbatch not found: this machine is not a SLURM login node; fix: run "
                           f"`make slurm-{exp.id}` where sbatch is, or DRY_RUN=1 to write the script only")
-    impl = launch.transformer_impl(opts)
-    command = launch.torchrun_command(launch.wrapper_env(exp, opts, impl))
-    print("\n".join(launch.preflight(exp, opts, impl, None)))
-    print(launch.megatron_check(exp, command))
-    te_problem = launch.cp_problem(exp, opts, impl)
+    machine = planner.Machine.here()  # GPUs: the nodes', not this login node's
+    plan = planner.build(exp, opts, machine)
+    print("\n".join(launch.preflight(plan)))
+    print(launch.megatron_check(plan))
+    te_problem = launch.cp_problem(plan)
     if te_problem:  # the login node may lack TE while the job's image has it: each node checks again
         print(f"warning    here: {te_problem}")
 
+    sbatch_args = words("SBATCH_ARGS", env)
+    words("SRUN_ARGS", env)  # refused here, before a job folder is made
     job_dir = launch.make_run_dir(opts.outdir / "slurm", exp.id)
     path = job_dir / "job.sbatch"
     path.write_text(script(exp, lay, job_dir, env))
-    sbatch_cmd = ["sbatch", *shlex.split(env.get("SBATCH_ARGS", "")), str(path)]
+    sbatch_cmd = ["sbatch", *sbatch_args, str(path)]
     print(f"slurm      {lay.nodes} node(s) x {lay.gpus_per_node} GPU(s); one srun task per node runs "
           f"`make {exp.id}` with NODE_RANK=$SLURM_NODEID")
-    print("\n".join(node_commands(exp, lay, impl, opts)))
+    print("\n".join(node_commands(exp, lay, opts, machine)))
     print(f"script     {path}")
     print(path.read_text().rstrip())
     if dry:

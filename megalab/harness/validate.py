@@ -10,7 +10,6 @@ import contextlib
 import io
 import logging
 import os
-import shlex
 import sys
 import warnings
 
@@ -19,20 +18,14 @@ class MegatronRejected(ValueError):
     pass
 
 
-def entry_args(command: str) -> list[str]:
-    """The arguments after the entry-point script in a torchrun command line."""
-    argv = shlex.split(command)
-    for i, a in enumerate(argv):
-        if a.endswith(".py"):
-            return argv[i + 1:]
-    raise ValueError(f"no .py entry point in: {command}")
-
-
 def megatron_available() -> str | None:
-    """The installed megatron-core version, or None."""
+    """The installed megatron-core version, or None (also when it cannot be imported here)."""
     try:
+        import importlib.util
         from importlib.metadata import version
 
+        if importlib.util.find_spec("megatron") is None:
+            return None
         return version("megatron-core")
     except Exception:
         return None
@@ -48,7 +41,7 @@ def _cuda_available() -> bool:
 
 
 def validate(args: list[str], world_size: int, device_arch: int = 9):
-    """Run Megatron's argument validation for `world_size` ranks; return the args namespace.
+    """Run Megatron's argument validation (args: a plan's entry_args) for `world_size` ranks; return the args namespace.
 
     Raises MegatronRejected with Megatron's own message when it refuses the layout.
     Some checks depend on the GPU generation; without a GPU they are answered for `device_arch`

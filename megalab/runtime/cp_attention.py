@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
-MODES = ("p2p", "all_gather", "a2a")
+from megalab.runtime.levers import CP_MODES as MODES  # names shared with the launcher
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mode: str, group, scale: float,

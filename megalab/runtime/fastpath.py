@@ -19,13 +19,10 @@ default where the model preset asks for moe_grouped_gemm and Transformer Engine 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-GROUPED_GEMM = "grouped_gemm"  # megalab/runtime/grouped_experts.py's MoE experts
-PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa", GROUPED_GEMM)
-SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so `apply` leaves them alone
+# The names live in levers.py, which the torch-free launcher reads too.
+from megalab.runtime.levers import GROUPED_GEMM, PATCHES, SPEC_LEVERS, requested  # noqa: F401
 
 
 def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -68,17 +65,6 @@ def prefer_cudnn_attention() -> bool:
              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     sdpa_kernel(order, set_priority=True).__enter__()  # entered for good: never exited
     return True
-
-
-def requested(env=os.environ) -> list[str]:
-    raw = env.get("MEGALAB_FAST", "").strip()
-    if not raw or raw in ("0", "none"):
-        return []
-    names = list(PATCHES) if raw == "all" else [n.strip() for n in raw.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(PATCHES))
-    if unknown:
-        raise ValueError(f"MEGALAB_FAST: unknown patch(es) {unknown}; fix: choose from {', '.join(PATCHES)} or all")
-    return names
 
 
 def apply(names: list[str]) -> list[str]:

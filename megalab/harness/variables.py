@@ -1,0 +1,181 @@
+"""The make variables, declared once: name, type, default, one line of help, whether an sbatch
+script forwards it, and its group. Everything else is derived from this table: `Options.from_env`
+(the typed view a run is planned from), slurm's forwarded list, the Makefile's `export` line
+(tests/test_plan.py checks it lists exactly these) and `make help`'s variable list
+(`python -m megalab variables`). Standard library only: `make help` needs nothing installed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class LaunchError(RuntimeError):
+    """One-line, user-facing: what is wrong and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    name: str
+    type: str  # int | float | str | flag (unset, empty, 0, false, no: off) | path | choice
+    default: object
+    help: str
+    forwarded: bool = False  # an sbatch script exports it so that every node runs the same way
+    group: str = "run"  # run | outputs | data | nodes | slurm | docker
+    field: str | None = None  # its Options attribute (None: read where it is used, e.g. make or docker)
+    choices: tuple[str, ...] = ()
+
+
+V = Variable
+VARIABLES: tuple[Variable, ...] = (
+    V("ITERS", "int", 100, "training iterations (the step time is the median after WARMUP)", True, field="iters"),
+    V("WARMUP", "int", 3, "iterations left out of the step-time median", True, field="warmup"),
+    V("GPU_MEM_GB", "str", None, "cap each process as if the GPU had this many GB (e.g. 80 on an H200)", True,
+      field="gpu_mem_gb"),
+    V("DRY_RUN", "flag", False, "print the preflight and the exact command; start nothing", field="dry_run"),
+    V("OUTDIR", "path", ROOT / "outdir", "where run directories go", field="outdir"),
+    V("SPEC", "choice", "megalab", "TE-free layer spec: megalab, or local (Megatron's stock spec)", True,
+      field="spec", choices=("megalab", "local")),
+    V("TE", "choice", "auto", "Transformer Engine: auto, 1 (require it), 0 (never)", True, field="te",
+      choices=("auto", "1", "0")),
+    V("FAST", "str", None, "fast-path levers: none, all, or a list (default: the spec's)", True, field="fast"),
+    V("CUDA_GRAPH", "choice", "auto", "Megatron's full-iteration CUDA graph: auto, 1, 0", True,
+      field="cuda_graph", choices=("auto", "1", "0")),
+    V("EXTRA_ARGS", "str", "", "more Megatron flags, split like a shell word list (shlex), appended", True,
+      field="extra_args"),
+    V("MEGATRON_LM", "str", "", "a Megatron-LM checkout: run its own pretrain_gpt.py with the same flags", True,
+      field="megatron_lm"),
+    V("VERBOSE", "flag", False, "stream the whole log instead of the progress line", field="verbose"),
+    V("SAVE", "flag", False, "checkpoint into the run dir's checkpoints/ (torch_dist)", True, "outputs", "save"),
+    V("SAVE_INTERVAL", "int", None, "iterations between checkpoints (default: the end of the run)", True,
+      "outputs", "save_interval"),
+    V("LOAD", "path", None, "resume from a checkpoint dir (or a run dir holding checkpoints/)", True,
+      "outputs", "load"),
+    V("WANDB", "flag", False, "log to Weights & Biases (offline unless WANDB_API_KEY is set)", True,
+      "outputs", "wandb"),
+    V("WANDB_PROJECT", "str", "megalab", "the wandb project", True, "outputs", "wandb_project"),
+    V("WANDB_ENTITY", "str", "", "the wandb entity", True, "outputs", "wandb_entity"),
+    V("DATA", "str", "mock", "a Megatron dataset prefix (make prepare-data prints it); mock data by default",
+      True, "data", "data"),
+    V("TOKENIZER_MODEL", "str", "", "the tokenizer folder saved beside DATA", True, "data", "tokenizer_model"),
+    V("SPLIT", "str", "949,50,1", "train,valid,test split of DATA", True, "data", "split"),
+    V("VOCAB_FILE", "str", "", "GPT-2 BPE vocab (DATA without TOKENIZER_MODEL)", True, "data", "vocab_file"),
+    V("MERGE_FILE", "str", "", "GPT-2 BPE merges (with VOCAB_FILE)", True, "data", "merge_file"),
+    V("NNODES", "int", 1, "nodes of a multi-node run (each runs make <target>)", group="nodes", field="nnodes"),
+    V("NODE_RANK", "int", 0, "this node's rank", group="nodes", field="node_rank"),
+    V("MASTER_ADDR", "str", "localhost", "torchrun's rendezvous host", group="nodes", field="master_addr"),
+    V("MASTER_PORT", "int", None, "torchrun's rendezvous port (default: a free one on one node, 6000 across nodes)",
+      group="nodes", field="master_port"),
+    V("ALLOW_BUSY_GPUS", "flag", False, "start even where other processes hold GPU memory (the record says so)",
+      field="allow_busy_gpus"),
+    V("WATCHDOG_SILENT_S", "float", 300.0, "end a run whose log is silent this long after training began (hung)",
+      True, field="watchdog_silent_s"),
+    V("WATCHDOG_STARTUP_S", "float", 900.0, "the same before the first iteration", True, field="watchdog_startup_s"),
+    V("EXIT_GRACE_S", "float", 120.0, "end a run still alive this long after Megatron's end of training", True,
+      field="exit_grace_s"),
+    V("GPUS_PER_NODE", "int", None, "make slurm-<id>: GPUs per node (default 8)", group="slurm"),
+    V("SBATCH_ARGS", "str", "", "make slurm-<id>: more sbatch flags (shlex-split)", group="slurm"),
+    V("SRUN_ARGS", "str", "", "make slurm-<id>: more srun flags (shlex-split)", group="slurm"),
+    V("DOCKER_IMAGE", "str", "megalab", "make docker-build/docker-run: the image tag", group="docker"),
+    V("DOCKER_SHM", "str", "16g", "make docker-run: --shm-size", group="docker"),
+    V("DOCKER_ARGS", "str", "", "make docker-run: more docker run flags (shlex-split)", group="docker"),
+    V("DOCKER_CMD", "str", "bash", "make docker-run: the command to run in the container (shlex-split)",
+      group="docker"),
+)
+BY_NAME = {v.name: v for v in VARIABLES}
+FORWARDED = tuple(v.name for v in VARIABLES if v.forwarded)  # make slurm-<id> writes these into the script
+
+
+def raw(name: str, env=os.environ) -> str:
+    """The variable's text, empty when unset."""
+    return env.get(name, "")
+
+
+def value(name: str, env=os.environ):
+    """The variable parsed by its type, or its default when unset or empty."""
+    var = BY_NAME[name]
+    text = raw(name, env)
+    if text == "":
+        return var.default
+    if var.type == "flag":
+        return text not in ("0", "false", "no")
+    if var.type == "int":
+        return int(text)  # ValueError: Options.from_env turns it into one line
+    if var.type == "float":
+        return float(text)
+    if var.type == "path":
+        return Path(text)
+    if var.type == "choice" and text not in var.choices:
+        if var.name == "CUDA_GRAPH" and text in ("true", "yes", "false", "no"):  # yes/no words, as flags take
+            return "1" if text in ("true", "yes") else "0"
+        raise LaunchError(f"{name}={text} is not one of {', '.join(var.choices)}; fix: e.g. {name}={var.choices[0]}")
+    return text
+
+
+@dataclasses.dataclass
+class Options:
+    """The make variables a run reads (see `make help`), typed; from_env reads them by the table."""
+
+    iters: int = 100
+    warmup: int = 3
+    gpu_mem_gb: str | None = None
+    dry_run: bool = False
+    outdir: Path = ROOT / "outdir"
+    spec: str = "megalab"  # megalab | local
+    te: str = "auto"  # auto | 1 | 0
+    fast: str | None = None  # megalab's TE-free speed-ups: None = the default for the spec
+    cuda_graph: str = "auto"  # auto | 1 | 0 (plan.py decides, with a reason)
+    extra_args: str = ""  # a shell word list: shlex-split into argv items, never through a shell
+    megatron_lm: str = ""
+    verbose: bool = False
+    save: bool = False
+    save_interval: int | None = None
+    load: Path | None = None
+    wandb: bool = False
+    wandb_project: str = "megalab"
+    wandb_entity: str = ""
+    data: str = "mock"
+    tokenizer_model: str = ""
+    split: str = "949,50,1"
+    vocab_file: str = ""
+    merge_file: str = ""
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "localhost"
+    master_port: int | None = None  # None: a free port on one node, 6000 across nodes (ports.py)
+    allow_busy_gpus: bool = False
+    watchdog_silent_s: float = 300.0
+    watchdog_startup_s: float = 900.0
+    exit_grace_s: float = 120.0
+    profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
+    exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "Options":
+        try:
+            kw = {v.field: value(v.name, env) for v in VARIABLES if v.field}
+        except ValueError as e:
+            raise LaunchError(f"a make variable is not a number ({e}); "
+                              "fix: e.g. ITERS=20 NNODES=2 SAVE_INTERVAL=50") from None
+        kw["save_interval"] = kw["save_interval"] or None
+        return cls(**kw)
+
+
+def help_lines() -> list[str]:
+    """`make help`'s variable list, by group."""
+    out, width = [], max(len(v.name) for v in VARIABLES) + 2
+    for group in dict.fromkeys(v.group for v in VARIABLES):
+        out.append(f"Variables ({group}):")
+        for v in (v for v in VARIABLES if v.group == group):
+            default = "" if v.default in (None, "", False) else f" [{Path(v.default).name if v.type == 'path' else v.default}]"
+            out.append(f"  {v.name:<{width}}{v.help}{default}")
+    return out
+
+
+def cli(argv: list[str]) -> int:
+    """`python -m megalab variables`: the table, as `make help` prints it (--names: names only)."""
+    print(" ".join(v.name for v in VARIABLES) if argv[:1] == ["--names"] else "\n".join(help_lines()))
+    return 0

@@ -1,0 +1,28 @@
+"""Names of the run's levers, shared by the launcher and the code inside torchrun. No torch here:
+the harness reads these to plan a run on a machine without torch (`make list`, dry runs).
+
+  - the fast-path levers (MEGALAB_FAST / FAST=, megalab/runtime/fastpath.py), and `requested()`
+    which parses them;
+  - the context-parallel modes megalab's TE-free attention has (megalab/runtime/cp_attention.py).
+"""
+from __future__ import annotations
+
+import os
+
+GROUPED_GEMM = "grouped_gemm"  # megalab/runtime/grouped_experts.py's MoE experts
+PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa", GROUPED_GEMM)
+SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
+
+CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
+
+
+def requested(env=os.environ) -> list[str]:
+    """The lever names in MEGALAB_FAST ('', 0, none: none; all: every one); unknown ones raise ValueError."""
+    raw = env.get("MEGALAB_FAST", "").strip()
+    if not raw or raw in ("0", "none"):
+        return []
+    names = list(PATCHES) if raw == "all" else [n.strip() for n in raw.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(PATCHES))
+    if unknown:
+        raise ValueError(f"MEGALAB_FAST: unknown patch(es) {unknown}; fix: choose from {', '.join(PATCHES)} or all")
+    return names
