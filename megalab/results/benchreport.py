@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megalab.harness import bench
-from megalab.results import logparse, tables
-from megalab.harness.bench import DATASHEET_TFLOPS
+from megalab.results import benchruns, gpus, logparse, tables
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
 # initial weights, same data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far
@@ -99,7 +97,7 @@ def _findings(cfg: dict, get) -> list[str]:
     alternatives that did not pay (not kept in megalab's spec)."""
     out = []
     ab = cfg["ablation"]
-    runs = bench.ablation_runs(cfg)
+    runs = benchruns.ablation_runs(cfg)
     for name in ab["cases"]:
         steps = [get(run) for n, lv, run in runs if n == name and lv in ab["steps"]]
         alts = [(lv[-1], get(run)) for n, lv, run in runs if n == name and lv not in ab["steps"]]
@@ -122,8 +120,8 @@ def _findings(cfg: dict, get) -> list[str]:
 
 
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
-    cfg = cfg or bench.load_config()
-    recs = bench.load_runs(bench_dir / "runs")
+    cfg = cfg or benchruns.load_config()
+    recs = benchruns.load_runs(bench_dir / "runs")
     tables.mark_shared(recs.values(), bench_dir.parent)
     get = lambda run: recs.get(run.key())  # noqa: E731
     mm_path = bench_dir / "matmul.json"
@@ -134,13 +132,13 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
          "says what is compared); `make bench` measures them on a GPU (the 2-GPU case where two are present). Every run is an ordinary megalab "
          "launch (same wrapper, monitor and record as a table row); step times are medians after 3 "
          "warm-up iterations with the p10-p90 spread in brackets, memory the NVML peak in GiB.", ""]
-    gpus = sorted({r.get("gpu_name") for r in recs.values() if r.get("gpu_name")})
-    L += [f"GPU: {', '.join(gpus) or 'none yet'}. No Transformer Engine, no apex (pip megatron-core 0.19.2, "
+    names = sorted({r.get("gpu_name") for r in recs.values() if r.get("gpu_name")})
+    L += [f"GPU: {', '.join(names) or 'none yet'}. No Transformer Engine, no apex (pip megatron-core 0.19.2, "
           "PyTorch's SDPA). The TE reference is the published row with TE: the 8x H100 tutorial series (R rows) or the 2x H200 set (T rows).", ""]
-    if mm:
+    if mm and (peak := gpus.peak_tflops(mm["gpu_name"])):
         L += [f"Ceiling: a bf16 {mm['n']}^3 matmul runs at **{mm['tflops']} TFLOP/s** (median of {mm['iters']}; "
-              f"best {mm['tflops_best']}) on {mm['gpu_name']}, {mm['tflops'] / DATASHEET_TFLOPS:.0%} of the "
-              f"{DATASHEET_TFLOPS:.0f} TFLOP/s datasheet peak.", ""]
+              f"best {mm['tflops_best']}) on {mm['gpu_name']}, {mm['tflops'] / peak:.0%} of the "
+              f"{peak:.0f} TFLOP/s datasheet peak.", ""]
 
     # -- the contenders -----------------------------------------------------------------------
     lev = " + ".join(cfg["specs"]["megalab"]["levers"])
@@ -151,14 +149,15 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
           "(b) TFLOP/s/GPU | MFU (datasheet) | MFU (matmul) |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for case in cfg["cases"]:
-        a, b = get(bench.spec_run(cfg, case, "local")), get(bench.spec_run(cfg, case, "megalab"))
+        a, b = get(benchruns.spec_run(cfg, case, "local")), get(benchruns.spec_run(cfg, case, "megalab"))
         ref = _ref_row(case)
         ratio = _speedup(a, b) or ("(a) out of memory" if a and a["status"] == "oom" and _ok(b) else "")
         tf = round(b["tflops_per_gpu"], 1) if _ok(b) else None
+        peak = gpus.peak_tflops(b.get("gpu_name")) if tf else None
         ref_cell = f"{ref['ms']:.0f} / {ref['gb']}" if ref else "-"
         L.append(f"| {case['name']} | {ref_cell} | {_ms(a)} | {_gib(a)} | "
                  f"{_ms(b)} | {_gib(b)} | {ratio} | {tf if tf is not None else ''} | "
-                 f"{f'{tf / DATASHEET_TFLOPS:.1%}' if tf else ''} | "
+                 f"{f'{tf / peak:.1%}' if tf and peak else ''} | "
                  f"{f'{tf / ceiling:.1%}' if tf and ceiling else ''} |")
     L.append("")
 
@@ -171,11 +170,11 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     for spec_name, levers in s["levers"].items():
         spec = cfg["specs"][spec_name]
         tried = {}
-        same = bench.make_run(cfg, s["target"], spec["spec"], levers, None).key()[1:]  # all but the id
+        same = benchruns.make_run(cfg, s["target"], spec["spec"], levers, None).key()[1:]  # all but the id
         for run_key, rec in recs.items():
             if run_key[1:] == same and run_key[0].startswith(s["target"]):
                 g = rec["config"]["mbs"]
-                tried[g] = bench.fits(rec)
+                tried[g] = benchruns.fits(rec)
         fit = [g for g, ok in tried.items() if ok]
         nofit = [g for g, ok in tried.items() if ok is False]
         best = max(fit) if fit and nofit and min(nofit) == max(fit) + 1 else None
@@ -189,7 +188,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
           "megalab's spec with the levers added one at a time; alternatives are tried on top and kept only if "
           "they pay.", "", "| case | levers | ms | GiB | vs previous step |", "| --- | --- | --- | --- | --- |"]
     prev = {}
-    for name, levers, run in bench.ablation_runs(cfg):
+    for name, levers, run in benchruns.ablation_runs(cfg):
         rec = get(run)
         p = prev.get(name)
         L.append(f"| {name} | {' + '.join(levers) or 'none (spec only)'} | {_ms(rec)} | {_gib(rec)} | {_speedup(p, rec)} |")
@@ -211,7 +210,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
           "| pair | (a) | (b) | steps | first loss a / b | last loss a / b | steps 1-5 max | first step apart > 0.1% "
           "| median | max (any step) | verdict |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for pair, a_run, b_run in bench.parity_runs(cfg):
+    for pair, a_run, b_run in benchruns.parity_runs(cfg):
         a, b = get(a_run), get(b_run)
         if not (_ok(a) and _ok(b)):
             why = "not run" if a is None or b is None else f"{a['status']} / {b['status']}"
@@ -223,7 +222,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
                  f"{r['early_max_rel']:.3%} | {r['first_apart'] or 'none'} | {r['median_rel']:.2%} | {r['max_rel']:.1%} | "
                  f"{'PASS' if r['pass'] else 'FAIL'} |")
     L.append("")
-    L += [f"- {pair['name']}: {pair['note']}" for pair, _, _ in bench.parity_runs(cfg) if pair.get("note")]
+    L += [f"- {pair['name']}: {pair['note']}" for pair, _, _ in benchruns.parity_runs(cfg) if pair.get("note")]
     L.append("")
 
     # -- MoE experts ----------------------------------------------------------------------------
@@ -234,7 +233,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
           "`--moe-grouped-gemm`. Same model, weights and flags otherwise.", "",
           "| pair | (a) SequentialMLP ms | (a) GiB | (b) GroupedMLP ms | (b) GiB | a/b |",
           "| --- | --- | --- | --- | --- | --- |"]
-    for pair, a_run, b_run in bench.expert_runs(cfg):
+    for pair, a_run, b_run in benchruns.expert_runs(cfg):
         a, b = get(a_run), get(b_run)
         L.append(f"| {pair['name']} | {_ms(a)} | {_gib(a)} | {_ms(b)} | {_gib(b)} | {_speedup(a, b)} |")
     L.append("")
@@ -244,8 +243,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     L += ["## Goals", "", "| goal | target | measured | verdict |", "| --- | --- | --- | --- |"]
     for what, case_name, ms_max, gib_max in GOALS:
         # every megalab-spec run of this case (the spec's levers, each ablation step, each alternative)
-        runs = [bench.spec_run(cfg, cases[case_name], "megalab")]
-        runs += [r for n, _, r in bench.ablation_runs(cfg) if n == case_name]
+        runs = [benchruns.spec_run(cfg, cases[case_name], "megalab")]
+        runs += [r for n, _, r in benchruns.ablation_runs(cfg) if n == case_name]
         ok = [(get(r), r) for r in runs if _ok(get(r))]
         limit = f"<= {ms_max:g} ms" + (f" at <= {gib_max:g} GiB" if gib_max else "")
         if not ok:
@@ -257,7 +256,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
                  f"{'met' if meets else 'missed'} |")
     g4 = cases.get("GBS 4")
     if g4:
-        a, b = get(bench.spec_run(cfg, g4, "local")), get(bench.spec_run(cfg, g4, "megalab"))
+        a, b = get(benchruns.spec_run(cfg, g4, "local")), get(benchruns.spec_run(cfg, g4, "megalab"))
         if _ok(a) and _ok(b):
             x = a["step_ms_median"] / b["step_ms_median"]
             L.append(f"| faster than the stock local spec at GBS 4 | >= 1.3x | {x:.2f}x | {'met' if x >= 1.3 else 'missed'} |")
@@ -273,7 +272,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
     L += ["## Runs", "", "| run | record |", "| --- | --- |"]
-    pair_keys = {r.key() for pairs in (bench.parity_runs(cfg), bench.expert_runs(cfg)) for _, a, b in pairs
+    pair_keys = {r.key() for pairs in (benchruns.parity_runs(cfg), benchruns.expert_runs(cfg)) for _, a, b in pairs
                  for r in (a, b)}
     for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):
         own = rec["_dir"].parent == bench_dir / "runs"

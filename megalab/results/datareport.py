@@ -26,7 +26,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from megalab.results import logparse, plots, tables
+from megalab.results import logparse, markdown, plots, records, tables
 from megalab.harness.catalog import ROOT
 
 PAGE = Path("results") / "data" / "README.md"
@@ -39,9 +39,9 @@ VOCAB_LINE = re.compile(r"padded vocab \(size: (\d+)\)")
 
 def load(runs: Path) -> list[dict]:
     """Every record under RUNS, oldest first, with `_dir` (its folder); unreadable ones skipped."""
-    out = [rec | {"_dir": path.parent} for path, rec in tables.read_records(runs, "megalab data-report")]
-    tables.mark_shared(out, runs.parent.parent)  # results/: every run that shared the host
-    return sorted(out, key=lambda r: (tables._started_key(r), r["_dir"].name))
+    out = [rec.raw | {"_dir": rec.run_dir} for rec in records.read_records(runs, "megalab data-report")]
+    records.mark_shared(out, runs.parent.parent)  # results/: every run that shared the host
+    return sorted(out, key=lambda r: (records.stamp(r.get("started")), r["_dir"].name))
 
 
 def _cfg(rec: dict) -> dict:
@@ -125,11 +125,11 @@ def _side(rec: dict | None) -> list[str]:
     """Step ms (p10-p90), TFLOP/s, peak GiB of an ok record; the status in words otherwise."""
     if rec is None:
         return ["not run", "", ""]
-    if rec.get("status") != "ok" or tables._num(rec.get("step_ms_median")) is None:
+    if rec.get("status") != "ok" or records.num(rec.get("step_ms_median")) is None:
         return [f"{_status(rec)} ({_link(rec, 'record')})", "", ""]
     shared = " †" if rec.get("_concurrent") else ""
     ms = f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}–{rec['step_ms_p90']:.0f}){shared}"
-    tf = tables._num(rec.get("tflops_per_gpu"))
+    tf = records.num(rec.get("tflops_per_gpu"))
     return [f"{ms} ({_link(rec, 'record')})", "" if tf is None else f"{tf:.1f}",
             tables.fmt_mem(rec.get("mem_peak_gib"))[0]]
 
@@ -166,7 +166,7 @@ def curve_runs(recs: list[dict], root: Path) -> tuple[dict, dict | None, int | N
     ok = [r for r in recs if r.get("status") == "ok" and not is_mock(r) and not r["target"].startswith("resume-")]
     if not ok:
         return None
-    real = max(ok, key=lambda r: (r.get("iters_logged") or 0, tables._started_key(r), r["_dir"].name))
+    real = max(ok, key=lambda r: (r.get("iters_logged") or 0, records.stamp(r.get("started")), r["_dir"].name))
     _, _, mock, v = next(p for p in pairs(recs, root) if p[0] == real["target"])
     return real, (mock if mock and mock.get("status") == "ok" else None), v
 
@@ -250,7 +250,7 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
               "| --- | --- | --- | --- | --- | --- |"]
         for r in checked:
             c = r["resume_check"]
-            before, after = tables._num(c.get("saved_last_loss")), tables._num(c.get("resumed_first_loss"))
+            before, after = records.num(c.get("saved_last_loss")), records.num(c.get("resumed_first_loss"))
             ok = "ok" if c.get("ok") else f"FAIL: {c.get('why')}"
             L.append(f"| {_link(r, r['target'])} | {c.get('stop_at')} "
                      f"| {'' if before is None else f'{before:.4f}'} ({c.get('saved_last_iteration')}) "
@@ -293,13 +293,13 @@ def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]
         else:
             svg = draw_curve(*curve)
             if not fig.exists() or fig.read_bytes() != svg:
-                tables._write_atomic(fig, svg)
+                markdown.write_atomic(fig, svg)
                 changed.append(fig)
     text = render(root, recs)
     if not page.exists() or page.read_text(encoding="utf-8") != text:
         changed.append(page)
         if not check:
-            tables._write_atomic(page, text)
+            markdown.write_atomic(page, text)
     return changed
 
 
@@ -310,4 +310,4 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     changed = write_report(args.root, check=args.check)
-    return tables.report_changes(changed, args.root, check=args.check, what="data report", fix="run `make tables`")
+    return markdown.report_changes(changed, args.root, check=args.check, what="data report", fix="run `make tables`")

@@ -45,6 +45,7 @@ __all__ = [
     "parse_log",
     "parse_file",
     "parse_iteration_line",
+    "megalab_lines",
     "step_stats",
     "summary_fields",
     "cli",
@@ -573,6 +574,15 @@ def _list_missing(st: _State, cut_mid_line: bool) -> None:
         if s.train_iters:
             reason += f" of {s.train_iters}"
         miss.append(reason + (" (last line cut mid-line)" if cut_mid_line else ""))
+
+
+def megalab_lines(text) -> dict[str, str]:
+    """Only the entry point's `megalab: k=v ...` lines of a log (what ran), without parsing the rest."""
+    st = _State(LogSummary())
+    for raw in _as_text(text).splitlines():
+        if "megalab:" in raw:
+            _on_megalab(st, _strip_prefix(raw)[0], None)
+    return st.s.megalab
 
 
 def parse_file(path) -> LogSummary:
