@@ -21,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 
+from megalab.results import markdown
+
 # What a run is and how its record is found live on the results side (benchruns), which the report reads
 # too: the report never imports this launcher, so the two cannot import each other.
 from megalab.results.benchruns import (  # noqa: F401  (re-exported: bench.Run, bench.make_run, ...)
@@ -114,13 +116,11 @@ def trace_summary(path: Path, top: int = 15) -> dict:
 
 
 def render_trace(summary: dict) -> str:
-    lines = ["step | wall ms | GPU-busy ms | busy % | kernels", "--- | --- | --- | --- | ---"]
-    for s in summary["steps"]:
-        busy = 100 * s["gpu_busy_ms"] / s["wall_ms"] if s["wall_ms"] else 0
-        lines.append(f"{s['step']} | {s['wall_ms']} | {s['gpu_busy_ms']} | {busy:.0f} | {s['kernels']}")
-    lines += ["", "kernel | ms/step | calls/step", "--- | --- | ---"]
-    lines += [f"{k['name']} | {k['ms_per_step']} | {k['calls_per_step']}" for k in summary["kernels"]]
-    return "\n".join(lines)
+    steps = [[s["step"], s["wall_ms"], s["gpu_busy_ms"],
+              f"{100 * s['gpu_busy_ms'] / s['wall_ms'] if s['wall_ms'] else 0:.0f}", s["kernels"]] for s in summary["steps"]]
+    kernels = [[k["name"], k["ms_per_step"], k["calls_per_step"]] for k in summary["kernels"]]
+    return "\n".join([*markdown.table(["step", "wall ms", "GPU-busy ms", "busy %", "kernels"], steps), "",
+                      *markdown.table(["kernel", "ms/step", "calls/step"], kernels)])
 
 
 # --------------------------------------------------------------------------- the runs

@@ -2,7 +2,7 @@
 
 The claims are data (configs/checks.yaml); this module knows a small fixed set of metric kinds
 (KINDS) and expectations, evaluates every claim against the newest usable record per target
-(tables.load_records) and writes results/checks.md. Each claim ends as
+(records.load_records) and writes results/checks.md. Each claim ends as
 
   PASS     the measured value meets the expectation
   FAIL     it does not (or a target it reads ran out of memory): a finding, reported as is
@@ -23,17 +23,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import yaml
 
 from megalab.harness.catalog import ROOT
+from megalab.results import markdown
+from megalab.results.records import load_records
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 OUTPUT = Path("results") / "checks.md"
@@ -533,9 +533,9 @@ def render(results: list[Result]) -> str:
         rows.append({"claim": f"`{r.claim.id}`: {r.claim.claim}", "source": r.claim.source,
                      "expected": r.claim.expect.text(), "published": _published_text(r.claim.published),
                      "measured": r.measured, "status": status})
-    df = pd.DataFrame(rows, columns=["claim", "source", "expected", "published", "measured", "status"])
-    df = df.map(_cell) if hasattr(df, "map") else df.applymap(_cell)
-    table = df.to_markdown(index=False, disable_numparse=True) if rows else "(no claims)"
+    header = ["claim", "source", "expected", "published", "measured", "status"]
+    table = "\n".join(markdown.table(header, ([_cell(r[h]) for h in header] for r in rows), padded=True)) \
+        if rows else "(no claims)"
     lines = [
         "# Checks: published claims against our runs",
         "",
@@ -563,11 +563,10 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
     Returns (results, changed). The page is only rewritten when its content changes.
     """
     from megalab.harness import catalog
-    from megalab.results import tables
 
     root = Path(root) if root is not None else ROOT
     claims = load_claims(claims_path)
-    records = tables.load_records(root / "results" / "runs")
+    records = load_records(root / "results" / "runs")
     results = evaluate_all(claims, records, catalog.catalog())
     text = render(results)
     path = root / OUTPUT
@@ -576,10 +575,7 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
     except (OSError, UnicodeDecodeError):
         old = None
     if old != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        markdown.write_atomic(path, text)
     return results, old != text
 
 

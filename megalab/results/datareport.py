@@ -196,6 +196,17 @@ def draw_curve(real: dict, mock: dict | None, v: int | None, fmt: str = "svg") -
 
 # --------------------------------------------------------------------------- page
 
+
+def _resume_cells(r: dict) -> list[str]:
+    """A resume check's row: where launch 1 stopped, its last loss, launch 2's first, the jump."""
+    c = r["resume_check"]
+    before, after = records.num(c.get("saved_last_loss")), records.num(c.get("resumed_first_loss"))
+    return [_link(r, r["target"]), str(c.get("stop_at")),
+            f"{'' if before is None else f'{before:.4f}'} ({c.get('saved_last_iteration')})",
+            f"{'' if after is None else f'{after:.4f}'} ({c.get('resumed_first_iteration')})",
+            str(c.get("loss_jump", "")), "ok" if c.get("ok") else f"FAIL: {c.get('why')}"]
+
+
 def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
     """The page; RECS: load(ROOT / RUNS), when the caller has read them already."""
     root = Path(root) if root is not None else ROOT
@@ -209,14 +220,11 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
          "## Real data vs mock", ""]
     rows = pairs(recs, root)
     if rows:
-        L += ["| target | vocabulary (real / mock) | real: step ms | real: TFLOP/s | real: peak GiB "
-              "| mock: step ms | mock: TFLOP/s | mock: peak GiB | real / mock step time |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for target, real, mock, v in rows:
-            vm = vocab(mock, root) if mock else None
-            cells = [target, f"{_v(v) if real else '—'} / {_v(vm) if mock else '—'}",
-                     *_side(real), *_side(mock), _ratio(real, mock, v)]
-            L.append("| " + " | ".join(cells) + " |")
+        L += markdown.table(
+            ["target", "vocabulary (real / mock)", "real: step ms", "real: TFLOP/s", "real: peak GiB",
+             "mock: step ms", "mock: TFLOP/s", "mock: peak GiB", "real / mock step time"],
+            ([target, f"{_v(v) if real else '—'} / {_v(vocab(mock, root) if mock else None) if mock else '—'}",
+              *_side(real), *_side(mock), _ratio(real, mock, v)] for target, real, mock, v in rows))
         L += ["", "- Step times are the median after warm-up with the p10–p90 range; memory is the NVML peak "
                   "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
               "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
@@ -245,17 +253,9 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
     checked = [r for r in resumes if isinstance(r.get("resume_check"), dict)]
     if checked:
         L += ["Launch 1 trains to `stop at` and saves; launch 2 loads that checkpoint and must go on from the next "
-              "iteration with a loss near launch 1's last, not a fresh model's.", "",
-              "| record | stop at | last loss before (iteration) | first loss after (iteration) | loss jump | ok |",
-              "| --- | --- | --- | --- | --- | --- |"]
-        for r in checked:
-            c = r["resume_check"]
-            before, after = records.num(c.get("saved_last_loss")), records.num(c.get("resumed_first_loss"))
-            ok = "ok" if c.get("ok") else f"FAIL: {c.get('why')}"
-            L.append(f"| {_link(r, r['target'])} | {c.get('stop_at')} "
-                     f"| {'' if before is None else f'{before:.4f}'} ({c.get('saved_last_iteration')}) "
-                     f"| {'' if after is None else f'{after:.4f}'} ({c.get('resumed_first_iteration')}) "
-                     f"| {c.get('loss_jump', '')} | {ok} |")
+              "iteration with a loss near launch 1's last, not a fresh model's.", ""]
+        L += markdown.table(["record", "stop at", "last loss before (iteration)", "first loss after (iteration)",
+                             "loss jump", "ok"], (_resume_cells(r) for r in checked))
     else:
         last = f" (the last attempt, {_link(resumes[-1])}, ended {_status(resumes[-1])})" if resumes else ""
         L += [f"Not run yet{last}."]

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from megalab.harness import catalog
-from megalab.results import gpus
+from megalab.results import gpus, markdown
 from megalab.results.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
 
 GIB = 2**30
@@ -752,6 +752,19 @@ def _layout_text(est: Estimate) -> str:
     return " ".join(parts)
 
 
+def _validation_cells(r: dict[str, Any]) -> list[str]:
+    err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
+    meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
+    if r["status"] == "oom":
+        verdict = "OOM, predicted" if r["ok"] else "MISS: OOM not predicted"
+    else:
+        verdict = "ok" if r["ok"] else "MISS (outside 10%)"
+    where = "bench" if "/bench/" in r["run"] else "runs"
+    return [f"{r['run'].split('/')[-1]} ({where})", r["spec"], f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}",
+            r["layout"], f"{r['capacity_gib']:.1f}", f"{r['pred_gib']:.1f}", f"{r['meas_gib']:.1f}", err,
+            f"{r['pred_alloc_mb']:.0f} / {meas_alloc}", "fits" if r["fits"] else "does not fit", verdict, r["note"]]
+
+
 def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> str:
     """Markdown: predicted vs measured peak memory (max over GPUs) for every committed record
     (`rows`: validation_rows(records_root), when the caller already has them)."""
@@ -781,23 +794,11 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
         + f"; {sum(r['ok'] for r in ooms)} of {len(ooms)} out-of-memory runs predicted not to fit"
         + (f"; misses: {', '.join(r['target'] for r in misses)}" if misses else "") + ".**",
         "",
-        "| run | spec | GPUs | layout | capacity GiB | predicted GiB | measured GiB | error | "
-        "alloc MB pred / Megatron | predicted | verdict | where the difference sits |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
     ]
-    for r in rows:
-        short = gpus.short_gpu_name(r["gpu"])
-        err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
-        meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
-        fits = "fits" if r["fits"] else "does not fit"
-        if r["status"] == "oom":
-            verdict = "OOM, predicted" if r["ok"] else "MISS: OOM not predicted"
-        else:
-            verdict = "ok" if r["ok"] else "MISS (outside 10%)"
-        where = "bench" if "/bench/" in r["run"] else "runs"
-        out.append(f"| {r['run'].split('/')[-1]} ({where}) | {r['spec']} | {r['gpus']} x {short} | "
-                   f"{r['layout']} | {r['capacity_gib']:.1f} | {r['pred_gib']:.1f} | {r['meas_gib']:.1f} | "
-                   f"{err} | {r['pred_alloc_mb']:.0f} / {meas_alloc} | {fits} | {verdict} | {r['note']} |")
+    out += markdown.table(
+        ["run", "spec", "GPUs", "layout", "capacity GiB", "predicted GiB", "measured GiB", "error",
+         "alloc MB pred / Megatron", "predicted", "verdict", "where the difference sits"],
+        (_validation_cells(r) for r in rows), [None] * 4 + ["right"] * 5 + [None] * 3)
     skipped = left_out(Path(records_root) if records_root is not None else catalog.ROOT)
     if skipped:
         out += ["", f"Not validated ({len(skipped)} runs outside what the estimator models; the benchmark's "

@@ -39,7 +39,7 @@ import pandas as pd
 
 from megalab.harness import catalog
 from megalab.harness.catalog import ROOT
-from megalab.results import plots
+from megalab.results import markdown, plots
 from megalab.results.chapter import (  # noqa: F401  (tables.X kept for callers and tests)
     MISSING as _MISSING, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
     load_twogpu_reference, measured as _measured, reference_kind, row_id as _row_id, scaling_series,
@@ -570,7 +570,7 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
     df = _frame(ctx)
     targets = set(df["make target"])
     recs = [ctx.records[t] for t in sorted(targets & set(ctx.records))]
-    table = df.to_markdown(index=False, disable_numparse=True, colalign=_align(chapter))
+    table = "\n".join(markdown.table(list(df.columns), df.itertuples(index=False), _align(chapter), padded=True))
     source_file, published = SOURCES[ctx.kind]
     if ctx.kind == "twogpu":
         notes = list(TWOGPU_FOOTNOTES)
@@ -628,7 +628,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
         if old == text:
             continue
         if not check:
-            _write_atomic(path, text)
+            markdown.write_atomic(path, text)
         changed.append(path)
     blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True)
               for ch in catalog.chapters()}
@@ -637,7 +637,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
         text = embed_tables(old, blocks)
         if text != old:
             if not check:
-                _write_atomic(path, text)
+                markdown.write_atomic(path, text)
             changed.append(path)
     return changed
 
