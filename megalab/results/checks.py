@@ -206,6 +206,41 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _operands(cid: str, kind: str, metric: dict, required: tuple, field: str, gpu: Any) -> dict[str, Operand]:
+    """The targets a claim's metric reads (a list for monotonic/status, else metric.a and metric.b)."""
+    operands: dict[str, Operand] = {}
+    if kind in ("monotonic", "status"):
+        t = metric["targets"]
+        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
+            raise _err(cid, "metric.targets must be a list of target ids")
+        if kind == "monotonic" and len(t) < 2:
+            raise _err(cid, "monotonic needs at least two targets")
+        operands["targets"] = Operand(tuple(t), field, gpu)
+    else:
+        for key in required:
+            operands[key] = _operand(cid, metric[key], field, gpu, f"metric.{key}")
+        a, b = operands["a"], operands.get("b")
+        if b is not None and a.vector and b.vector and len(a.targets) != len(b.targets):
+            raise _err(cid, "metric.a and metric.b list different numbers of targets")
+        if kind == "bytes_per_param":
+            if a.vector or len(a.targets) != 1 or a.minus:
+                raise _err(cid, "bytes_per_param reads one target (metric.a)")
+            if _unit_bytes(a.field) is None:
+                raise _err(cid, f"bytes_per_param needs a memory field in MiB or GiB (a name, or a "
+                                f"parent's, ending _mb, _mib, _gb or _gib); got '{a.field}'")
+    return operands
+
+
+def _published(cid: str, published: Any) -> dict:
+    """`published`: {value, source, note}, or a bare source string."""
+    if isinstance(published, str):
+        published = {"value": None, "source": published}
+    if not isinstance(published, dict) or "source" not in published or \
+            set(published) - {"value", "source", "note"}:
+        raise _err(cid, "`published` must be {value, source, note} (value and note optional) or a string")
+    return published
+
+
 def _claim(entry: Any, index: int) -> Claim:
     if not isinstance(entry, dict):
         raise ChecksError(f"configs/checks.yaml: claim #{index + 1} is not a mapping")
@@ -241,26 +276,7 @@ def _claim(entry: Any, index: int) -> Claim:
     gpu = metric.get("gpu", "max")
     _check_gpu(cid, gpu, "metric")
 
-    operands: dict[str, Operand] = {}
-    if kind in ("monotonic", "status"):
-        t = metric["targets"]
-        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
-            raise _err(cid, "metric.targets must be a list of target ids")
-        if kind == "monotonic" and len(t) < 2:
-            raise _err(cid, "monotonic needs at least two targets")
-        operands["targets"] = Operand(tuple(t), field, gpu)
-    else:
-        for key in required:
-            operands[key] = _operand(cid, metric[key], field, gpu, f"metric.{key}")
-        a, b = operands["a"], operands.get("b")
-        if b is not None and a.vector and b.vector and len(a.targets) != len(b.targets):
-            raise _err(cid, "metric.a and metric.b list different numbers of targets")
-        if kind == "bytes_per_param":
-            if a.vector or len(a.targets) != 1 or a.minus:
-                raise _err(cid, "bytes_per_param reads one target (metric.a)")
-            if _unit_bytes(a.field) is None:
-                raise _err(cid, f"bytes_per_param needs a memory field in MiB or GiB (a name, or a "
-                                f"parent's, ending _mb, _mib, _gb or _gib); got '{a.field}'")
+    operands = _operands(cid, kind, metric, required, field, gpu)
     expect = _expect(cid, kind, entry["expect"])
     if kind == "status" and len(expect.args) != len(operands["targets"].targets):
         raise _err(cid, "expect.equals must list one status per target")
@@ -273,12 +289,7 @@ def _claim(entry: Any, index: int) -> Claim:
         extra, absent = sorted(set(reads) - used), sorted(used - set(reads))
         raise _err(cid, "`reads` must list exactly the targets the metric reads"
                         + (f"; not read: {extra}" if extra else "") + (f"; not listed: {absent}" if absent else ""))
-    published = entry["published"]
-    if isinstance(published, str):
-        published = {"value": None, "source": published}
-    if not isinstance(published, dict) or "source" not in published or \
-            set(published) - {"value", "source", "note"}:
-        raise _err(cid, "`published` must be {value, source, note} (value and note optional) or a string")
+    published = _published(cid, entry["published"])
     return Claim(cid, " ".join(entry["claim"].split()), entry["source"].strip(), tuple(reads), kind, operands,
                  expect, published, float(tolerance), str(metric.get("params", "params_total")))
 

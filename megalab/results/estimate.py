@@ -364,6 +364,30 @@ class Estimate:
         return [s.params for s in self.stages]
 
 
+def inflight_microbatches(stage: int, pp: int, vpp: int, microbatches: int) -> float:
+    """Micro-batches (in units of one stage's layers) whose activations stage k holds at once under
+    1F1B: PP - k, or with interleaving the chunks in flight over the virtual stages."""
+    if vpp > 1:
+        return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp) / vpp
+    return min(pp - stage, microbatches)
+
+
+def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_bytes: float, recompute: str) -> float:
+    """Activation bytes a stage holds: every layer's for each in-flight micro-batch, or with full
+    recompute the checkpointed inputs plus one recomputed working set."""
+    gran, method, nrec = parse_recompute(recompute)
+    if gran != "full":
+        return inflight * layers * layer_bytes
+    if method == "uniform":
+        stored = math.ceil(layers / nrec) * ckpt_bytes
+        working = min(nrec, layers) * layer_bytes
+    else:  # block: the first N layers of the stage keep their input only
+        n = min(nrec, layers)
+        stored = n * ckpt_bytes + (layers - n) * layer_bytes
+        working = layer_bytes if n else 0.0
+    return inflight * stored + working
+
+
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float = DEFAULT_MFU,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False) -> Estimate:
@@ -390,8 +414,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     b = e.mbs
     sbh = s * b * sh.h
     sp_div = t if e.sp else 1
-    gran, method, nrec = parse_recompute(e.recompute)
-    per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec, selective=(gran == "selective"),
+    per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec,
+                                         selective=(parse_recompute(e.recompute)[0] == "selective"),
                                          seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm)
     layer_bytes = per_layer_sbh * sbh
     ckpt_bytes = 2 * sbh / sp_div  # a checkpointed layer input
@@ -414,23 +438,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         optim = dense * BYTES_OPTIMIZER / dense_dp_opt + experts * BYTES_OPTIMIZER / expert_dp_opt
         step_temp = 0 if fused_adam else (dense / dense_dp_opt + experts / expert_dp_opt) * BYTES_ADAM_STEP_TEMP
 
-        # microbatches (in units of this stage's L layers) held at once
-        if v > 1:
-            chunks = min(2 * (p - k - 1) + (v - 1) * p + 1, m * v)
-            inflight = chunks / v
-        else:
-            inflight = min(p - k, m)
-        if gran == "full":
-            if method == "uniform":
-                stored = math.ceil(L / nrec) * ckpt_bytes
-                working = min(nrec, L) * layer_bytes
-            else:  # block: the first N layers of the stage keep their input only
-                n = min(nrec, L)
-                stored = n * ckpt_bytes + (L - n) * layer_bytes
-                working = layer_bytes if n else 0.0
-            acts = inflight * stored + working
-        else:
-            acts = inflight * L * layer_bytes
+        inflight = inflight_microbatches(k, p, v, m)
+        acts = held_activations(inflight, L, layer_bytes, ckpt_bytes, e.recompute)
         if first:  # token ids (int64) and the embedding dropout mask, per in-flight microbatch
             acts += min(p, m) * (8 * s * b + sbh / sp_div)
         head = 0.0
