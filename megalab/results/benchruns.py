@@ -7,12 +7,12 @@ configs/bench.yaml names cases, levers, an ablation, parity and MoE-expert pairs
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import yaml
 
 from megalab.harness.catalog import ROOT
+from megalab.results.records import read_records
 
 CONFIG = ROOT / "configs" / "bench.yaml"
 BENCH_DIR = ROOT / "results" / "bench"
@@ -128,17 +128,12 @@ def load_runs(runs_dir: Path) -> dict[tuple, dict]:
     rows' (a parity pair may compare two catalog runs as they are)."""
     found: dict[tuple, dict] = {}
     table_runs = ROOT / "results" / "runs"
-    paths = sorted(runs_dir.glob("*/run.json")) + (sorted(table_runs.glob("*/run.json"))
-                                                   if runs_dir.resolve() != table_runs.resolve() else [])
-    for path in paths:
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        rec["_dir"] = path.parent
-        k = record_key(rec)
-        if k not in found or rec.get("started", "") >= found[k].get("started", ""):
-            found[k] = rec
+    dirs = [runs_dir] + ([table_runs] if runs_dir.resolve() != table_runs.resolve() else [])
+    for rec in (r for d in dirs for r in read_records(d, None)):
+        raw = rec.raw | {"_dir": rec.run_dir}
+        k = record_key(raw)
+        if k not in found or raw.get("started", "") >= found[k].get("started", ""):
+            found[k] = raw
     return found
 
 

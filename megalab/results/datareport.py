@@ -217,50 +217,59 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
          "Runs on a tokenized corpus (`make prepare-data`, then `make <target> DATA=... TOKENIZER_MODEL=...`) "
          "and their mock twins (the same target on mock data with `EXTRA_ARGS=\"--vocab-size N\"`, N the "
          "tokenizer's vocabulary), committed to `runs/` apart from the chapter tables' records.", "",
-         "## Real data vs mock", ""]
-    rows = pairs(recs, root)
-    if rows:
-        L += markdown.table(
-            ["target", "vocabulary (real / mock)", "real: step ms", "real: TFLOP/s", "real: peak GiB",
-             "mock: step ms", "mock: TFLOP/s", "mock: peak GiB", "real / mock step time"],
-            ([target, f"{_v(v) if real else '—'} / {_v(vocab(mock, root) if mock else None) if mock else '—'}",
-              *_side(real), *_side(mock), _ratio(real, mock, v)] for target, real, mock, v in rows))
-        L += ["", "- Step times are the median after warm-up with the p10–p90 range; memory is the NVML peak "
-                  "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
-              "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
-              "when both sides ended ok."]
-        if any(r.get("_concurrent") for _, real, mock, _ in rows for r in (real, mock) if r):
-            L += ["- " + tables.SHARED_NOTE]
-    else:
-        L += ["Not run yet."]
+         "## Real data vs mock", "", *_pairs_section(recs, root),
+         "", "## Loss curve", "", *_curve_section(recs, root),
+         "", "## Resume check", "", *_resume_section(recs),
+         "", "## Every record", "", *_records_section(recs, root)]
+    return "\n".join(L) + "\n"
 
-    L += ["", "## Loss curve", ""]
+
+def _pairs_section(recs: list[dict], root: Path) -> list[str]:
+    rows = pairs(recs, root)
+    if not rows:
+        return ["Not run yet."]
+    L = markdown.table(
+        ["target", "vocabulary (real / mock)", "real: step ms", "real: TFLOP/s", "real: peak GiB",
+         "mock: step ms", "mock: TFLOP/s", "mock: peak GiB", "real / mock step time"],
+        ([target, f"{_v(v) if real else '—'} / {_v(vocab(mock, root) if mock else None) if mock else '—'}",
+          *_side(real), *_side(mock), _ratio(real, mock, v)] for target, real, mock, v in rows))
+    L += ["", "- Step times are the median after warm-up with the p10–p90 range; memory is the NVML peak "
+              "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
+          "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
+          "when both sides ended ok."]
+    if any(r.get("_concurrent") for _, real, mock, _ in rows for r in (real, mock) if r):
+        L += ["- " + tables.SHARED_NOTE]
+    return L
+
+
+def _curve_section(recs: list[dict], root: Path) -> list[str]:
     curve = curve_runs(recs, root)
     if curve is None:
-        L += ["Not run yet: no real-data run has ended ok."]
-    else:
-        real, mock, v = curve
-        pts = _losses(real)
-        text = (f"`{real['target']}` on `{_cfg(real).get('data')}` ({_link(real, 'record')}): {len(pts)} iterations, "
-                f"loss {pts[0][1]:.3f} → {pts[-1][1]:.3f}" if pts else f"`{real['target']}`: no loss in its log")
-        if mock and (mp := _losses(mock)):
-            text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
-                     f"loss {mp[0][1]:.3f} → {mp[-1][1]:.3f}")
-        L += [text + ".", "", f"![loss per iteration, real data and mock]({FIGURE.name})"]
+        return ["Not run yet: no real-data run has ended ok."]
+    real, mock, v = curve
+    pts = _losses(real)
+    text = (f"`{real['target']}` on `{_cfg(real).get('data')}` ({_link(real, 'record')}): {len(pts)} iterations, "
+            f"loss {pts[0][1]:.3f} → {pts[-1][1]:.3f}" if pts else f"`{real['target']}`: no loss in its log")
+    if mock and (mp := _losses(mock)):
+        text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
+                 f"loss {mp[0][1]:.3f} → {mp[-1][1]:.3f}")
+    return [text + ".", "", f"![loss per iteration, real data and mock]({FIGURE.name})"]
 
-    L += ["", "## Resume check", ""]
+
+def _resume_section(recs: list[dict]) -> list[str]:
     resumes = [r for r in recs if r["target"].startswith("resume-")]
     checked = [r for r in resumes if isinstance(r.get("resume_check"), dict)]
-    if checked:
-        L += ["Launch 1 trains to `stop at` and saves; launch 2 loads that checkpoint and must go on from the next "
-              "iteration with a loss near launch 1's last, not a fresh model's.", ""]
-        L += markdown.table(["record", "stop at", "last loss before (iteration)", "first loss after (iteration)",
-                             "loss jump", "ok"], (_resume_cells(r) for r in checked))
-    else:
+    if not checked:
         last = f" (the last attempt, {_link(resumes[-1])}, ended {_status(resumes[-1])})" if resumes else ""
-        L += [f"Not run yet{last}."]
+        return [f"Not run yet{last}."]
+    return ["Launch 1 trains to `stop at` and saves; launch 2 loads that checkpoint and must go on from the next "
+            "iteration with a loss near launch 1's last, not a fresh model's.", "",
+            *markdown.table(["record", "stop at", "last loss before (iteration)", "first loss after (iteration)",
+                             "loss jump", "ok"], (_resume_cells(r) for r in checked))]
 
-    L += ["", "## Every record", ""]
+
+def _records_section(recs: list[dict], root: Path) -> list[str]:
+    L = []
     for r in recs:
         cfg = _cfg(r)
         data = "mock data" if is_mock(r) else f"real data `{cfg.get('data')}`"
@@ -268,9 +277,7 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
         extra = f", resume check {'ok' if check.get('ok') else 'FAIL'}" if isinstance(check, dict) else ""
         L.append(f"- {_link(r)}: `{r['target']}`, {data}, vocabulary {_v(vocab(r, root))}, "
                  f"{cfg.get('iters')} iterations: {_status(r)}{extra}")
-    if not recs:
-        L.append("None yet.")
-    return "\n".join(L) + "\n"
+    return L or ["None yet."]
 
 
 def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]:
