@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from megalab.results import benchruns, gpus, logparse, markdown, tables
+from megalab.results.records import RunRecord
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
 # initial weights, same data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far
@@ -40,33 +41,32 @@ def _ref_row(case: dict) -> dict | None:
 
 
 def _ms(rec: dict | None) -> str:
+    """'312 (300-330)': median step and its p10-p90 of an ok run; what became of it otherwise."""
     if rec is None:
         return "not run"
-    if rec["status"] == "oom":
-        return "out of memory"
-    if rec["status"] != "ok":
-        return rec["status"]
+    r = RunRecord.of(rec)
+    if r.status != "ok":
+        return "out of memory" if r.status == "oom" else r.status
     shared = " †" if rec.get("_concurrent") else ""
-    return f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}-{rec['step_ms_p90']:.0f}){shared}"
+    return f"{r.step_ms_median:.0f} ({r.step_ms_p10:.0f}-{r.step_ms_p90:.0f}){shared}"
 
 
 def _gib(rec: dict | None) -> str:
-    if rec is None or not rec.get("mem_peak_gib"):
-        return ""
-    return f"{max(rec['mem_peak_gib']):.1f}"
+    peaks = RunRecord.of(rec).mem_peak_gib if rec is not None else ()
+    return f"{max(peaks):.1f}" if peaks else ""
 
 
 def _gb(rec: dict) -> float:
     """Peak GiB: the published "GB" is nvidia-smi's MiB / 1024, as the chapter tables compare it."""
-    return max(rec["mem_peak_mib"]) / 1024
+    return max(RunRecord.of(rec).mem_peak_mib) / 1024
 
 
 def _ok(rec: dict | None) -> bool:
-    return rec is not None and rec["status"] == "ok"
+    return rec is not None and RunRecord.of(rec).status == "ok"
 
 
 def _losses(rec: dict) -> dict[int, float]:
-    s = logparse.parse_file(rec["_dir"] / rec["files"]["log"])
+    s = logparse.parse_file(RunRecord.of(rec).log_path)
     return {it.iteration: it.lm_loss for it in s.iterations if it.lm_loss is not None}
 
 

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from megalab.results import logparse, markdown, plots, records, tables
+from megalab.results.records import RunRecord
 from megalab.harness.catalog import ROOT
 
 PAGE = Path("results") / "data" / "README.md"
@@ -116,22 +117,21 @@ def _link(rec: dict, text: str | None = None) -> str:
 
 def _status(rec: dict) -> str:
     """'ok', or the status with the record's one error line ('failed: AssertionError: ...')."""
-    st = str(rec.get("status") or "unknown")
-    err = rec.get("error")
-    return f"{st}: {err}".replace("|", "\\|") if st != "ok" and err else st
+    r = RunRecord.of(rec)
+    return f"{r.status}: {r.error}".replace("|", "\\|") if r.status != "ok" and r.error else r.status
 
 
 def _side(rec: dict | None) -> list[str]:
     """Step ms (p10-p90), TFLOP/s, peak GiB of an ok record; the status in words otherwise."""
     if rec is None:
         return ["not run", "", ""]
-    if rec.get("status") != "ok" or records.num(rec.get("step_ms_median")) is None:
+    r = RunRecord.of(rec)
+    if r.status != "ok" or r.step_ms_median is None:
         return [f"{_status(rec)} ({_link(rec, 'record')})", "", ""]
     shared = " †" if rec.get("_concurrent") else ""
-    ms = f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}–{rec['step_ms_p90']:.0f}){shared}"
-    tf = records.num(rec.get("tflops_per_gpu"))
-    return [f"{ms} ({_link(rec, 'record')})", "" if tf is None else f"{tf:.1f}",
-            tables.fmt_mem(rec.get("mem_peak_gib"))[0]]
+    ms = f"{r.step_ms_median:.0f} ({r.step_ms_p10:.0f}–{r.step_ms_p90:.0f}){shared}"
+    return [f"{ms} ({_link(rec, 'record')})", "" if r.tflops_per_gpu is None else f"{r.tflops_per_gpu:.1f}",
+            tables.fmt_mem(list(r.mem_peak_gib))[0]]
 
 
 def _ratio(real: dict | None, mock: dict | None, v: int | None) -> str:
