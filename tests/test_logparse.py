@@ -452,3 +452,61 @@ def test_cli_usage(capsys):
     for argv in ([], ["parse"], ["parse", "a.txt", "b.txt"]):
         assert cli(argv) == 2
         assert capsys.readouterr().err.startswith("usage: python -m megalab parse LOG [--json]")
+
+
+# --------------------------------------------------------------------------- fuzz: `parse` never tracebacks
+
+def _mutations(rnd: random.Random, data: bytes):
+    """One damaged copy of a real log per kind of damage a log file meets."""
+    lines = data.splitlines(keepends=True) or [b""]
+    k = rnd.randrange(len(data) + 1)
+    yield data[:k]  # truncated at a random byte
+    spliced = lines[:]
+    a, b = rnd.randrange(len(lines)), rnd.randrange(len(lines))
+    spliced[a] = spliced[a].rstrip(b"\n") + spliced[b][rnd.randrange(len(spliced[b]) + 1):]
+    yield b"".join(spliced)  # two ranks' lines glued mid-line
+    flipped = bytearray(data)
+    for _ in range(rnd.randint(1, 20)):
+        if flipped:
+            flipped[rnd.randrange(len(flipped))] ^= 1 << rnd.randrange(8)
+    yield bytes(flipped)  # flipped bits
+    yield data[:k] + bytes(rnd.choice([b"\xff\xfe", b"\xc3", b"\x80\x80", b"\xed\xa0\x80"])) + data[k:]  # not UTF-8
+    shuffled = lines + rnd.sample(lines, min(len(lines), 5))
+    rnd.shuffle(shuffled)
+    yield b"".join(shuffled)  # duplicated and out of order
+    yield data[:k] + b"iteration 1/ 2 | " + b"9" * rnd.choice([5000, 200_000]) + b" |\n" + data[k:]  # a huge line
+
+
+def test_parse_cli_never_tracebacks_on_damaged_logs(tmp_path, capsys):
+    rnd = random.Random(19)
+    sources = [p.read_bytes() for p in sorted(LOGS.iterdir()) if p.is_file()]
+    path = tmp_path / "logs.txt"
+    cases = 0
+    for _ in range(6):
+        for data in sources:
+            for damaged in _mutations(rnd, data):
+                path.write_bytes(damaged)
+                for argv in ([str(path)], [str(path), "--json"]):
+                    rc = cli(argv)
+                    out = capsys.readouterr()
+                    assert rc in (0, 1), (rc, out.err[-300:])
+                    assert "Traceback" not in out.err
+                    if argv[-1] == "--json":
+                        json.loads(out.out)
+                cases += 1
+    assert cases >= 500
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 4096, bytes(range(256)) * 64, b"\xff" * 10])
+def test_parse_cli_binary_and_empty(tmp_path, capsys, content):
+    path = tmp_path / "x.log"
+    path.write_bytes(content)
+    assert cli([str(path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "empty"
+
+
+@pytest.mark.parametrize("name", ["missing.txt", ".", "bad\x00name"])
+def test_parse_cli_unreadable_is_one_line(tmp_path, capsys, name):
+    assert cli([str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read" in err and "Traceback" not in err

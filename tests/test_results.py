@@ -49,3 +49,80 @@ def test_committed_estimate_validation_is_up_to_date():
     text = estimate.validation_table(ROOT)
     assert (ROOT / "results" / "estimate-vs-measured.md").read_text(encoding="utf-8") == text, \
         "run `python -m megalab plan --validate` and commit"
+
+
+# --------------------------------------------------------------------------- the typed record reader
+
+from megalab.results import gpus, markdown, records  # noqa: E402
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.parent.name)
+def test_every_committed_record_reads_typed(path):
+    rec = records.RunRecord.load(path)
+    raw = json.loads(path.read_text())
+    assert (rec.target, rec.status, rec.schema, rec.run_dir) == (raw["target"], raw["status"], 1, path.parent)
+    assert rec.intent is None and rec.raw == raw
+    assert rec.measured[0] == (raw["step_ms_median"] if raw["status"] in ("ok", "incomplete") else None)
+    # schema 1: what ran comes from the entry point's line in the log beside the record
+    assert rec.observed is None or rec.observed["transformer_impl"] == raw["config"]["transformer_impl"]
+
+
+def test_schema2_record_with_new_statuses_and_notes(tmp_path):
+    (tmp_path / "r").mkdir()
+    raw = {"schema": 2, "target": "101-x", "status": "hung", "step_ms_median": 300.0, "notes": ["exit_hang"],
+           "busy_gpus": [{"pid": 7, "mib": 1000}], "intent": {"tp": 1}, "observed": {"transformer_impl": "local"},
+           "mem_peak_gib": [1.0, "x", None], "num_gpus": "2", "config": None}
+    (tmp_path / "r" / "run.json").write_text(json.dumps(raw))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "run.json").write_text("{not json")
+    [rec] = list(records.read_records(tmp_path, None))
+    assert (rec.schema, rec.intent, rec.observed, rec.notes) == (2, {"tp": 1}, {"transformer_impl": "local"}, ("exit_hang",))
+    assert rec.measured == (None,) * 5  # a hung run never stands as a measurement
+    assert (rec.mem_peak_gib, rec.num_gpus, rec.config) == ((1.0,), 2, {})
+    assert records.load_records(tmp_path)["101-x"]["status"] == "hung"
+
+
+def test_killed_and_hung_runs_are_never_measured_rows():
+    from megalab.results import tables
+
+    for status in ("killed", "hung", "failed", "oom"):
+        assert tables._measured({"target": "t", "status": status, "step_ms_median": 5.0})[0] is None
+    assert tables._measured({"target": "t", "status": "ok", "step_ms_median": 5.0})[0] == 5.0
+
+
+# --------------------------------------------------------------------------- one GPU table, one table helper
+
+@pytest.mark.parametrize("name, short, tflops", [
+    ("NVIDIA H100 80GB HBM3", "H100 80GB", 989.0), ("NVIDIA H200", "H200", 989.0), ("NVIDIA GH200 480GB", "GH200", 989.0),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB", 312.0), ("NVIDIA A100-PCIE-40GB", "A100 40GB", 312.0),
+    ("NVIDIA B200", "B200", 2250.0), ("NVIDIA H800", "H800", 989.0), ("NVIDIA L40S", "L40S", 362.0),
+    ("NVIDIA A10", "A10", 125.0)])
+def test_gpu_datasheet_lookup(name, short, tflops):
+    gpu = gpus.lookup(name)
+    assert (gpu.short, gpu.tflops_bf16, gpus.peak_tflops(name)) == (short, tflops, tflops)
+
+
+def test_gpu_datasheet_unknown_and_memory():
+    assert gpus.lookup("Tesla T4") is None and gpus.peak_tflops(None) is None
+    assert gpus.lookup("NVIDIA H100 80GB HBM3").memory_gib == pytest.approx(81559 / 1024)
+    assert gpus.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
+    assert gpus.short_gpu_name("NVIDIA H100 80GB HBM3") == "H100 80GB" and gpus.short_gpu_name(None) == "GPU"
+
+
+def test_padded_table_is_tabulates_pipe_format():
+    tabulate = pytest.importorskip("tabulate").tabulate
+    header = ["Row", "a long header", "Δ", "x"]
+    rows = [["R1", "  1 ", "+0.1%", ""], ["~R22", "1234567890123456", "—", "‡ a | b"], ["", "", "", ""]]
+    for align in (None, ["left", "right", "right", "left"]):
+        want = tabulate(rows, header, tablefmt="pipe", disable_numparse=True, **({"colalign": align} if align else {}))
+        assert "\n".join(markdown.table(header, rows, align, padded=True)) == want
+
+
+def test_plain_table():
+    assert markdown.table(["a", "b"], [[1, None]], [None, "right"]) == ["| a | b |", "| --- | ---: |", "| 1 |  |"]
+
+
+def test_write_atomic(tmp_path):
+    markdown.write_atomic(tmp_path / "d" / "p.md", "x")
+    markdown.write_atomic(tmp_path / "d" / "f.svg", b"<svg/>")
+    assert (tmp_path / "d" / "p.md").read_text() == "x" and sorted(p.name for p in (tmp_path / "d").iterdir()) == ["f.svg", "p.md"]

@@ -14,24 +14,12 @@ import subprocess
 from pathlib import Path
 
 from megalab.harness.catalog import ROOT
-
-# Dense bf16 peak (TFLOP/s) per GPU model, from the vendors' datasheets; MFU is measured / peak.
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0, "A100": 312.0,
-                    "B200": 2250.0, "L40S": 362.0, "A10": 125.0}
+from megalab.results.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
 try:  # the typed record reader (megalab/results/records.py) owns the version where it exists
     from megalab.results.records import SCHEMA
 except ImportError:
     SCHEMA = 2  # 2: adds `intent` (the run plan) and `observed` (the entry point's `megalab:` line)
-
-
-def peak_tflops(gpu_name: str | None) -> float | None:
-    if not gpu_name:
-        return None
-    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
-        if key in gpu_name.upper():
-            return PEAK_BF16_TFLOPS[key]
-    return None
 
 
 def _git_commit() -> str | None:

@@ -2,7 +2,7 @@
 
 The claims are data (configs/checks.yaml); this module knows a small fixed set of metric kinds
 (KINDS) and expectations, evaluates every claim against the newest usable record per target
-(tables.load_records) and writes results/checks.md. Each claim ends as
+(records.load_records) and writes results/checks.md. Each claim ends as
 
   PASS     the measured value meets the expectation
   FAIL     it does not (or a target it reads ran out of memory): a finding, reported as is
@@ -23,17 +23,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import yaml
 
 from megalab.harness.catalog import ROOT
+from megalab.results import markdown
+from megalab.results.records import load_records
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 OUTPUT = Path("results") / "checks.md"
@@ -206,6 +206,41 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _operands(cid: str, kind: str, metric: dict, required: tuple, field: str, gpu: Any) -> dict[str, Operand]:
+    """The targets a claim's metric reads (a list for monotonic/status, else metric.a and metric.b)."""
+    operands: dict[str, Operand] = {}
+    if kind in ("monotonic", "status"):
+        t = metric["targets"]
+        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
+            raise _err(cid, "metric.targets must be a list of target ids")
+        if kind == "monotonic" and len(t) < 2:
+            raise _err(cid, "monotonic needs at least two targets")
+        operands["targets"] = Operand(tuple(t), field, gpu)
+    else:
+        for key in required:
+            operands[key] = _operand(cid, metric[key], field, gpu, f"metric.{key}")
+        a, b = operands["a"], operands.get("b")
+        if b is not None and a.vector and b.vector and len(a.targets) != len(b.targets):
+            raise _err(cid, "metric.a and metric.b list different numbers of targets")
+        if kind == "bytes_per_param":
+            if a.vector or len(a.targets) != 1 or a.minus:
+                raise _err(cid, "bytes_per_param reads one target (metric.a)")
+            if _unit_bytes(a.field) is None:
+                raise _err(cid, f"bytes_per_param needs a memory field in MiB or GiB (a name, or a "
+                                f"parent's, ending _mb, _mib, _gb or _gib); got '{a.field}'")
+    return operands
+
+
+def _published(cid: str, published: Any) -> dict:
+    """`published`: {value, source, note}, or a bare source string."""
+    if isinstance(published, str):
+        published = {"value": None, "source": published}
+    if not isinstance(published, dict) or "source" not in published or \
+            set(published) - {"value", "source", "note"}:
+        raise _err(cid, "`published` must be {value, source, note} (value and note optional) or a string")
+    return published
+
+
 def _claim(entry: Any, index: int) -> Claim:
     if not isinstance(entry, dict):
         raise ChecksError(f"configs/checks.yaml: claim #{index + 1} is not a mapping")
@@ -241,26 +276,7 @@ def _claim(entry: Any, index: int) -> Claim:
     gpu = metric.get("gpu", "max")
     _check_gpu(cid, gpu, "metric")
 
-    operands: dict[str, Operand] = {}
-    if kind in ("monotonic", "status"):
-        t = metric["targets"]
-        if not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t):
-            raise _err(cid, "metric.targets must be a list of target ids")
-        if kind == "monotonic" and len(t) < 2:
-            raise _err(cid, "monotonic needs at least two targets")
-        operands["targets"] = Operand(tuple(t), field, gpu)
-    else:
-        for key in required:
-            operands[key] = _operand(cid, metric[key], field, gpu, f"metric.{key}")
-        a, b = operands["a"], operands.get("b")
-        if b is not None and a.vector and b.vector and len(a.targets) != len(b.targets):
-            raise _err(cid, "metric.a and metric.b list different numbers of targets")
-        if kind == "bytes_per_param":
-            if a.vector or len(a.targets) != 1 or a.minus:
-                raise _err(cid, "bytes_per_param reads one target (metric.a)")
-            if _unit_bytes(a.field) is None:
-                raise _err(cid, f"bytes_per_param needs a memory field in MiB or GiB (a name, or a "
-                                f"parent's, ending _mb, _mib, _gb or _gib); got '{a.field}'")
+    operands = _operands(cid, kind, metric, required, field, gpu)
     expect = _expect(cid, kind, entry["expect"])
     if kind == "status" and len(expect.args) != len(operands["targets"].targets):
         raise _err(cid, "expect.equals must list one status per target")
@@ -273,12 +289,7 @@ def _claim(entry: Any, index: int) -> Claim:
         extra, absent = sorted(set(reads) - used), sorted(used - set(reads))
         raise _err(cid, "`reads` must list exactly the targets the metric reads"
                         + (f"; not read: {extra}" if extra else "") + (f"; not listed: {absent}" if absent else ""))
-    published = entry["published"]
-    if isinstance(published, str):
-        published = {"value": None, "source": published}
-    if not isinstance(published, dict) or "source" not in published or \
-            set(published) - {"value", "source", "note"}:
-        raise _err(cid, "`published` must be {value, source, note} (value and note optional) or a string")
+    published = _published(cid, entry["published"])
     return Claim(cid, " ".join(entry["claim"].split()), entry["source"].strip(), tuple(reads), kind, operands,
                  expect, published, float(tolerance), str(metric.get("params", "params_total")))
 
@@ -533,9 +544,9 @@ def render(results: list[Result]) -> str:
         rows.append({"claim": f"`{r.claim.id}`: {r.claim.claim}", "source": r.claim.source,
                      "expected": r.claim.expect.text(), "published": _published_text(r.claim.published),
                      "measured": r.measured, "status": status})
-    df = pd.DataFrame(rows, columns=["claim", "source", "expected", "published", "measured", "status"])
-    df = df.map(_cell) if hasattr(df, "map") else df.applymap(_cell)
-    table = df.to_markdown(index=False, disable_numparse=True) if rows else "(no claims)"
+    header = ["claim", "source", "expected", "published", "measured", "status"]
+    table = "\n".join(markdown.table(header, ([_cell(r[h]) for h in header] for r in rows), padded=True)) \
+        if rows else "(no claims)"
     lines = [
         "# Checks: published claims against our runs",
         "",
@@ -563,11 +574,10 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
     Returns (results, changed). The page is only rewritten when its content changes.
     """
     from megalab.harness import catalog
-    from megalab.results import tables
 
     root = Path(root) if root is not None else ROOT
     claims = load_claims(claims_path)
-    records = tables.load_records(root / "results" / "runs")
+    records = load_records(root / "results" / "runs")
     results = evaluate_all(claims, records, catalog.catalog())
     text = render(results)
     path = root / OUTPUT
@@ -576,10 +586,7 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
     except (OSError, UnicodeDecodeError):
         old = None
     if old != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        markdown.write_atomic(path, text)
     return results, old != text
 
 

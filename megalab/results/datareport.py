@@ -26,7 +26,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from megalab.results import logparse, plots, tables
+from megalab.results import logparse, markdown, plots, records, tables
+from megalab.results.records import RunRecord
 from megalab.harness.catalog import ROOT
 
 PAGE = Path("results") / "data" / "README.md"
@@ -39,9 +40,9 @@ VOCAB_LINE = re.compile(r"padded vocab \(size: (\d+)\)")
 
 def load(runs: Path) -> list[dict]:
     """Every record under RUNS, oldest first, with `_dir` (its folder); unreadable ones skipped."""
-    out = [rec | {"_dir": path.parent} for path, rec in tables.read_records(runs, "megalab data-report")]
-    tables.mark_shared(out, runs.parent.parent)  # results/: every run that shared the host
-    return sorted(out, key=lambda r: (tables._started_key(r), r["_dir"].name))
+    out = [rec.raw | {"_dir": rec.run_dir} for rec in records.read_records(runs, "megalab data-report")]
+    records.mark_shared(out, runs.parent.parent)  # results/: every run that shared the host
+    return sorted(out, key=lambda r: (records.stamp(r.get("started")), r["_dir"].name))
 
 
 def _cfg(rec: dict) -> dict:
@@ -116,22 +117,21 @@ def _link(rec: dict, text: str | None = None) -> str:
 
 def _status(rec: dict) -> str:
     """'ok', or the status with the record's one error line ('failed: AssertionError: ...')."""
-    st = str(rec.get("status") or "unknown")
-    err = rec.get("error")
-    return f"{st}: {err}".replace("|", "\\|") if st != "ok" and err else st
+    r = RunRecord.of(rec)
+    return f"{r.status}: {r.error}".replace("|", "\\|") if r.status != "ok" and r.error else r.status
 
 
 def _side(rec: dict | None) -> list[str]:
     """Step ms (p10-p90), TFLOP/s, peak GiB of an ok record; the status in words otherwise."""
     if rec is None:
         return ["not run", "", ""]
-    if rec.get("status") != "ok" or tables._num(rec.get("step_ms_median")) is None:
+    r = RunRecord.of(rec)
+    if r.status != "ok" or r.step_ms_median is None:
         return [f"{_status(rec)} ({_link(rec, 'record')})", "", ""]
     shared = " †" if rec.get("_concurrent") else ""
-    ms = f"{rec['step_ms_median']:.0f} ({rec['step_ms_p10']:.0f}–{rec['step_ms_p90']:.0f}){shared}"
-    tf = tables._num(rec.get("tflops_per_gpu"))
-    return [f"{ms} ({_link(rec, 'record')})", "" if tf is None else f"{tf:.1f}",
-            tables.fmt_mem(rec.get("mem_peak_gib"))[0]]
+    ms = f"{r.step_ms_median:.0f} ({r.step_ms_p10:.0f}–{r.step_ms_p90:.0f}){shared}"
+    return [f"{ms} ({_link(rec, 'record')})", "" if r.tflops_per_gpu is None else f"{r.tflops_per_gpu:.1f}",
+            tables.fmt_mem(list(r.mem_peak_gib))[0]]
 
 
 def _ratio(real: dict | None, mock: dict | None, v: int | None) -> str:
@@ -166,7 +166,7 @@ def curve_runs(recs: list[dict], root: Path) -> tuple[dict, dict | None, int | N
     ok = [r for r in recs if r.get("status") == "ok" and not is_mock(r) and not r["target"].startswith("resume-")]
     if not ok:
         return None
-    real = max(ok, key=lambda r: (r.get("iters_logged") or 0, tables._started_key(r), r["_dir"].name))
+    real = max(ok, key=lambda r: (r.get("iters_logged") or 0, records.stamp(r.get("started")), r["_dir"].name))
     _, _, mock, v = next(p for p in pairs(recs, root) if p[0] == real["target"])
     return real, (mock if mock and mock.get("status") == "ok" else None), v
 
@@ -196,6 +196,17 @@ def draw_curve(real: dict, mock: dict | None, v: int | None, fmt: str = "svg") -
 
 # --------------------------------------------------------------------------- page
 
+
+def _resume_cells(r: dict) -> list[str]:
+    """A resume check's row: where launch 1 stopped, its last loss, launch 2's first, the jump."""
+    c = r["resume_check"]
+    before, after = records.num(c.get("saved_last_loss")), records.num(c.get("resumed_first_loss"))
+    return [_link(r, r["target"]), str(c.get("stop_at")),
+            f"{'' if before is None else f'{before:.4f}'} ({c.get('saved_last_iteration')})",
+            f"{'' if after is None else f'{after:.4f}'} ({c.get('resumed_first_iteration')})",
+            str(c.get("loss_jump", "")), "ok" if c.get("ok") else f"FAIL: {c.get('why')}"]
+
+
 def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
     """The page; RECS: load(ROOT / RUNS), when the caller has read them already."""
     root = Path(root) if root is not None else ROOT
@@ -206,61 +217,59 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
          "Runs on a tokenized corpus (`make prepare-data`, then `make <target> DATA=... TOKENIZER_MODEL=...`) "
          "and their mock twins (the same target on mock data with `EXTRA_ARGS=\"--vocab-size N\"`, N the "
          "tokenizer's vocabulary), committed to `runs/` apart from the chapter tables' records.", "",
-         "## Real data vs mock", ""]
-    rows = pairs(recs, root)
-    if rows:
-        L += ["| target | vocabulary (real / mock) | real: step ms | real: TFLOP/s | real: peak GiB "
-              "| mock: step ms | mock: TFLOP/s | mock: peak GiB | real / mock step time |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for target, real, mock, v in rows:
-            vm = vocab(mock, root) if mock else None
-            cells = [target, f"{_v(v) if real else '—'} / {_v(vm) if mock else '—'}",
-                     *_side(real), *_side(mock), _ratio(real, mock, v)]
-            L.append("| " + " | ".join(cells) + " |")
-        L += ["", "- Step times are the median after warm-up with the p10–p90 range; memory is the NVML peak "
-                  "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
-              "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
-              "when both sides ended ok."]
-        if any(r.get("_concurrent") for _, real, mock, _ in rows for r in (real, mock) if r):
-            L += ["- " + tables.SHARED_NOTE]
-    else:
-        L += ["Not run yet."]
+         "## Real data vs mock", "", *_pairs_section(recs, root),
+         "", "## Loss curve", "", *_curve_section(recs, root),
+         "", "## Resume check", "", *_resume_section(recs),
+         "", "## Every record", "", *_records_section(recs, root)]
+    return "\n".join(L) + "\n"
 
-    L += ["", "## Loss curve", ""]
+
+def _pairs_section(recs: list[dict], root: Path) -> list[str]:
+    rows = pairs(recs, root)
+    if not rows:
+        return ["Not run yet."]
+    L = markdown.table(
+        ["target", "vocabulary (real / mock)", "real: step ms", "real: TFLOP/s", "real: peak GiB",
+         "mock: step ms", "mock: TFLOP/s", "mock: peak GiB", "real / mock step time"],
+        ([target, f"{_v(v) if real else '—'} / {_v(vocab(mock, root) if mock else None) if mock else '—'}",
+          *_side(real), *_side(mock), _ratio(real, mock, v)] for target, real, mock, v in rows))
+    L += ["", "- Step times are the median after warm-up with the p10–p90 range; memory is the NVML peak "
+              "per GPU (GiB); TFLOP/s is Megatron's own count per GPU.",
+          "- The mock side is the newest ok mock run at the real side's vocabulary; the ratio is given only "
+          "when both sides ended ok."]
+    if any(r.get("_concurrent") for _, real, mock, _ in rows for r in (real, mock) if r):
+        L += ["- " + tables.SHARED_NOTE]
+    return L
+
+
+def _curve_section(recs: list[dict], root: Path) -> list[str]:
     curve = curve_runs(recs, root)
     if curve is None:
-        L += ["Not run yet: no real-data run has ended ok."]
-    else:
-        real, mock, v = curve
-        pts = _losses(real)
-        text = (f"`{real['target']}` on `{_cfg(real).get('data')}` ({_link(real, 'record')}): {len(pts)} iterations, "
-                f"loss {pts[0][1]:.3f} → {pts[-1][1]:.3f}" if pts else f"`{real['target']}`: no loss in its log")
-        if mock and (mp := _losses(mock)):
-            text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
-                     f"loss {mp[0][1]:.3f} → {mp[-1][1]:.3f}")
-        L += [text + ".", "", f"![loss per iteration, real data and mock]({FIGURE.name})"]
+        return ["Not run yet: no real-data run has ended ok."]
+    real, mock, v = curve
+    pts = _losses(real)
+    text = (f"`{real['target']}` on `{_cfg(real).get('data')}` ({_link(real, 'record')}): {len(pts)} iterations, "
+            f"loss {pts[0][1]:.3f} → {pts[-1][1]:.3f}" if pts else f"`{real['target']}`: no loss in its log")
+    if mock and (mp := _losses(mock)):
+        text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
+                 f"loss {mp[0][1]:.3f} → {mp[-1][1]:.3f}")
+    return [text + ".", "", f"![loss per iteration, real data and mock]({FIGURE.name})"]
 
-    L += ["", "## Resume check", ""]
+
+def _resume_section(recs: list[dict]) -> list[str]:
     resumes = [r for r in recs if r["target"].startswith("resume-")]
     checked = [r for r in resumes if isinstance(r.get("resume_check"), dict)]
-    if checked:
-        L += ["Launch 1 trains to `stop at` and saves; launch 2 loads that checkpoint and must go on from the next "
-              "iteration with a loss near launch 1's last, not a fresh model's.", "",
-              "| record | stop at | last loss before (iteration) | first loss after (iteration) | loss jump | ok |",
-              "| --- | --- | --- | --- | --- | --- |"]
-        for r in checked:
-            c = r["resume_check"]
-            before, after = tables._num(c.get("saved_last_loss")), tables._num(c.get("resumed_first_loss"))
-            ok = "ok" if c.get("ok") else f"FAIL: {c.get('why')}"
-            L.append(f"| {_link(r, r['target'])} | {c.get('stop_at')} "
-                     f"| {'' if before is None else f'{before:.4f}'} ({c.get('saved_last_iteration')}) "
-                     f"| {'' if after is None else f'{after:.4f}'} ({c.get('resumed_first_iteration')}) "
-                     f"| {c.get('loss_jump', '')} | {ok} |")
-    else:
+    if not checked:
         last = f" (the last attempt, {_link(resumes[-1])}, ended {_status(resumes[-1])})" if resumes else ""
-        L += [f"Not run yet{last}."]
+        return [f"Not run yet{last}."]
+    return ["Launch 1 trains to `stop at` and saves; launch 2 loads that checkpoint and must go on from the next "
+            "iteration with a loss near launch 1's last, not a fresh model's.", "",
+            *markdown.table(["record", "stop at", "last loss before (iteration)", "first loss after (iteration)",
+                             "loss jump", "ok"], (_resume_cells(r) for r in checked))]
 
-    L += ["", "## Every record", ""]
+
+def _records_section(recs: list[dict], root: Path) -> list[str]:
+    L = []
     for r in recs:
         cfg = _cfg(r)
         data = "mock data" if is_mock(r) else f"real data `{cfg.get('data')}`"
@@ -268,9 +277,7 @@ def render(root: Path | None = None, recs: list[dict] | None = None) -> str:
         extra = f", resume check {'ok' if check.get('ok') else 'FAIL'}" if isinstance(check, dict) else ""
         L.append(f"- {_link(r)}: `{r['target']}`, {data}, vocabulary {_v(vocab(r, root))}, "
                  f"{cfg.get('iters')} iterations: {_status(r)}{extra}")
-    if not recs:
-        L.append("None yet.")
-    return "\n".join(L) + "\n"
+    return L or ["None yet."]
 
 
 def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]:
@@ -293,13 +300,13 @@ def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]
         else:
             svg = draw_curve(*curve)
             if not fig.exists() or fig.read_bytes() != svg:
-                tables._write_atomic(fig, svg)
+                markdown.write_atomic(fig, svg)
                 changed.append(fig)
     text = render(root, recs)
     if not page.exists() or page.read_text(encoding="utf-8") != text:
         changed.append(page)
         if not check:
-            tables._write_atomic(page, text)
+            markdown.write_atomic(page, text)
     return changed
 
 
@@ -310,4 +317,4 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     changed = write_report(args.root, check=args.check)
-    return tables.report_changes(changed, args.root, check=args.check, what="data report", fix="run `make tables`")
+    return markdown.report_changes(changed, args.root, check=args.check, what="data report", fix="run `make tables`")

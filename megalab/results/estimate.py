@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from megalab.harness import catalog
+from megalab.results import gpus, markdown
+from megalab.results.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
 
 GIB = 2**30
 MIB = 2**20
@@ -114,29 +116,16 @@ ALLOCATOR_SLACK = 0.05
 RING_STRANDED_CHUNKS_PER_STEP = 1.0
 
 # ---- GPUs -----------------------------------------------------------------------------------------
-# Total memory NVML reports (MiB) and dense bf16 peak (TFLOP/s). GPU_MEM_GB=N caps to N x 81559/80 MiB
-# (megalab/runtime/pretrain_gpt.py `_cap_gpu_memory`), so "80" is an H100 80GB's 81559 MiB = 79.65 GiB.
-GPUS = {"H100": (81559, 989.0), "H200": (143771, 989.0)}
-DEFAULT_GPU = "NVIDIA H100 80GB HBM3"
-H100_MIB_PER_NOMINAL_GB = 81559 / 80
+# Memory and peak from the one datasheet table (megalab/results/gpus.py); GPU_MEM_GB=N caps to
+# N x 81559/80 MiB (an H100 80GB at 80), nominal_gb_to_gib.
 DEFAULT_MFU = 0.35
 SPECS = ("megalab", "local")
 
 
-def nominal_gb_to_gib(gb: float) -> float:
-    """GPU_MEM_GB=N as GiB: N x 81559/80 MiB (so 80 -> 79.65 GiB, an H100 80GB)."""
-    return float(gb) * H100_MIB_PER_NOMINAL_GB / 1024
-
-
 def gpu_spec(gpu_name: str | None) -> tuple[float, float]:
     """(memory GiB, peak bf16 TFLOP/s) for a GPU name; the H100 80GB when unknown or None."""
-    name = (gpu_name or DEFAULT_GPU).upper()
-    for key in sorted(GPUS, key=len, reverse=True):
-        if key in name:
-            mib, tflops = GPUS[key]
-            return mib / 1024, tflops
-    mib, tflops = GPUS["H100"]
-    return mib / 1024, tflops
+    gpu = gpus.lookup(gpu_name) or gpus.default_gpu()
+    return gpu.memory_gib, gpu.tflops_bf16
 
 
 def nccl_mib(gpus: int, pp: int, cp: int) -> int:
@@ -375,6 +364,30 @@ class Estimate:
         return [s.params for s in self.stages]
 
 
+def inflight_microbatches(stage: int, pp: int, vpp: int, microbatches: int) -> float:
+    """Micro-batches (in units of one stage's layers) whose activations stage k holds at once under
+    1F1B: PP - k, or with interleaving the chunks in flight over the virtual stages."""
+    if vpp > 1:
+        return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp) / vpp
+    return min(pp - stage, microbatches)
+
+
+def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_bytes: float, recompute: str) -> float:
+    """Activation bytes a stage holds: every layer's for each in-flight micro-batch, or with full
+    recompute the checkpointed inputs plus one recomputed working set."""
+    gran, method, nrec = parse_recompute(recompute)
+    if gran != "full":
+        return inflight * layers * layer_bytes
+    if method == "uniform":
+        stored = math.ceil(layers / nrec) * ckpt_bytes
+        working = min(nrec, layers) * layer_bytes
+    else:  # block: the first N layers of the stage keep their input only
+        n = min(nrec, layers)
+        stored = n * ckpt_bytes + (layers - n) * layer_bytes
+        working = layer_bytes if n else 0.0
+    return inflight * stored + working
+
+
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float = DEFAULT_MFU,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False) -> Estimate:
@@ -401,8 +414,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     b = e.mbs
     sbh = s * b * sh.h
     sp_div = t if e.sp else 1
-    gran, method, nrec = parse_recompute(e.recompute)
-    per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec, selective=(gran == "selective"),
+    per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec,
+                                         selective=(parse_recompute(e.recompute)[0] == "selective"),
                                          seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm)
     layer_bytes = per_layer_sbh * sbh
     ckpt_bytes = 2 * sbh / sp_div  # a checkpointed layer input
@@ -425,23 +438,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         optim = dense * BYTES_OPTIMIZER / dense_dp_opt + experts * BYTES_OPTIMIZER / expert_dp_opt
         step_temp = 0 if fused_adam else (dense / dense_dp_opt + experts / expert_dp_opt) * BYTES_ADAM_STEP_TEMP
 
-        # microbatches (in units of this stage's L layers) held at once
-        if v > 1:
-            chunks = min(2 * (p - k - 1) + (v - 1) * p + 1, m * v)
-            inflight = chunks / v
-        else:
-            inflight = min(p - k, m)
-        if gran == "full":
-            if method == "uniform":
-                stored = math.ceil(L / nrec) * ckpt_bytes
-                working = min(nrec, L) * layer_bytes
-            else:  # block: the first N layers of the stage keep their input only
-                n = min(nrec, L)
-                stored = n * ckpt_bytes + (L - n) * layer_bytes
-                working = layer_bytes if n else 0.0
-            acts = inflight * stored + working
-        else:
-            acts = inflight * L * layer_bytes
+        inflight = inflight_microbatches(k, p, v, m)
+        acts = held_activations(inflight, L, layer_bytes, ckpt_bytes, e.recompute)
         if first:  # token ids (int64) and the embedding dropout mask, per in-flight microbatch
             acts += min(p, m) * (8 * s * b + sbh / sp_div)
         head = 0.0
@@ -465,7 +463,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
                             optimizer_step_bytes=step_temp, ring_slack_bytes=ring, allocated_bytes=allocated,
                             overhead_bytes=overhead, peak_bytes=allocated + overhead))
 
-    name = gpu_name or DEFAULT_GPU
+    name = gpu_name or gpus.DEFAULT_GPU_NAME
     mem, peak = gpu_spec(name)
     fl = flops_breakdown(sh, gbs=e.gbs, tp=t, recompute=e.recompute)
     bubble = (p - 1) / (v * m) if p > 1 else 0.0
@@ -707,44 +705,41 @@ def not_modelled(rec: dict) -> str | None:
 
 
 def _committed_records(root: Path):
-    """(records dir, run.json path, record) for every readable committed record."""
-    from megalab.results.tables import read_records  # pandas only where records are validated, not in every plan
+    """(records dir, RunRecord) for every readable committed record."""
+    from megalab.results.records import read_records
 
     for d in RECORD_DIRS:
-        for path, rec in read_records(root / d, None):
-            yield d, path, rec
+        for rec in read_records(root / d, None):
+            yield d, rec
 
 
 def left_out(root: Path) -> list[str]:
-    return [f"{d}/{path.parent.name}: {why}" for d, path, rec in _committed_records(root)
-            if (why := not_modelled(rec))]
+    return [f"{d}/{rec.run_dir.name}: {why}" for d, rec in _committed_records(root) if (why := not_modelled(rec.raw))]
 
 
 def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
-    for d, path, rec in _committed_records(root):
-        if rec.get("fixture") or not rec.get("config") or not rec.get("mem_peak_mib"):
+    for d, rec in _committed_records(root):
+        if rec.raw.get("fixture") or not rec.config or not rec.mem_peak_mib:
             continue
-        if rec.get("status") not in ("ok", "oom"):
+        if rec.status not in ("ok", "oom") or not_modelled(rec.raw):
             continue
-        if not_modelled(rec):
-            continue
-        est = estimate_record(rec)
-        meas = max(rec["mem_peak_mib"]) / 1024
-        mem = megatron_mem_by_rank(path.parent, rec)
-        oom = rec["status"] == "oom"
+        est = estimate_record(rec.raw)
+        meas = max(rec.mem_peak_mib) / 1024
+        mem = megatron_mem_by_rank(rec.run_dir, rec.raw)
+        oom = rec.status == "oom"
         err = (est.peak_gib - meas) / meas
         ok = (not est.fits) if oom else abs(err) <= 0.10
         rows.append({
-            "run": f"{d}/{path.parent.name}", "target": rec["target"], "status": rec["status"],
-            "spec": est.spec, "gpu": rec.get("gpu_name") or "?", "gpus": est.gpus,
+            "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status,
+            "spec": est.spec, "gpu": rec.gpu_name or "?", "gpus": est.gpus,
             "layout": _layout_text(est), "capacity_gib": est.gpu_mem_gib,
             "pred_gib": est.peak_gib, "meas_gib": meas, "err": None if oom else err,
             "pred_alloc_mb": est.allocated_gib * 1024,
             "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
             "fits": est.fits, "ok": ok,
-            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec, est, mem),
+            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec.raw, est, mem),
         })
     return rows
 
@@ -766,11 +761,22 @@ def _layout_text(est: Estimate) -> str:
     return " ".join(parts)
 
 
+def _validation_cells(r: dict[str, Any]) -> list[str]:
+    err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
+    meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
+    if r["status"] == "oom":
+        verdict = "OOM, predicted" if r["ok"] else "MISS: OOM not predicted"
+    else:
+        verdict = "ok" if r["ok"] else "MISS (outside 10%)"
+    where = "bench" if "/bench/" in r["run"] else "runs"
+    return [f"{r['run'].split('/')[-1]} ({where})", r["spec"], f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}",
+            r["layout"], f"{r['capacity_gib']:.1f}", f"{r['pred_gib']:.1f}", f"{r['meas_gib']:.1f}", err,
+            f"{r['pred_alloc_mb']:.0f} / {meas_alloc}", "fits" if r["fits"] else "does not fit", verdict, r["note"]]
+
+
 def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> str:
     """Markdown: predicted vs measured peak memory (max over GPUs) for every committed record
     (`rows`: validation_rows(records_root), when the caller already has them)."""
-    from megalab.results.tables import short_gpu_name
-
     rows = validation_rows(records_root) if rows is None else rows
     ran = [r for r in rows if r["status"] == "ok"]
     ooms = [r for r in rows if r["status"] == "oom"]
@@ -797,23 +803,11 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
         + f"; {sum(r['ok'] for r in ooms)} of {len(ooms)} out-of-memory runs predicted not to fit"
         + (f"; misses: {', '.join(r['target'] for r in misses)}" if misses else "") + ".**",
         "",
-        "| run | spec | GPUs | layout | capacity GiB | predicted GiB | measured GiB | error | "
-        "alloc MB pred / Megatron | predicted | verdict | where the difference sits |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
     ]
-    for r in rows:
-        short = short_gpu_name(r["gpu"])
-        err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
-        meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
-        fits = "fits" if r["fits"] else "does not fit"
-        if r["status"] == "oom":
-            verdict = "OOM, predicted" if r["ok"] else "MISS: OOM not predicted"
-        else:
-            verdict = "ok" if r["ok"] else "MISS (outside 10%)"
-        where = "bench" if "/bench/" in r["run"] else "runs"
-        out.append(f"| {r['run'].split('/')[-1]} ({where}) | {r['spec']} | {r['gpus']} x {short} | "
-                   f"{r['layout']} | {r['capacity_gib']:.1f} | {r['pred_gib']:.1f} | {r['meas_gib']:.1f} | "
-                   f"{err} | {r['pred_alloc_mb']:.0f} / {meas_alloc} | {fits} | {verdict} | {r['note']} |")
+    out += markdown.table(
+        ["run", "spec", "GPUs", "layout", "capacity GiB", "predicted GiB", "measured GiB", "error",
+         "alloc MB pred / Megatron", "predicted", "verdict", "where the difference sits"],
+        (_validation_cells(r) for r in rows), [None] * 4 + ["right"] * 5 + [None] * 3)
     skipped = left_out(Path(records_root) if records_root is not None else catalog.ROOT)
     if skipped:
         out += ["", f"Not validated ({len(skipped)} runs outside what the estimator models; the benchmark's "
@@ -835,11 +829,11 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
 
 
 def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> Path:
-    from megalab.results.tables import _write_atomic  # pandas only where a page is written, not in every plan
+    from megalab.results.markdown import write_atomic
 
     root = Path(root) if root is not None else catalog.ROOT
     path = root / "results" / "estimate-vs-measured.md"
-    _write_atomic(path, validation_table(root, rows))
+    write_atomic(path, validation_table(root, rows))
     return path
 
 

@@ -36,6 +36,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 __all__ = [
     "IterationLine",
@@ -44,6 +45,7 @@ __all__ = [
     "parse_log",
     "parse_file",
     "parse_iteration_line",
+    "megalab_lines",
     "step_stats",
     "summary_fields",
     "cli",
@@ -254,30 +256,19 @@ def parse_log(text: str) -> LogSummary:
         return s
 
 
-def _parse(text) -> LogSummary:
-    if text is None:
-        text = ""
-    elif isinstance(text, (bytes, bytearray)):
-        text = bytes(text).decode("utf-8", errors="replace")
-    elif not isinstance(text, str):
-        text = str(text)
-
-    s = LogSummary()
-    if not text.strip():
-        s.status = "empty"
-        s.missing.append("empty log")
-        return s
-
-    lines = text.splitlines()
-    cut_mid_line = not text.endswith(("\n", "\r"))
-    recognised = False
-    iters: dict[int, IterationLine] = {}
-    in_args = False
-    tb_pending: dict[int | None, bool] = {}  # rank -> inside a traceback, waiting for its last line
-    tb_seen = False
-    exceptions: list[str] = []  # final lines of tracebacks, in log order
-    child_failed = False
-    in_root_cause = False
+@dataclass
+class _State:
+    """What one pass over the lines carries from line to line (LogSummary holds the findings)."""
+    s: LogSummary
+    iters: dict[int, IterationLine] = field(default_factory=dict)
+    recognised: bool = False  # any line only Megatron/torchrun prints: "cut short", not "not a log"
+    last_iter: int | None = None  # timer blocks belong to the iteration logged just before
+    in_args: bool = False
+    tb_pending: dict = field(default_factory=dict)  # rank -> inside a traceback, waiting for its last line
+    tb_seen: bool = False
+    exceptions: list[str] = field(default_factory=list)  # final lines of tracebacks, in log order
+    child_failed: bool = False
+    in_root_cause: bool = False
     child_rank: int | None = None
     child_exit: int | None = None
     elastic_rank: int | None = None
@@ -285,218 +276,313 @@ def _parse(text) -> LogSummary:
     oom_gpu: int | None = None
     other_crash: str | None = None
 
-    last = len(lines) - 1
-    last_iter: int | None = None  # timer blocks belong to the iteration logged just before
+
+# Each handler gets (state, line without its rank prefix, rank) and returns True when the line is
+# taken (no later handler sees it). Lines cut mid-line by a truncated log are shown only to handlers
+# marked `partial_ok`: a number on a cut line may be cut too.
+
+def _on_iterations(st: _State, line: str, rank) -> bool:
+    """Iteration lines, possibly two ranks' lines glued together."""
+    matches = list(_ITER_RE.finditer(line))
+    for k, m in enumerate(matches):
+        end = matches[k + 1].start() if k + 1 < len(matches) else len(line)
+        it = IterationLine(iteration=int(m.group(1)), train_iters=int(m.group(2)))
+        ts = _TS_RE.search(line[matches[k - 1].end() if k else 0:m.start()])
+        if ts:
+            it.extra["timestamp"] = ts.group(1)
+        _parse_iteration_fields(it, line[m.end():end])
+        st.iters[it.iteration] = _merge(st.iters[it.iteration], it) if it.iteration in st.iters else it
+        st.last_iter = it.iteration
+    st.recognised = st.recognised or bool(matches)
+    return bool(matches)
+
+
+def _on_timer(st: _State, line: str, rank) -> bool:
+    """Timers; start-up blocks come before any iteration and are not kept."""
+    m = _TIMER_RE.match(line)
+    if not m:
+        return False
+    if st.last_iter is not None:
+        st.s.timers.setdefault(st.last_iter, {})[m.group(1)] = float(m.group(3) or m.group(4))
+    st.recognised = True
+    return True
+
+
+def _on_args_fence(st: _State, line: str, rank) -> bool:
+    """The arguments dump's first and last lines."""
+    if _ARGS_START_RE.match(line.strip()):
+        st.in_args = st.recognised = True
+        return True
+    if st.in_args and _ARGS_END_RE.match(line.strip()):
+        st.in_args = False
+        return True
+    return False
+
+
+def _on_argument(st: _State, line: str, rank) -> bool:
+    if "megalab:" in line:
+        return False
+    m = (_ARG_IN_BLOCK_RE if st.in_args else _ARG_DOTTED_RE).match(line)
+    if m:
+        st.s.args[m.group(1)] = m.group(2)
+        st.recognised = True
+    return bool(m)
+
+
+def _on_memory(st: _State, line: str, rank) -> bool:
+    m = _MEM_RE.search(line)
+    if not m:
+        return False
+    mem = {}
+    for piece in m.group(3).split("|"):
+        key, _, value = piece.partition(":")
+        name = _MEM_KEYS.get(key.strip().lower())
+        v = _num(value.strip())
+        if name and v is not None:
+            mem[name] = v
+    if mem:  # later reports (after optimizer state exists) supersede earlier ones
+        st.s.megatron_mem[int(m.group(1))] = mem
+        st.recognised = True
+    return True
+
+
+def _on_theoretical(st: _State, line: str, rank) -> bool:
+    m = _THEO_RE.search(line)
+    if m:
+        for name, value in _THEO_ITEM_RE.findall(m.group(1)):
+            st.s.theoretical_mem_mb[_norm_key(name)] = float(value)
+        st.recognised = True
+    return bool(m)
+
+
+def _on_params(st: _State, line: str, rank) -> bool:
+    m = _PARAMS_RE.search(line)
+    if not m:
+        return False
+    names = [n.strip() for n in m.group(1).split(",")]
+    ranks = [_int(r.strip()) for r in m.group(2).split(",")]
+    if len(names) == len(ranks) and None not in ranks:
+        pos = dict(zip(names, ranks))
+        tp, pp = pos.get("tensor", ranks[0]), pos.get("pipeline", ranks[-1])
+        st.s.params[(tp, pp)] = int(round(float(m.group(3)) * _SUFFIX[m.group(4)]))
+        st.recognised = True
+    return True
+
+
+def _on_megalab(st: _State, line: str, rank) -> bool:
+    """The entry point's own `megalab: k=v ...` line (what actually ran)."""
+    m = _MEGALAB_RE.match(line)
+    if m:
+        for tok in m.group(1).split():
+            k, eq, v = tok.partition("=")
+            if eq and k:
+                st.s.megalab[k] = v
+        st.recognised = True
+    return bool(m)
+
+
+def _on_datetime(st: _State, line: str, rank) -> bool:
+    """print_datetime markers; the end-of-training one says the run finished."""
+    m = _DATETIME_RE.search(line)
+    if m:
+        st.recognised = True
+        st.s.finished = st.s.finished or bool(_END_MARKERS.match(m.group(1).strip()))
+    return bool(m)
+
+
+def _on_oom(st: _State, line: str, rank) -> bool:
+    s = st.s
+    if not s.oom and _OOM_RE.search(line) and not line.lstrip().startswith("File "):
+        s.oom, s.oom_message, st.oom_prefix_rank = True, line.strip()[:_OOM_MSG_MAX], rank
+        g = _OOM_GPU_RE.search(line)
+        st.oom_gpu = int(g.group(1)) if g else None
+    return False  # the same line may also end a traceback
+
+
+def _on_traceback(st: _State, line: str, rank) -> bool:
+    """A traceback's first line, and the exception line that ends it (per rank)."""
+    stripped = line.strip()
+    if stripped.startswith("Traceback (most recent call last)"):
+        st.tb_pending[rank] = True
+        st.tb_seen = st.recognised = True
+        return True
+    if st.tb_pending.get(rank) and line[:1] not in (" ", "\t") and stripped:
+        if not stripped.startswith(("During handling", "The above exception")) and _EXC_RE.match(stripped):
+            st.exceptions.append(stripped)
+            st.tb_pending[rank] = False
+    return False
+
+
+def _on_torchrun_failure(st: _State, line: str, rank) -> bool:
+    """torchrun's ChildFailedError report (its root cause's rank and exit code) and elastic's line."""
+    if "ChildFailedError" in line:
+        st.child_failed = st.recognised = True
+    if st.child_failed:
+        if line.strip().startswith("Root Cause"):
+            st.in_root_cause = True
+        elif st.in_root_cause:
+            if (m := _CHILD_RANK_RE.match(line)) and st.child_rank is None:
+                st.child_rank = int(m.group(1))
+            if (m := _CHILD_EXIT_RE.match(line)) and st.child_exit is None:
+                st.child_exit = int(m.group(1))
+    if (m := _ELASTIC_FAIL_RE.search(line)) and st.elastic_rank is None:
+        st.elastic_rank = int(m.group(2))
+        st.recognised = True
+    return False
+
+
+def _on_abort(st: _State, line: str, rank) -> bool:
+    """A C++ abort (e.g. NCCL's watchdog): no Python traceback."""
+    stripped = line.strip()
+    if stripped.startswith("terminate called after throwing") and st.other_crash is None:
+        st.other_crash = stripped
+    if not st.recognised and _MEGATRON_HINT_RE.search(line):
+        st.recognised = True
+    return False
+
+
+@dataclass(frozen=True)
+class _Handler:
+    needle: str | None  # a substring the line must hold (a cheap test before the regex); None: any
+    fn: Callable[[_State, str, Any], bool]
+    partial_ok: bool = False  # also shown the last line when the log was cut mid-line
+
+
+HANDLERS: tuple[_Handler, ...] = (  # in this order; the first that takes a line ends its turn
+    _Handler("iteration", _on_iterations, partial_ok=True),
+    _Handler("..: ", _on_timer),
+    _Handler(None, _on_args_fence, partial_ok=True),
+    _Handler(None, _on_argument),
+    _Handler("memory (MB)", _on_memory),
+    _Handler("Theoretical memory footprints", _on_theoretical),
+    _Handler("number of parameters on", _on_params),
+    _Handler("megalab:", _on_megalab),
+    _Handler(" datetime: ", _on_datetime, partial_ok=True),
+    _Handler(None, _on_oom, partial_ok=True),
+    _Handler(None, _on_traceback, partial_ok=True),
+    _Handler(None, _on_torchrun_failure, partial_ok=True),
+    _Handler(None, _on_abort, partial_ok=True),
+)
+
+
+def _take(h: _Handler, st: _State, line: str, rank, idx: int) -> bool:
+    """h.fn on one line; a line it cannot digest (a 5000-digit number, ...) is noted, not fatal."""
+    try:
+        return h.fn(st, line, rank)
+    except (ValueError, OverflowError, KeyError, IndexError) as exc:
+        if len(st.s.missing) < 20:  # a log of bad lines must not grow the summary without bound
+            st.s.missing.append(f"line {idx + 1} not understood ({h.fn.__name__}: {type(exc).__name__})")
+        return True
+
+
+def _as_text(text) -> str:
+    if text is None:
+        return ""
+    if isinstance(text, (bytes, bytearray)):
+        return bytes(text).decode("utf-8", errors="replace")
+    return text if isinstance(text, str) else str(text)
+
+
+def _parse(text) -> LogSummary:
+    text = _as_text(text)
+    s = LogSummary()
+    if not text.strip():
+        s.status = "empty"
+        s.missing.append("empty log")
+        return s
+    lines = text.splitlines()
+    cut_mid_line = not text.endswith(("\n", "\r"))
+    st = _State(s)
     for idx, raw in enumerate(lines):
         line, rank = _strip_prefix(raw)
-        partial = cut_mid_line and idx == last  # numbers on a cut line may be cut too
-
-        # ---- iteration lines (possibly two ranks' lines glued together)
-        if "iteration" in line:
-            matches = list(_ITER_RE.finditer(line))
-            for k, m in enumerate(matches):
-                end = matches[k + 1].start() if k + 1 < len(matches) else len(line)
-                it = IterationLine(iteration=int(m.group(1)), train_iters=int(m.group(2)))
-                start = matches[k - 1].end() if k else 0
-                ts = _TS_RE.search(line[start:m.start()])
-                if ts:
-                    it.extra["timestamp"] = ts.group(1)
-                _parse_iteration_fields(it, line[m.end():end])
-                iters[it.iteration] = _merge(iters[it.iteration], it) if it.iteration in iters else it
-                last_iter = it.iteration
-            if matches:
-                recognised = True
-                continue
-
-        # ---- timers (start-up blocks come before any iteration and are not kept)
-        if "..: " in line and not partial:
-            m = _TIMER_RE.match(line)
-            if m:
-                if last_iter is not None:
-                    s.timers.setdefault(last_iter, {})[m.group(1)] = float(m.group(3) or m.group(4))
-                recognised = True
-                continue
-
-        # ---- arguments dump
-        if _ARGS_START_RE.match(line.strip()):
-            in_args, recognised = True, True
-            continue
-        if in_args and _ARGS_END_RE.match(line.strip()):
-            in_args = False
-            continue
-        if not partial and "megalab:" not in line:
-            m = (_ARG_IN_BLOCK_RE if in_args else _ARG_DOTTED_RE).match(line)
-            if m:
-                s.args[m.group(1)] = m.group(2)
-                recognised = True
-                continue
-
-        # ---- memory / theoretical memory / parameter counts / megalab lines
-        if "memory (MB)" in line and not partial:
-            m = _MEM_RE.search(line)
-            if m:
-                mem = {}
-                for piece in m.group(3).split("|"):
-                    key, _, value = piece.partition(":")
-                    name = _MEM_KEYS.get(key.strip().lower())
-                    v = _num(value.strip())
-                    if name and v is not None:
-                        mem[name] = v
-                if mem:
-                    # Later reports (after optimizer state exists) supersede earlier ones.
-                    s.megatron_mem[int(m.group(1))] = mem
-                    recognised = True
-                continue
-        if "Theoretical memory footprints" in line and not partial:
-            m = _THEO_RE.search(line)
-            if m:
-                for name, value in _THEO_ITEM_RE.findall(m.group(1)):
-                    s.theoretical_mem_mb[_norm_key(name)] = float(value)
-                recognised = True
-                continue
-        if "number of parameters on" in line and not partial:
-            m = _PARAMS_RE.search(line)
-            if m:
-                names = [n.strip() for n in m.group(1).split(",")]
-                ranks = [_int(r.strip()) for r in m.group(2).split(",")]
-                if len(names) == len(ranks) and None not in ranks:
-                    pos = dict(zip(names, ranks))
-                    tp, pp = pos.get("tensor", ranks[0]), pos.get("pipeline", ranks[-1])
-                    s.params[(tp, pp)] = int(round(float(m.group(3)) * _SUFFIX[m.group(4)]))
-                    recognised = True
-                continue
-        m = _MEGALAB_RE.match(line)
-        if m and not partial:
-            for tok in m.group(1).split():
-                k, eq, v = tok.partition("=")
-                if eq and k:
-                    s.megalab[k] = v
-            recognised = True
-            continue
-
-        # ---- print_datetime markers, end of training
-        if " datetime: " in line:
-            m = _DATETIME_RE.search(line)
-            if m:
-                recognised = True
-                if _END_MARKERS.match(m.group(1).strip()):
-                    s.finished = True
-                continue
-
-        # ---- failures
-        if _OOM_RE.search(line) and not line.lstrip().startswith("File "):
-            if not s.oom:
-                s.oom = True
-                s.oom_message = line.strip()[:_OOM_MSG_MAX]
-                oom_prefix_rank = rank
-                g = _OOM_GPU_RE.search(line)
-                oom_gpu = int(g.group(1)) if g else None
-        stripped = line.strip()
-        if stripped.startswith("Traceback (most recent call last)"):
-            tb_pending[rank] = True
-            tb_seen = recognised = True
-            continue
-        if tb_pending.get(rank) and line[:1] not in (" ", "\t") and stripped:
-            if not stripped.startswith(("During handling", "The above exception")) and _EXC_RE.match(stripped):
-                exceptions.append(stripped)
-                tb_pending[rank] = False
-        if "ChildFailedError" in line:
-            child_failed = recognised = True
-        if child_failed:
-            if stripped.startswith("Root Cause"):
-                in_root_cause = True
-            elif in_root_cause:
-                m = _CHILD_RANK_RE.match(line)
-                if m and child_rank is None:
-                    child_rank = int(m.group(1))
-                m = _CHILD_EXIT_RE.match(line)
-                if m and child_exit is None:
-                    child_exit = int(m.group(1))
-        m = _ELASTIC_FAIL_RE.search(line)
-        if m and elastic_rank is None:
-            elastic_rank = int(m.group(2))
-            recognised = True
-        if stripped.startswith("terminate called after throwing") and other_crash is None:
-            other_crash = stripped  # C++ abort (e.g. NCCL watchdog): no Python traceback
-        if not recognised and _MEGATRON_HINT_RE.search(line):
-            recognised = True
-
-    # ---- assemble
-    s.iterations = [iters[k] for k in sorted(iters)]
+        partial = cut_mid_line and idx == len(lines) - 1
+        for h in HANDLERS:
+            if (h.needle is None or h.needle in line) and (h.partial_ok or not partial) and _take(h, st, line, rank, idx):
+                break
+    s.iterations = [st.iters[k] for k in sorted(st.iters)]
     s.train_iters = _int(s.args.get("train_iters", ""))
     if s.train_iters is None and s.iterations:
         s.train_iters = max(it.train_iters or 0 for it in s.iterations) or None
+    _assemble_error(st)
+    _assemble_status(st)
+    _list_missing(st, cut_mid_line)
+    return s
 
-    # Root cause first: later ranks usually die of the first one's failure (NCCL aborts).
-    real = [e for e in exceptions if "ChildFailedError" not in e]
+
+def _assemble_error(st: _State) -> None:
+    """The run's error: the root cause first, as later ranks usually die of the first one's failure."""
+    s = st.s
+    real = [e for e in st.exceptions if "ChildFailedError" not in e]
     if real:
         s.error = real[0]
-    elif child_failed:
-        bits = [f"rank {child_rank}" if child_rank is not None else None,
-                f"exitcode {child_exit}" if child_exit is not None else None]
+    elif st.child_failed:
+        bits = [f"rank {st.child_rank}" if st.child_rank is not None else None,
+                f"exitcode {st.child_exit}" if st.child_exit is not None else None]
         s.error = "ChildFailedError: " + (", ".join(b for b in bits if b) or "a worker failed")
-    elif other_crash:
-        s.error = other_crash
-    elif tb_seen:
+    elif st.other_crash:
+        s.error = st.other_crash
+    elif st.tb_seen:
         s.error = "Traceback without a final exception line"
     if s.oom:
         s.error = s.error or s.oom_message
         # The prefix names the rank for sure; torchrun's root cause next; the GPU index in
         # the message equals the rank only on a single node, so it comes last.
-        for r in (oom_prefix_rank, child_rank, elastic_rank, oom_gpu):
-            if r is not None:
-                s.oom_rank = r
-                break
+        s.oom_rank = next((r for r in (st.oom_prefix_rank, st.child_rank, st.elastic_rank, st.oom_gpu)
+                           if r is not None), None)
 
-    last_iter = s.iterations[-1].iteration if s.iterations else None
-    reached = bool(s.train_iters and last_iter is not None and last_iter >= s.train_iters)
-    failed = s.oom or s.error is not None
-    s.truncated = recognised and not (s.finished or reached or failed)
 
+def _last_iteration(s: LogSummary) -> int | None:
+    return s.iterations[-1].iteration if s.iterations else None
+
+
+def _assemble_status(st: _State) -> None:
+    s = st.s
+    last = _last_iteration(s)
+    reached = bool(s.train_iters and last is not None and last >= s.train_iters)
+    s.truncated = st.recognised and not (s.finished or reached or s.oom or s.error is not None)
     if s.oom:
         s.status = "oom"
     elif s.error is not None:
         s.status = "failed"
     elif s.finished or reached:
         s.status = "ok"
-    elif recognised:
-        s.status = "incomplete"
     else:
-        s.status = "empty"
+        s.status = "incomplete" if st.recognised else "empty"
 
-    # ---- what was not found
-    miss = s.missing
-    if not recognised:
+
+def _list_missing(st: _State, cut_mid_line: bool) -> None:
+    s, miss = st.s, st.s.missing
+    if not st.recognised:
         miss.append("no recognisable Megatron output")
     if not s.iterations:
         miss.append("no iteration lines")
     else:
-        if not any(it.elapsed_ms is not None for it in s.iterations):
-            miss.append("no elapsed time per iteration")
-        if not any(it.lm_loss is not None for it in s.iterations):
-            miss.append("no lm loss values")
-        if not any(it.tflops_per_gpu is not None for it in s.iterations):
-            miss.append("no throughput field (run without --log-throughput)")
-    if not s.args:
-        miss.append("no arguments dump")
-    if s.train_iters is None:
-        miss.append("train_iters unknown")
-    if not s.megalab:
-        miss.append("no 'megalab:' line")
-    if not s.params:
-        miss.append("no parameter count line")
-    if not s.megatron_mem:
-        miss.append("no Megatron memory report")
-    if not s.theoretical_mem_mb:
-        miss.append("no theoretical memory line")
-    if not s.finished:
-        miss.append("no end-of-training marker")
+        for attr, what in (("elapsed_ms", "no elapsed time per iteration"), ("lm_loss", "no lm loss values"),
+                           ("tflops_per_gpu", "no throughput field (run without --log-throughput)")):
+            if not any(getattr(it, attr) is not None for it in s.iterations):
+                miss.append(what)
+    for found, what in ((s.args, "no arguments dump"), (s.train_iters is not None, "train_iters unknown"),
+                        (s.megalab, "no 'megalab:' line"), (s.params, "no parameter count line"),
+                        (s.megatron_mem, "no Megatron memory report"),
+                        (s.theoretical_mem_mb, "no theoretical memory line"),
+                        (s.finished, "no end-of-training marker")):
+        if not found:
+            miss.append(what)
     if s.truncated:
-        reason = f"log stops at iteration {last_iter}" if last_iter is not None else "log stops early"
+        last = _last_iteration(s)
+        reason = f"log stops at iteration {last}" if last is not None else "log stops early"
         if s.train_iters:
             reason += f" of {s.train_iters}"
         miss.append(reason + (" (last line cut mid-line)" if cut_mid_line else ""))
-    return s
+
+
+def megalab_lines(text) -> dict[str, str]:
+    """Only the entry point's `megalab: k=v ...` lines of a log (what ran), without parsing the rest."""
+    st = _State(LogSummary())
+    for raw in _as_text(text).splitlines():
+        if "megalab:" in raw:
+            _on_megalab(st, _strip_prefix(raw)[0], None)
+    return st.s.megalab
 
 
 def parse_file(path) -> LogSummary:
@@ -510,6 +596,8 @@ def parse_file(path) -> LogSummary:
         raise LogReadError(p, "is a directory, not a log file") from None
     except PermissionError:
         raise LogReadError(p, "permission denied") from None
+    except ValueError as exc:  # a path with a NUL byte
+        raise LogReadError(p, str(exc)) from None
     except OSError as exc:
         raise LogReadError(p, str(exc.strerror or exc).replace("\n", " ")) from None
     return parse_log(data.decode("utf-8", errors="replace"))
@@ -691,6 +779,16 @@ def _finite(obj):
     return obj
 
 
+def _emit(text: str, stream=None) -> None:
+    """Print whatever the log held: a terminal that cannot show a character gets an escape, not a traceback."""
+    stream = stream or sys.stdout
+    try:
+        print(text, file=stream)
+    except UnicodeEncodeError:
+        enc = getattr(stream, "encoding", None) or "ascii"
+        print(text.encode(enc, "backslashreplace").decode(enc, "replace"), file=stream)
+
+
 def cli(argv: list[str]) -> int:
     """``python -m megalab parse LOG [--json]``. Returns 0, 1 (no iterations) or 2 (cannot read)."""
     args = list(argv)
@@ -699,17 +797,17 @@ def cli(argv: list[str]) -> int:
     as_json = "--json" in args
     paths = [a for a in args if a != "--json"]
     if len(paths) != 1 or paths[0].startswith("-"):
-        print(_USAGE, file=sys.stderr)
+        _emit(_USAGE, sys.stderr)
         return 2
     path = paths[0]
     try:
         s = parse_file(path)
     except LogReadError as exc:
-        print(f"megalab parse: cannot read {path}: {exc.reason} "
-              f"(fix: pass the path of a run's logs.txt, e.g. one under outdir/)", file=sys.stderr)
+        _emit(f"megalab parse: cannot read {path}: {exc.reason} "
+              f"(fix: pass the path of a run's logs.txt, e.g. one under outdir/)", sys.stderr)
         return 2
     f = summary_fields(s)
-    print(json.dumps(_finite(f)) if as_json else _human(path, s, f))
+    _emit(json.dumps(_finite(f)) if as_json else _human(path, s, f))
     return 0 if s.iterations else 1
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from megalab.harness import catalog
-from megalab.results import tables
+from megalab.results import chapter as chapters, gpus, markdown, records as run_records
 from megalab.harness.catalog import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
@@ -61,42 +61,43 @@ COLUMNS = ["source", "analogue", "row", "target", "model", "seq", "gbs", "mbs", 
 def _safe(fn: Callable, default=None):
     try:
         return fn()
-    except tables._MISSING:  # an unknown model preset: the field is just unknown
+    except chapters.MISSING:  # an unknown model preset: the field is just unknown
         return default
 
 
-def _layout(exp: catalog.Experiment, ctx: tables.Context) -> dict:
-    series = tables.scaling_series(exp, ctx.exps)
-    return {"row": tables._row_id(exp), "target": exp.id, "model": exp.model,
+def _layout(exp: catalog.Experiment, ctx: chapters.Context) -> dict:
+    series = chapters.scaling_series(exp, ctx.exps)
+    return {"row": chapters.row_id(exp), "target": exp.id, "model": exp.model,
             "seq": _safe(lambda: exp.seq_length), "gbs": exp.gbs, "mbs": exp.mbs, "gpus": exp.gpus,
             "dp": exp.dp, "tp": exp.tp, "pp": exp.pp, "cp": exp.cp, "cp_comm": exp.cp_comm, "ep": exp.ep,
             "etp": exp.etp, "experts": exp.num_experts, "zero2": exp.zero2, "recompute": exp.recompute,
-            "m": exp.num_microbatches, "v": _safe(lambda: tables.virtual_stages(exp)),
+            "m": exp.num_microbatches, "v": _safe(lambda: chapters.virtual_stages(exp)),
             "scaling": series[0] if series else None}
 
 
 def _published(ref: pd.Series, kind: str, gpus: int) -> dict:
     if kind == "twogpu":  # MiB per GPU, GPU 0 and GPU 1
-        mem = [v / 1024 for i in range(min(gpus, 2)) if (v := tables._num(ref[f"mem_mib_gpu{i}"])) is not None]
+        mem = [v / 1024 for i in range(min(gpus, 2)) if (v := run_records.num(ref[f"mem_mib_gpu{i}"])) is not None]
         oom = False
     else:  # GB per GPU (the largest), or 'oom'
         text = str(ref["mem_gb_per_gpu"]).strip().lower()
         oom = text == "oom"
-        one = tables._num(text)
+        one = run_records.num(text)
         mem = [] if one is None else [one] * gpus
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None,
-            "oom": oom, "step_ms": tables._num(ref["step_ms"]), "gpu": None, "te": True}
+            "oom": oom, "step_ms": run_records.num(ref["step_ms"]), "gpu": None, "te": True}
 
 
 def _ours(rec: dict) -> dict:
-    oom = rec.get("status") == "oom"  # its peak is the card's limit, not what the run needed
-    mem = [] if oom else [v for v in (tables._num(x) for x in rec.get("mem_peak_gib") or []) if v is not None]
+    r = run_records.RunRecord.of(rec)
+    oom = r.status == "oom"  # its peak is the card's limit, not what the run needed
+    mem = [] if oom else list(r.mem_peak_gib)
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None, "oom": oom,
-            "step_ms": tables._measured(rec)[0], "gpu": tables.short_gpu_name(rec.get("gpu_name")),
-            "te": (rec.get("config") or {}).get("transformer_impl") == "transformer_engine"}
+            "step_ms": r.measured[0], "gpu": gpus.short_gpu_name(r.gpu_name),
+            "te": r.transformer_impl == "transformer_engine"}
 
 
-def points(ctx: tables.Context) -> pd.DataFrame:
+def points(ctx: chapters.Context) -> pd.DataFrame:
     """Published and measured points of a chapter, catalog order, one row each.
 
     A published row appears once (the first target naming it); a measured one when its target has a
@@ -260,7 +261,7 @@ FIGURES = [
 
 # --------------------------------------------------------------------------- chapter figures
 
-def figures_of(ctx: tables.Context) -> list[tuple[Figure, pd.DataFrame]]:
+def figures_of(ctx: chapters.Context) -> list[tuple[Figure, pd.DataFrame]]:
     """The chapter's figures that have at least one point, each with its data."""
     specs = [f for f in FIGURES if f.chapter == ctx.chapter]
     if not specs:
@@ -280,7 +281,7 @@ def chapter_figures(chapter: int, records: dict[str, dict] | None = None, refere
                     *, twogpu: pd.DataFrame | None = None, exps: list[catalog.Experiment] | None = None
                     ) -> list[tuple[Figure, pd.DataFrame]]:
     """figures_of() for one chapter; `exps` replaces the catalog's targets (tests build their own)."""
-    return figures_of(tables._context(chapter, records, reference, twogpu, exps))
+    return figures_of(chapters.context(chapter, records, reference, twogpu, exps))
 
 
 def file_name(fig: Figure, page: str) -> str:
@@ -293,7 +294,7 @@ def title(fig: Figure, data: pd.DataFrame) -> str:
     return fig.title + "\n(published points only: no megalab runs yet)"
 
 
-def page_links(ctx: tables.Context, page: str) -> list[str]:
+def page_links(ctx: chapters.Context, page: str) -> list[str]:
     """Markdown image lines for a chapter page at `page` (e.g. results/01-dp-zero2.md)."""
     return [f"![{fig.title}]({PLOTS}/{file_name(fig, page)})" for fig, _ in figures_of(ctx)]
 
@@ -376,12 +377,12 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
     missing or no longer made (file names only, see the module docstring).
     """
     root = Path(root) if root is not None else ROOT
-    records = tables.load_records(root / "results" / "runs") if records is None else records
-    reference, twogpu = tables.load_reference(), tables.load_twogpu_reference()
+    records = run_records.load_records(root / "results" / "runs") if records is None else records
+    reference, twogpu = chapters.load_reference(), chapters.load_twogpu_reference()
     folder = out or root / "results" / PLOTS  # every chapter page lives in results/
     wanted: dict[Path, tuple[Figure, pd.DataFrame, str]] = {}
     for chapter, meta in catalog.chapters().items():
-        ctx = tables._context(chapter, records, reference, twogpu, None)
+        ctx = chapters.context(chapter, records, reference, twogpu, None)
         for fig, data in figures_of(ctx):
             wanted[folder / file_name(fig, meta["table"])] = (fig, data, ctx.kind)
     stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []
@@ -391,7 +392,7 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
     for path, (fig, data, kind) in wanted.items():
         svg = draw(fig, data, kind)
         if not path.exists() or path.read_bytes() != svg:
-            tables._write_atomic(path, svg)
+            markdown.write_atomic(path, svg)
             changed.append(path)
     for path in stale:
         path.unlink()
@@ -412,5 +413,5 @@ def cli(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     changed = write_plots(args.root, out=args.out, check=args.check)
-    return tables.report_changes(changed, args.root, check=args.check, what="plots",
+    return markdown.report_changes(changed, args.root, check=args.check, what="plots",
                                  fix="run `make plots` (or `make tables`)")

@@ -29,28 +29,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import json
 import math
-import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import pandas as pd
 
 from megalab.harness import catalog
 from megalab.harness.catalog import ROOT
-
-REFERENCE_DIR = ROOT / "configs" / "reference"
-RUNS_DIR = ROOT / "results" / "runs"
+from megalab.results import markdown, plots
+from megalab.results.chapter import (  # noqa: F401  (tables.X kept for callers and tests)
+    MISSING as _MISSING, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
+    load_twogpu_reference, measured as _measured, reference_kind, row_id as _row_id, scaling_series,
+    virtual_stages)
+from megalab.results.gpus import nominal_gb_to_gib, short_gpu_name
+from megalab.results.markdown import report_changes, write_atomic as _write_atomic  # noqa: F401
+from megalab.results.records import (  # noqa: F401
+    USABLE, RunRecord, mark_shared, num as _num, read_records, stamp as _stamp)
+from megalab.results import records as _records
 
 # The rig these tables are measured on has one or two GPUs; targets needing more are listed
 # with their reference numbers and a "not run" status.
 RIG_GPUS = 2
 
-USABLE = ("ok", "oom")  # statuses preferred when picking a target's record
 NO_REF = "—"  # reference cell of an analogue row: there is no published number
 
 FOOTNOTES = [
@@ -68,122 +71,16 @@ FOOTNOTES = [
 
 # --------------------------------------------------------------------------- inputs
 
-def _unique_index(df: pd.DataFrame, path: Path) -> pd.DataFrame:
-    if not df.index.is_unique:
-        dup = sorted({str(k) for k in df.index[df.index.duplicated()]})
-        raise ValueError(f"{path}: duplicate reference rows {dup}; fix: give each row its own id")
-    return df
-
-
-def load_reference(path: Path | None = None) -> pd.DataFrame:
-    """configs/reference/anchor_8xh100.csv indexed by (chapter, row).
-
-    `mem_gb_per_gpu` stays text ('oom' where the reference ran out of memory); `step_ms` is a
-    float (NaN where there is none).
-    """
-    path = path or REFERENCE_DIR / "anchor_8xh100.csv"
-    df = pd.read_csv(path, dtype={"row": str, "target": str, "mem_gb_per_gpu": str, "notes": str},
-                     keep_default_na=False, na_values={"step_ms": [""]})
-    df["chapter"] = df["chapter"].astype(int)
-    df["step_ms"] = pd.to_numeric(df["step_ms"], errors="coerce")
-    return _unique_index(df.set_index(["chapter", "row"]), path)
-
-
-def load_twogpu_reference(path: Path | None = None) -> pd.DataFrame:
-    """configs/reference/twogpu_2xh200.csv indexed by row (T0, T1, ...)."""
-    path = path or REFERENCE_DIR / "twogpu_2xh200.csv"
-    df = pd.read_csv(path, dtype={"row": str, "experiment": str, "notes": str})
-    return _unique_index(df.set_index("row"), path)
+def load_records(root: Path | None = None) -> dict[str, dict]:
+    """Newest usable record per target (records.load_records) from ROOT, default results/runs."""
+    return _records.load_records(Path(root) if root is not None else RUNS_DIR)
 
 
 def _started_key(rec: dict) -> float:
     return _stamp(rec.get("started"))
 
 
-def _stamp(s: Any) -> float:
-    """An ISO time of a record as seconds since the epoch; -inf if absent or unreadable."""
-    if not isinstance(s, str):
-        return float("-inf")
-    try:
-        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        return float("-inf")
-    if t.tzinfo is None:  # records are written in UTC; a naive stamp is read as UTC too
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.timestamp()
-
-
-def read_records(root: Path, who: str | None, pattern: str = "*/run.json"):
-    """(path, record) for every ROOT/PATTERN; unreadable or malformed files skipped, with a warning
-    on stderr naming WHO (None: silently)."""
-    for path in sorted(root.glob(pattern)):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            why = f"unreadable ({e})"
-        else:
-            if isinstance(rec, dict) and isinstance(rec.get("target"), str):
-                yield path, rec
-                continue
-            why = "not a run record (no target)"
-        if who:
-            print(f"{who}: skipping {path}: {why}", file=sys.stderr)
-
-
-def load_records(root: Path | None = None) -> dict[str, dict]:
-    """Newest record per target from ROOT/*/run.json.
-
-    Per target: the newest (by `started`) record whose status is ok or oom; if it has none, the
-    newest record of any status. Unreadable or malformed files are skipped with a warning on stderr.
-    """
-    root = Path(root) if root is not None else RUNS_DIR
-    by_target: dict[str, list[tuple[float, str, dict]]] = {}
-    for path, rec in read_records(root, "megalab tables"):
-        by_target.setdefault(rec["target"], []).append((_started_key(rec), path.parent.name, rec))
-    out = {}
-    for target, recs in sorted(by_target.items()):
-        usable = [r for r in recs if r[2].get("status") in USABLE]
-        out[target] = max(usable or recs, key=lambda r: (r[0], r[1]))[2]
-    mark_shared(out.values(), root.parent)
-    return out
-
-
-def mark_shared(recs: Iterable[dict], results: Path) -> None:
-    """Set `_concurrent` on each record: the runs that shared its host while it ran, from the start
-    and end times of every record under RESULTS (rows, bench and data runs)."""
-    windows = [(*w, str(rec.get("hostname")), rec["target"])
-               for _, rec in read_records(results, None, "**/run.json") if (w := _window(rec))]
-    for rec in recs:
-        rec["_concurrent"] = concurrent_with(rec, windows)
-
-
-def _window(rec: dict) -> tuple[float, float] | None:
-    start, end = _stamp(rec.get("started")), _stamp(rec.get("ended"))
-    return (start, end) if start > float("-inf") and end > float("-inf") else None
-
-
-def concurrent_with(rec: dict, windows: list[tuple[float, float, str, str]]) -> list[str]:
-    """Targets of the other runs on the same host whose time overlapped this one's (several
-    runs can share a multi-GPU host on disjoint GPUs; their step times may differ a little)."""
-    w = _window(rec)
-    if not w:
-        return []
-    return sorted({t for s, e, h, t in windows
-                   if h == str(rec.get("hostname")) and s < w[1] and w[0] < e and (s, e) != w})
-
-
 # --------------------------------------------------------------------------- formatting
-
-def _num(v: Any) -> float | None:
-    """A finite float, or None (None, NaN, text, bools)."""
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
 
 def _round(x: float, ndigits: int = 0) -> float:
     """Round half away from zero (so hand-checked numbers agree with the table)."""
@@ -227,16 +124,6 @@ def fmt_mem(gib: list | None) -> tuple[str, float | None]:
     return _fixed(top, 1), top
 
 
-def short_gpu_name(name: str | None) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'H100 80GB'; 'NVIDIA H200' -> 'H200'."""
-    if not name:
-        return "GPU"
-    words = [w for w in name.split() if not w.upper().startswith("HBM")]
-    if words and words[0].upper() == "NVIDIA" and len(words) > 1:
-        words = words[1:]
-    return " ".join(words)
-
-
 SHARED_NOTE = ("† ran on a multi-GPU host while another run used its other GPUs (own GPUs and NVLink "
                "ports, shared CPUs and host memory), as the run records' start and end times show.")
 
@@ -248,22 +135,19 @@ OVER_CAP_NOTE = ("‡ ended ok under its GPU_MEM_GB cap, yet its NVML peak is ab
 
 def over_cap_gib(rec: dict) -> float | None:
     """GiB by which an ok run's NVML peak exceeds its GPU_MEM_GB cap; None when uncapped or within it."""
-    from megalab.results.estimate import nominal_gb_to_gib
-
-    cap = _num((rec.get("config") or {}).get("gpu_mem_gb"))
-    peaks = [p for p in (_num(v) for v in rec.get("mem_peak_mib") or []) if p is not None]
-    if rec.get("status") != "ok" or cap is None or not peaks:
+    r = RunRecord.of(rec)
+    cap = _num(r.gpu_mem_cap)
+    if r.status != "ok" or cap is None or not r.mem_peak_mib:
         return None
-    over = max(peaks) / 1024 - nominal_gb_to_gib(cap)
+    over = max(r.mem_peak_mib) / 1024 - nominal_gb_to_gib(cap)
     return over if over > 0 else None
 
 
 def fmt_hardware(rec: dict) -> str:
-    n = rec.get("num_gpus")
-    hw = f"{n}x {short_gpu_name(rec.get('gpu_name'))}" if n else short_gpu_name(rec.get("gpu_name"))
-    cap = (rec.get("config") or {}).get("gpu_mem_gb")
-    if cap not in (None, ""):
-        hw += f", capped {cap} GB"
+    r = RunRecord.of(rec)
+    hw = f"{r.num_gpus}x {short_gpu_name(r.gpu_name)}" if r.num_gpus else short_gpu_name(r.gpu_name)
+    if r.gpu_mem_cap not in (None, ""):
+        hw += f", capped {r.gpu_mem_cap} GB"
     if rec.get("_concurrent"):
         hw += " †"  # shared the host with another run on other GPUs (see SHARED_NOTE)
     if over_cap_gib(rec):
@@ -278,71 +162,15 @@ def not_run_reason(exp: catalog.Experiment) -> str:
 
 
 def _status(rec: dict | None, exp: catalog.Experiment, ref_oom: bool) -> str:
+    """The status cell: the record's own word (a killed or hung run says so, and has no step time)."""
     if rec is None:
         return not_run_reason(exp)
-    st = str(rec.get("status") or "unknown")
+    st = RunRecord.of(rec).status
     if st == "oom":
         return "oom (as reference)" if ref_oom else "oom"
     if st == "ok" and ref_oom:
         return "ok (reference: oom)"
     return st
-
-
-# --------------------------------------------------------------------------- chapter context
-
-REFERENCE_KINDS = ("anchor", "twogpu")
-
-
-@dataclasses.dataclass
-class Context:
-    """What a cell may look at: the chapter's experiments (catalog order), records, references."""
-    chapter: int
-    kind: str  # which published table the chapter is diffed against (REFERENCE_KINDS)
-    exps: list[catalog.Experiment]
-    records: dict[str, dict]
-    reference: pd.DataFrame | None  # anchor_8xh100.csv, by (chapter, row)
-    twogpu: pd.DataFrame | None  # twogpu_2xh200.csv, by row
-    _warned: set = dataclasses.field(default_factory=set)
-
-    def rec(self, exp: catalog.Experiment) -> dict | None:
-        return self.records.get(exp.id)
-
-    def ref_row(self, exp: catalog.Experiment) -> pd.Series | None:
-        """The published row `exp.ref` names (None without one; warns once if it is missing)."""
-        if not exp.ref:
-            return None
-        if self.kind == "twogpu":
-            table, key, name = self.twogpu, exp.ref, "twogpu_2xh200.csv"
-        else:
-            table, key, name = self.reference, (exp.chapter, exp.ref), "anchor_8xh100.csv"
-        if key not in table.index:
-            if exp.id not in self._warned:
-                self._warned.add(exp.id)
-                print(f"megalab tables: {exp.id}: reference row {exp.ref} of chapter {exp.chapter} not in "
-                      f"{name}", file=sys.stderr)
-            return None
-        return table.loc[key]
-
-    def ref_ms(self, exp: catalog.Experiment) -> float | None:
-        ref = self.ref_row(exp)
-        return None if ref is None else _num(ref["step_ms"])
-
-    def our_ms(self, exp: catalog.Experiment) -> float | None:
-        return _measured(self.rec(exp))[0]
-
-
-def _measured(rec: dict | None) -> tuple[float | None, ...]:
-    """(median ms, p10, p90, TFLOP/s/GPU, MFU) of a record; all None unless the steps are valid."""
-    if rec is None or rec.get("status") not in ("ok", "incomplete"):  # an oom/failed run has no step time
-        return (None,) * 5
-    return tuple(_num(rec.get(k)) for k in
-                 ("step_ms_median", "step_ms_p10", "step_ms_p90", "tflops_per_gpu", "mfu"))
-
-
-def _row_id(exp: catalog.Experiment) -> str:
-    if exp.ref:
-        return exp.ref
-    return f"~{exp.analogue_of}" if exp.analogue_of else ""
 
 
 def _measure_cells(rec: dict | None) -> dict[str, str]:
@@ -373,9 +201,6 @@ class Column:
     note: str | None = None
 
 
-_MISSING = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError)
-
-
 def _try(fn: Callable[[], Any]) -> str:
     """fn()'s text; empty when it is None or an input is missing (unknown model preset, None, ...)."""
     try:
@@ -398,13 +223,6 @@ def _yes_no(v: Any) -> str:
     return "yes" if v else "no"
 
 
-def virtual_stages(exp: catalog.Experiment) -> float:
-    """Virtual pipeline stages per device: layers per stage / layers per virtual stage, or 1."""
-    if not exp.layers_per_virtual_stage:
-        return 1
-    return exp.model_cfg["num_layers"] / exp.pp / exp.layers_per_virtual_stage
-
-
 def bubble_fraction(exp: catalog.Experiment) -> float | None:
     """Pipeline bubble over ideal compute time, (p - 1) / (v * m); None without a pipeline."""
     if exp.pp <= 1:
@@ -423,25 +241,6 @@ def allreduce_mb_per_call(exp: catalog.Experiment) -> float | None:
     if exp.tp <= 1:
         return None
     return 2 * exp.mbs * exp.seq_length * int(exp.model_cfg["hidden_size"]) / 1e6
-
-
-_WEAK_ID = re.compile(r"2[12]\d-")
-_STRONG_ID = re.compile(r"2[34]\d-")
-
-
-def scaling_series(exp: catalog.Experiment, exps: list[catalog.Experiment]
-                   ) -> tuple[str, list[catalog.Experiment]] | None:
-    """('weak' | 'strong', the rows of exp's series) for chapter 2's scaling rows, else None.
-
-    Weak: ids 21x/22x with the same GBS (the model grows with TP). Strong: ids 23x/24x with the
-    same model and GBS.
-    """
-    if _WEAK_ID.match(exp.id):
-        return "weak", [e for e in exps if _WEAK_ID.match(e.id) and e.gbs == exp.gbs]
-    if _STRONG_ID.match(exp.id):
-        return "strong", [e for e in exps if _STRONG_ID.match(e.id) and e.gbs == exp.gbs
-                          and e.model == exp.model]
-    return None
 
 
 def _efficiency(exp: catalog.Experiment, ctx: Context, want: str, ms_of: Callable) -> float | None:
@@ -588,15 +387,6 @@ TAIL = ["hardware", "status"]
 _LEFT = {"Row", "make target", "model", "idea", "hardware", "status"}
 
 
-def reference_kind(chapter: int) -> str:
-    """Which published table a chapter is diffed against: its YAML's `reference:` (default anchor)."""
-    kind = catalog.chapters().get(chapter, {}).get("reference") or "anchor"
-    if kind not in REFERENCE_KINDS:
-        raise ValueError(f"chapter {chapter}: reference '{kind}' is not one of {', '.join(REFERENCE_KINDS)}; "
-                         "fix the chapter's `reference:` key")
-    return kind
-
-
 def columns(chapter: int) -> list[str]:
     """The chapter page's column names, in order."""
     layout, result = (TWOGPU_LAYOUT, TWOGPU_RESULT) if reference_kind(chapter) == "twogpu" else \
@@ -710,8 +500,9 @@ def _row(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
 
 
 def _ours_sentence(recs: list[dict]) -> str:
-    gpus = sorted({short_gpu_name(r.get("gpu_name")) for r in recs if r.get("gpu_name")})
-    impls = {(r.get("config") or {}).get("transformer_impl") for r in recs}
+    typed = [RunRecord.of(r) for r in recs]
+    gpus = sorted({short_gpu_name(r.gpu_name) for r in typed if r.gpu_name})
+    impls = {r.transformer_impl for r in typed}
     impls.discard(None)
     if "transformer_engine" in impls:
         te = "with Transformer Engine" if impls == {"transformer_engine"} else \
@@ -752,18 +543,6 @@ TWOGPU_FOOTNOTES = [
 ]
 
 
-def _context(chapter: int, records: dict[str, dict] | None, reference: pd.DataFrame | None,
-             twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None) -> Context:
-    kind = reference_kind(chapter)
-    return Context(
-        chapter=chapter, kind=kind,
-        exps=[e for e in catalog.catalog().values() if e.chapter == chapter] if exps is None else list(exps),
-        records=load_records() if records is None else records,
-        reference=load_reference() if reference is None and kind == "anchor" else reference,
-        twogpu=load_twogpu_reference() if twogpu is None and kind == "twogpu" else twogpu,
-    )
-
-
 def _frame(ctx: Context) -> pd.DataFrame:
     cols = columns(ctx.chapter)
     return pd.DataFrame([_row(e, ctx) for e in ctx.exps], columns=cols, dtype=str)
@@ -791,7 +570,7 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
     df = _frame(ctx)
     targets = set(df["make target"])
     recs = [ctx.records[t] for t in sorted(targets & set(ctx.records))]
-    table = df.to_markdown(index=False, disable_numparse=True, colalign=_align(chapter))
+    table = "\n".join(markdown.table(list(df.columns), df.itertuples(index=False), _align(chapter), padded=True))
     source_file, published = SOURCES[ctx.kind]
     if ctx.kind == "twogpu":
         notes = list(TWOGPU_FOOTNOTES)
@@ -818,8 +597,6 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
         "",
         block,
     ]
-    from megalab.results import plots  # the figures drawn beside this page (write_tables draws them)
-
     if figures := plots.page_links(ctx, meta["table"]):
         lines += ["", *figures]
     if meta.get("tutorial") and (catalog.ROOT / meta["tutorial"]).exists():
@@ -830,14 +607,6 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
 
 # --------------------------------------------------------------------------- output
 
-def _write_atomic(path: Path, content: str | bytes) -> None:
-    """Write a page or figure through a temporary file, so a reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    os.replace(tmp, path)
-
-
 def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]:
     """Write every chapter's table page under ROOT; return the paths whose content changed.
 
@@ -847,8 +616,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
     root = Path(root) if root is not None else ROOT
     records = load_records(root / "results" / "runs")
     reference, twogpu = load_reference(), load_twogpu_reference()
-    from megalab.results import plots  # the pages link these figures: drawn first, so no link is ever dangling
-
+    # the pages link these figures: drawn first, so no link is ever dangling
     changed = plots.write_plots(root, records=records, check=check)
     for chapter, meta in catalog.chapters().items():
         path = root / meta["table"]
@@ -860,7 +628,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
         if old == text:
             continue
         if not check:
-            _write_atomic(path, text)
+            markdown.write_atomic(path, text)
         changed.append(path)
     blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True)
               for ch in catalog.chapters()}
@@ -869,7 +637,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
         text = embed_tables(old, blocks)
         if text != old:
             if not check:
-                _write_atomic(path, text)
+                markdown.write_atomic(path, text)
             changed.append(path)
     return changed
 
@@ -885,28 +653,6 @@ def embed_tables(text: str, blocks: dict[int, str]) -> str:
         return m.group(1) + body + m.group(4)
 
     return EMBED.sub(fill, text)
-
-
-def report_changes(changed: list[Path], root: Path, *, check: bool, what: str, fix: str, detail: str = "") -> int:
-    """The CLI tail of a generator: with --check, list stale files and exit 1; else say what was written
-    (DETAIL follows "up to date", e.g. how many files were compared)."""
-    if check and changed:
-        for p in changed:
-            print(f"out of date: {_rel(p, root)}")
-        print(f"fix: {fix} and commit the result", file=sys.stderr)
-        return 1
-    for p in changed:
-        print(f"{'wrote' if p.exists() else 'removed'} {_rel(p, root)}")
-    if not changed:
-        print(f"{what} up to date{detail}")
-    return 0
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -1,0 +1,157 @@
+"""A chapter's inputs: its experiments, its run records, the published table it is diffed against.
+
+The chapter pages (tables.py) and their figures (plots.py) read the same Context; both import this
+module and neither the other's internals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from megalab.harness import catalog
+from megalab.harness.catalog import ROOT
+from megalab.results.records import RunRecord, load_records, num
+
+REFERENCE_DIR = ROOT / "configs" / "reference"
+RUNS_DIR = ROOT / "results" / "runs"
+
+# What a missing input raises inside a cell (an unknown model preset, a None, ...): the cell is empty.
+MISSING = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError)
+
+
+# --------------------------------------------------------------------------- published tables
+
+def _unique_index(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    if not df.index.is_unique:
+        dup = sorted({str(k) for k in df.index[df.index.duplicated()]})
+        raise ValueError(f"{path}: duplicate reference rows {dup}; fix: give each row its own id")
+    return df
+
+
+def load_reference(path: Path | None = None) -> pd.DataFrame:
+    """configs/reference/anchor_8xh100.csv indexed by (chapter, row).
+
+    `mem_gb_per_gpu` stays text ('oom' where the reference ran out of memory); `step_ms` is a
+    float (NaN where there is none).
+    """
+    path = path or REFERENCE_DIR / "anchor_8xh100.csv"
+    df = pd.read_csv(path, dtype={"row": str, "target": str, "mem_gb_per_gpu": str, "notes": str},
+                     keep_default_na=False, na_values={"step_ms": [""]})
+    df["chapter"] = df["chapter"].astype(int)
+    df["step_ms"] = pd.to_numeric(df["step_ms"], errors="coerce")
+    return _unique_index(df.set_index(["chapter", "row"]), path)
+
+
+def load_twogpu_reference(path: Path | None = None) -> pd.DataFrame:
+    """configs/reference/twogpu_2xh200.csv indexed by row (T0, T1, ...)."""
+    path = path or REFERENCE_DIR / "twogpu_2xh200.csv"
+    df = pd.read_csv(path, dtype={"row": str, "experiment": str, "notes": str})
+    return _unique_index(df.set_index("row"), path)
+
+
+# --------------------------------------------------------------------------- the chapter
+
+REFERENCE_KINDS = ("anchor", "twogpu")
+
+
+@dataclasses.dataclass
+class Context:
+    """What a cell may look at: the chapter's experiments (catalog order), records, references."""
+    chapter: int
+    kind: str  # which published table the chapter is diffed against (REFERENCE_KINDS)
+    exps: list[catalog.Experiment]
+    records: dict[str, dict]
+    reference: pd.DataFrame | None  # anchor_8xh100.csv, by (chapter, row)
+    twogpu: pd.DataFrame | None  # twogpu_2xh200.csv, by row
+    _warned: set = dataclasses.field(default_factory=set)
+
+    def rec(self, exp: catalog.Experiment) -> dict | None:
+        return self.records.get(exp.id)
+
+    def ref_row(self, exp: catalog.Experiment) -> pd.Series | None:
+        """The published row `exp.ref` names (None without one; warns once if it is missing)."""
+        if not exp.ref:
+            return None
+        if self.kind == "twogpu":
+            table, key, name = self.twogpu, exp.ref, "twogpu_2xh200.csv"
+        else:
+            table, key, name = self.reference, (exp.chapter, exp.ref), "anchor_8xh100.csv"
+        if key not in table.index:
+            if exp.id not in self._warned:
+                self._warned.add(exp.id)
+                print(f"megalab tables: {exp.id}: reference row {exp.ref} of chapter {exp.chapter} not in "
+                      f"{name}", file=sys.stderr)
+            return None
+        return table.loc[key]
+
+    def ref_ms(self, exp: catalog.Experiment) -> float | None:
+        ref = self.ref_row(exp)
+        return None if ref is None else num(ref["step_ms"])
+
+    def our_ms(self, exp: catalog.Experiment) -> float | None:
+        return measured(self.rec(exp))[0]
+
+
+def measured(rec: dict | RunRecord | None) -> tuple[float | None, ...]:
+    """(median ms, p10, p90, TFLOP/s/GPU, MFU) of a record; all None unless the steps are valid
+    (an oom, failed, killed or hung run has no step time: records.MEASURED)."""
+    return (None,) * 5 if rec is None else RunRecord.of(rec).measured
+
+
+def row_id(exp: catalog.Experiment) -> str:
+    if exp.ref:
+        return exp.ref
+    return f"~{exp.analogue_of}" if exp.analogue_of else ""
+
+
+def reference_kind(chapter: int) -> str:
+    """Which published table a chapter is diffed against: its YAML's `reference:` (default anchor)."""
+    kind = catalog.chapters().get(chapter, {}).get("reference") or "anchor"
+    if kind not in REFERENCE_KINDS:
+        raise ValueError(f"chapter {chapter}: reference '{kind}' is not one of {', '.join(REFERENCE_KINDS)}; "
+                         "fix the chapter's `reference:` key")
+    return kind
+
+
+def context(chapter: int, records: dict[str, dict] | None, reference: pd.DataFrame | None,
+             twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None) -> Context:
+    kind = reference_kind(chapter)
+    return Context(
+        chapter=chapter, kind=kind,
+        exps=[e for e in catalog.catalog().values() if e.chapter == chapter] if exps is None else list(exps),
+        records=load_records(RUNS_DIR) if records is None else records,
+        reference=load_reference() if reference is None and kind == "anchor" else reference,
+        twogpu=load_twogpu_reference() if twogpu is None and kind == "twogpu" else twogpu,
+    )
+
+
+# --------------------------------------------------------------------------- layout facts shared by cells and figures
+
+def virtual_stages(exp: catalog.Experiment) -> float:
+    """Virtual pipeline stages per device: layers per stage / layers per virtual stage, or 1."""
+    if not exp.layers_per_virtual_stage:
+        return 1
+    return exp.model_cfg["num_layers"] / exp.pp / exp.layers_per_virtual_stage
+
+
+_WEAK_ID = re.compile(r"2[12]\d-")
+_STRONG_ID = re.compile(r"2[34]\d-")
+
+
+def scaling_series(exp: catalog.Experiment, exps: list[catalog.Experiment]
+                   ) -> tuple[str, list[catalog.Experiment]] | None:
+    """('weak' | 'strong', the rows of exp's series) for chapter 2's scaling rows, else None.
+
+    Weak: ids 21x/22x with the same GBS (the model grows with TP). Strong: ids 23x/24x with the
+    same model and GBS.
+    """
+    if _WEAK_ID.match(exp.id):
+        return "weak", [e for e in exps if _WEAK_ID.match(e.id) and e.gbs == exp.gbs]
+    if _STRONG_ID.match(exp.id):
+        return "strong", [e for e in exps if _STRONG_ID.match(e.id) and e.gbs == exp.gbs
+                          and e.model == exp.model]
+    return None

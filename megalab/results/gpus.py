@@ -1,0 +1,81 @@
+"""The one GPU datasheet table: dense bf16 peak, memory as sold and as NVML reports it, a short name.
+
+MFU (the record, the tables), the estimator's memory and step time, and the bench page's ceiling all
+read it here, so a new GPU is one line. Lookup is by the NVML name (`NVIDIA H100 80GB HBM3`,
+`NVIDIA A100-SXM4-40GB`): the entry whose match words all occur in it, most specific first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    short: str  # how pages name the model when NVML's name is not at hand
+    match: tuple[str, ...]  # words that must all occur in the upper-cased NVML name
+    tflops_bf16: float  # dense (no sparsity) bf16 peak, vendor datasheet
+    memory_gb: int  # as sold (decimal GB)
+    memory_mib: int | None = None  # what NVML reports as total where measured; None: unknown
+
+    @property
+    def memory_gib(self) -> float:
+        """Usable memory: NVML's total where known, else the sold GB in GiB."""
+        return self.memory_mib / 1024 if self.memory_mib else self.memory_gb * 1e9 / 2**30
+
+
+GPUS: tuple[GPU, ...] = (
+    GPU("H100 80GB", ("H100",), 989.0, 80, 81559),
+    GPU("H200", ("H200",), 989.0, 141, 143771),  # same compute as the H100, more and faster memory
+    GPU("GH200", ("GH200",), 989.0, 96),
+    GPU("H800", ("H800",), 989.0, 80),
+    GPU("A100 80GB", ("A100", "80GB"), 312.0, 80, 81920),
+    GPU("A100 40GB", ("A100", "40GB"), 312.0, 40, 40960),
+    GPU("A100", ("A100",), 312.0, 40, 40960),  # a name that does not say its memory
+    GPU("B200", ("B200",), 2250.0, 192),
+    GPU("L40S", ("L40S",), 362.0, 48),
+    GPU("A10", ("A10",), 125.0, 24),
+)
+
+# The GPU a plan assumes when none is named, and the card GPU_MEM_GB=N caps against: N nominal GB are
+# N x 81559/80 MiB (megalab/runtime/pretrain_gpt.py `_cap_gpu_memory`), so "80" is an H100 80GB.
+DEFAULT_GPU_NAME = "NVIDIA H100 80GB HBM3"
+H100_MIB_PER_NOMINAL_GB = 81559 / 80
+
+
+def lookup(gpu_name: str | None) -> GPU | None:
+    """The datasheet entry for an NVML name; None when absent or unknown."""
+    if not gpu_name:
+        return None
+    name = gpu_name.upper()
+    for gpu in sorted(GPUS, key=lambda g: -sum(len(w) for w in g.match)):  # GH200 before H200, A100 before A10
+        if all(w in name for w in gpu.match):
+            return gpu
+    return None
+
+
+def peak_tflops(gpu_name: str | None) -> float | None:
+    """Dense bf16 peak TFLOP/s for an NVML name; None when unknown (MFU is then not given)."""
+    gpu = lookup(gpu_name)
+    return gpu.tflops_bf16 if gpu else None
+
+
+def default_gpu() -> GPU:
+    gpu = lookup(DEFAULT_GPU_NAME)
+    assert gpu is not None
+    return gpu
+
+
+def nominal_gb_to_gib(gb: float) -> float:
+    """GPU_MEM_GB=N as GiB: N x 81559/80 MiB (so 80 -> 79.65 GiB, an H100 80GB)."""
+    return float(gb) * H100_MIB_PER_NOMINAL_GB / 1024
+
+
+def short_gpu_name(name: str | None) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100 80GB'; 'NVIDIA H200' -> 'H200' (NVML's words, the vendor and
+    the memory type dropped: the record's own name, never rewritten to the datasheet's)."""
+    if not name:
+        return "GPU"
+    words = [w for w in name.split() if not w.upper().startswith("HBM")]
+    if words and words[0].upper() == "NVIDIA" and len(words) > 1:
+        words = words[1:]
+    return " ".join(words)
