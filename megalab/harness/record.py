@@ -16,10 +16,7 @@ from pathlib import Path
 from megalab.harness.catalog import ROOT
 from megalab.results.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
-try:  # the typed record reader (megalab/results/records.py) owns the version where it exists
-    from megalab.results.records import SCHEMA
-except ImportError:
-    SCHEMA = 2  # 2: adds `intent` (the run plan) and `observed` (the entry point's `megalab:` line)
+from megalab.results.records import SCHEMA  # 2 adds `intent` (the plan) and `observed` (what ran)
 
 
 def _git_commit() -> str | None:

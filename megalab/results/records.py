@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 
 SCHEMA = 2  # what the launcher writes now (megalab/harness/record.py imports it)
 
-STATUSES = ("ok", "oom", "failed", "incomplete", "killed", "hung")
+STATUSES = ("ok", "oom", "failed", "incomplete", "killed", "hung", "oom_busy")
 USABLE = ("ok", "oom")  # statuses preferred when picking a target's record
 MEASURED = ("ok", "incomplete")  # statuses whose step times are measurements (an oom/failed/killed run has none)
 
