@@ -117,13 +117,19 @@ def test_levers_are_computed_once_per_launch(monkeypatch, capsys):
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("value,on,why", [("1", True, "CUDA_GRAPH=1"), ("0", False, "CUDA_GRAPH=0"),
-                                          ("auto", False, "auto policy not yet decided"), ("", False, None)])
-def test_cuda_graph_is_auto_1_or_0_with_a_reason(value, on, why):
+@pytest.mark.parametrize("target,value,on,why", [
+    ("101-gpt2xl-dp1-gbs1-bf16", "1", True, "CUDA_GRAPH=1"),
+    ("101-gpt2xl-dp1-gbs1-bf16", "0", False, "CUDA_GRAPH=0"),
+    ("101-gpt2xl-dp1-gbs1-bf16", "auto", True, "auto: predicted"),  # 33 GiB on an 80 GB card: room
+    ("101-gpt2xl-dp1-gbs1-bf16", "", True, "auto: predicted"),      # auto is the default
+    ("522-olmoe-dp2-zero2-ep2", "auto", False, "auto: MoE token routing"),
+    ("003-gpt2large-tp2-gbs64", "auto", False, "+ graph"),         # no room for the graph at 80 GB
+])
+def test_cuda_graph_is_auto_1_or_0_with_a_reason(target, value, on, why):
     opts = Options.from_env({"CUDA_GRAPH": value})
-    p = plan.build(catalog.get("101"), opts)
+    p = plan.build(catalog.get(target), opts, plan.Machine(gpus=2, te=None, gpu_memory_gib=79.6))
     assert p.cuda_graph is on and ("--cuda-graph-impl" in p.argv) is on
-    assert p.cuda_graph_reason == (why or "auto policy not yet decided")
+    assert why in p.cuda_graph_reason and p.to_dict()["cuda_graph_reason"] == p.cuda_graph_reason
 
 
 def test_a_bad_choice_or_extra_args_is_one_line():

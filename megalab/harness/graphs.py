@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-# The graph's extra memory as a share of the predicted peak: a safety margin, not a model. Seen:
-# 111 +6.0% (1x H100), 002 +8.8%, 232 +3.0% (2x H200); results/bench/README.md keeps the pairs.
-GRAPH_MEMORY_SHARE = 0.10
-GRAPH_MEMORY_MIN_GIB = 1.0
-
 # Layout features where the graph fails or is unverified, and why (checked in this order).
 REFUSED = (
     ("te", "measured without Transformer Engine only; TE brings its own graph paths (--cuda-graph-impl transformer_engine)"),
@@ -41,16 +36,18 @@ class GraphDecision:
 
 
 def graph_memory_gib(predicted_peak_gib: float) -> float:
-    """The memory the estimator adds for the graph."""
-    return max(GRAPH_MEMORY_MIN_GIB, GRAPH_MEMORY_SHARE * predicted_peak_gib)
+    """The memory the estimator adds for the graph (megalab/results/estimate.py's allowance)."""
+    from megalab.results.estimate import GIB, graph_memory_bytes
+
+    return graph_memory_bytes(predicted_peak_gib * GIB) / GIB
 
 
 def decide(requested: str, *, features: set[str], predicted_peak_gib: float | None,
            capacity_gib: float | None) -> GraphDecision:
     """requested: the CUDA_GRAPH variable (auto | 1 | 0); features: names from REFUSED that apply.
 
-    capacity_gib is what one GPU may use: the GPU_MEM_GB cap, else the GPU's own memory (None when
-    neither is known, e.g. planning on a machine without GPUs and no GPU named).
+    predicted_peak_gib is the estimator's peak per GPU without the graph; capacity_gib is what one GPU
+    may use: the GPU_MEM_GB cap, else the GPU's own memory (None when neither is known).
     """
     value = (requested or "auto").strip().lower()
     if value in ("0", "false", "no", "off"):

@@ -109,8 +109,7 @@ def preflight(plan: RunPlan) -> list[str]:
     exp, opts, impl = plan.exp, plan.opts, plan.impl
     m = exp.model_cfg
     found = "unknown" if plan.machine.gpus is None else str(plan.machine.gpus)
-    graph = ("on" if plan.cuda_graph else "off (CUDA_GRAPH=1)" if opts.cuda_graph in ("0", False)
-             else f"off ({plan.cuda_graph_reason}; CUDA_GRAPH=1 turns it on)")
+    graph = f"{'on' if plan.cuda_graph else 'off'} ({plan.cuda_graph_reason})"
     lines = [
         f"target     {exp.id}: {exp.about}",
         f"model      {exp.model}: {m['num_layers']} layers, hidden {m['hidden_size']}, "
@@ -129,9 +128,7 @@ def preflight(plan: RunPlan) -> list[str]:
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})")
         + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/runtime/cp_attention.py'}"
            if exp.cp > 1 else ""),
-        f"speed      fast path: {plan.fastpath}; full-iteration CUDA graph: {graph}"
-        + ("; note: the graph is measured on single-GPU dense runs only (results/bench); with PP, MoE "
-           "or CP its capture may fail" if plan.cuda_graph and (exp.pp > 1 or exp.num_experts or exp.cp > 1) else ""),
+        f"speed      fast path: {plan.fastpath}; full-iteration CUDA graph: {graph}",
         f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
         + (f"; Megatron timers at --timing-log-level {exp.timing_log_level}" if exp.timing_log_level else ""),
     ]
@@ -227,7 +224,7 @@ def plan_lines(plan: RunPlan, inv: dict) -> str:
     gpu = (inv.get("names") or [None])[0]
     try:
         est = estimate.estimate(plan.exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu,
-                                fused_adam="fused_adam" in plan.fast)
+                                fused_adam="fused_adam" in plan.fast, cuda_graph=plan.cuda_graph)
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)
@@ -348,7 +345,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     from megalab.harness.monitor import GpuMemoryMonitor, gpu_inventory
 
     inv = gpu_inventory()
-    machine = planner.Machine.here(gpus=inv["count"])
+    machine = planner.Machine.here(gpus=inv["count"], inventory=inv)
     plan = planner.build(exp, opts, machine)
     print("\n".join(preflight(plan)))
     print(megatron_check(plan))

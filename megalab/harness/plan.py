@@ -52,14 +52,20 @@ GROUPS = ("DISTRIBUTED", "MODEL", "TRAINING", "PARALLEL", "MOE", "RECOMPUTE", "D
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
-    """What this machine has: GPUs found (None: not counted) and Transformer Engine's version."""
+    """What this machine has: GPUs found (None: not counted), Transformer Engine's version, and the
+    GPU's name and memory (NVML's), which the CUDA graph's memory check plans with."""
 
     gpus: int | None = None
     te: str | None = None
+    gpu_name: str | None = None
+    gpu_memory_gib: float | None = None
 
     @classmethod
-    def here(cls, gpus: int | None = None) -> "Machine":
-        return cls(gpus=gpus, te=te_available())
+    def here(cls, gpus: int | None = None, inventory: dict | None = None) -> "Machine":
+        inv = inventory or {}
+        name = (inv.get("names") or [None])[0]
+        mib = (inv.get("memory_mib") or [None])[0]
+        return cls(gpus=gpus, te=te_available(), gpu_name=name, gpu_memory_gib=mib / 1024 if mib else None)
 
 
 def te_available() -> str | None:
@@ -137,13 +143,34 @@ def dropped_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> list[str
     return [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if exp.model_cfg.get(key) and flag not in subs]
 
 
-def cuda_graph(opts: Options) -> tuple[bool, str]:
-    """CUDA_GRAPH=1 / 0 / auto -> (on, why). A bool (the bench's levers) reads as 1 / 0."""
-    if opts.cuda_graph in ("1", True):
-        return True, "CUDA_GRAPH=1"
-    if opts.cuda_graph in ("0", False):
-        return False, "CUDA_GRAPH=0"
-    return False, "auto policy not yet decided"
+def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast: tuple[str, ...]) -> tuple[bool, str]:
+    """CUDA_GRAPH=1 / 0 / auto -> (on, why), by megalab/harness/graphs.py's policy. A bool (the
+    bench's levers) reads as 1 / 0. auto needs the memory plan: the estimator's peak without the
+    graph, against the GPU_MEM_GB cap or the GPU's own memory."""
+    from megalab.harness import graphs
+
+    requested = {True: "1", False: "0"}.get(opts.cuda_graph, opts.cuda_graph)
+    features = graphs.features_of(exp, impl=impl, spec=opts.spec, profile=opts.profile, nnodes=opts.nnodes,
+                                  exit_interval=opts.exit_interval)
+    peak = capacity = None
+    if requested == "auto" and not features:
+        from megalab.results import estimate
+
+        from megalab.results import gpus
+
+        # no GPU here (a dry run on a laptop): plan for the estimator's default card, as its peak line does
+        capacity = (estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb
+                    else machine.gpu_memory_gib or gpus.default_gpu().memory_gib)
+        try:
+            peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name,
+                                     fused_adam="fused_adam" in fast).peak_gib
+        except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
+            peak = None  # no plan for this layout: graphs.decide says so
+    try:
+        d = graphs.decide(requested, features=features, predicted_peak_gib=peak, capacity_gib=capacity)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    return d.on, d.reason
 
 
 def gpus_per_node(exp: Experiment, opts: Options) -> int:
@@ -232,7 +259,7 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
         opts = dataclasses.replace(opts, master_port=ports.master_port(None, opts.nnodes))
     impl = transformer_impl(opts, machine.te)
     fast = fast_levers(opts, impl, exp)
-    graph, why = cuda_graph(opts)
+    graph, why = cuda_graph(exp, opts, impl, machine, fast)
     per_node = gpus_per_node(exp, opts)
     groups = _argv_groups(exp, opts, impl, graph, per_node, run_dir, environ)
     entry = str(Path(opts.megatron_lm) / "pretrain_gpt.py") if opts.megatron_lm else str(ENTRY)

@@ -299,7 +299,8 @@ class Stage:
     ring_slack_bytes: float  # ring attention's stranded K/V chunks (RING_STRANDED_CHUNKS_PER_STEP)
     allocated_bytes: float  # PyTorch allocator peak (cf. Megatron's "max allocated")
     overhead_bytes: float  # context + NCCL + allocator slack (+ the ring's)
-    peak_bytes: float  # what nvidia-smi would show
+    peak_bytes: float  # what nvidia-smi would show (with the CUDA graph's allowance, when on)
+    graph_bytes: float = 0.0  # the full-iteration CUDA graph's private pool and static inputs (CUDA_GRAPH)
 
     @property
     def state_bytes(self) -> float:
@@ -388,9 +389,21 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
     return inflight * stored + working
 
 
+# The full-iteration CUDA graph's extra memory (its private pool, static inputs and outputs), as a share
+# of the peak without it: a safety margin, not a model. Seen on the rig: 111 +6.0% (1x H100), 002 +8.8%
+# and 232 +3.0% (2x H200); CUDA_GRAPH=auto (megalab/harness/graphs.py) plans with it.
+GRAPH_MEMORY_SHARE = 0.10
+GRAPH_MEMORY_MIN_GIB = 1.0
+
+
+def graph_memory_bytes(peak_bytes: float) -> float:
+    return max(GRAPH_MEMORY_MIN_GIB * GIB, GRAPH_MEMORY_SHARE * peak_bytes)
+
+
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float = DEFAULT_MFU,
-             model_cfg: dict[str, Any] | None = None, fused_adam: bool = False) -> Estimate:
+             model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
+             cuda_graph: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -457,11 +470,13 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         if cp > 1 and (e.cp_comm or "p2p") == "p2p":  # Megatron's default --cp-comm-type is p2p
             ring = RING_STRANDED_CHUNKS_PER_STEP * (cp - 1) * L * 2 * s * b * (sh.kv / t) * 2
         overhead = allocated * ALLOCATOR_SLACK + ring + (CUDA_CONTEXT_MIB + nccl_mib(e.gpus, p, cp)) * MIB
+        graph = graph_memory_bytes(allocated + overhead) if cuda_graph else 0.0
         stages.append(Stage(index=k, gpus=e.gpus // p, layers=L, params=params, weights_bytes=weights,
                             grads_bytes=grads, optimizer_bytes=optim, inflight=inflight,
                             activations_bytes=acts, head_bytes=head, workset_bytes=workset,
                             optimizer_step_bytes=step_temp, ring_slack_bytes=ring, allocated_bytes=allocated,
-                            overhead_bytes=overhead, peak_bytes=allocated + overhead))
+                            overhead_bytes=overhead, peak_bytes=allocated + overhead + graph,
+                            graph_bytes=graph))
 
     name = gpu_name or gpus.DEFAULT_GPU_NAME
     mem, peak = gpu_spec(name)
@@ -546,7 +561,8 @@ def render(est: Estimate) -> str:
             f"{st.inflight:g} microbatch(es) in flight){head}; peak at {st.peak_at}"
             + (f" (+ AdamW's fp32 temporary {_g(st.optimizer_step_bytes)})" if st.peak_at == "optimizer step" else "")
             + ": "
-            f"allocated {_g(st.allocated_bytes)} + overhead {_g(st.overhead_bytes)} = {_g(st.peak_bytes)}")
+            f"allocated {_g(st.allocated_bytes)} + overhead {_g(st.overhead_bytes)}"
+            + (f" + CUDA graph {_g(st.graph_bytes)}" if st.graph_bytes else "") + f" = {_g(st.peak_bytes)}")
     ring = max(st.ring_slack_bytes for st in e.stages)
     lines.append(
         f"overhead     CUDA context/cuBLAS {CUDA_CONTEXT_MIB} MiB + NCCL {nccl_mib(e.gpus, e.pp, e.cp)} MiB "
