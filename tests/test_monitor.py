@@ -30,7 +30,7 @@ class _Nvml(types.SimpleNamespace):
     def nvmlDeviceGetMemoryInfo(self, h):
         return types.SimpleNamespace(used=int(self.gpus[h][0] * GIB), total=80 * GIB)
 
-    def nvmlDeviceGetComputeProcesses(self, h):
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=int(gib * GIB) if gib is not None else None)
                 for pid, gib in self.gpus[h][1]]
 
@@ -169,3 +169,12 @@ def test_watchdog_variables_are_read_as_numbers():
     assert (launch.Options().watchdog_silent_s, launch.Options().exit_grace_s) == (300, 120)
     with pytest.raises(launch.LaunchError, match="not a number"):
         launch.Options.from_env({"EXIT_GRACE_S": "soon"})
+
+
+def test_every_nvml_call_exists_in_the_installed_nvidia_ml_py():
+    """The fakes above stand in for NVML; this keeps their names honest (a misspelt call only fails on a GPU)."""
+    import re
+
+    pynvml = pytest.importorskip("pynvml")
+    called = set(re.findall(r"\bnvml\.(nvml\w+)", (ROOT / "megalab/harness/monitor.py").read_text()))
+    assert called and not [n for n in called if not hasattr(pynvml, n)]

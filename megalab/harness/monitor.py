@@ -67,8 +67,12 @@ def busy_gpus(indices: list[int], own_pids: set[int] | None = None) -> list[dict
     busy = []
     for i in indices:
         h = nvml.nvmlDeviceGetHandleByIndex(i)
+        try:  # nvidia-ml-py's name for the compute processes on a device
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(h)
+        except Exception:  # an old driver or a container that hides them: memory in use still tells
+            running = []
         procs = [{"pid": p.pid, "used_mib": p.usedGpuMemory // 2**20 if p.usedGpuMemory else None}
-                 for p in nvml.nvmlDeviceGetComputeProcesses(h) if p.pid not in own]
+                 for p in running if p.pid not in own]
         used = nvml.nvmlDeviceGetMemoryInfo(h).used // 2**20
         if procs or used > BUSY_BASELINE_MIB:
             busy.append({"gpu": i, "used_mib": used, "processes": procs})
