@@ -165,3 +165,13 @@ def test_checks_compare_runs_of_one_host_only():
     assert res.status == checks.NOT_RUN and "different hosts" in res.why
     recs[b]["hostname"] = "hostA"
     assert checks.evaluate(claim, recs, known).status == checks.PASS
+
+
+def test_bench_and_data_ratios_only_between_runs_of_one_host():
+    from megalab.results import benchreport, datareport
+
+    a = {"target": T101, "status": "ok", "step_ms_median": 200.0, "hostname": "hostA"}
+    b = {"target": T101, "status": "ok", "step_ms_median": 100.0, "hostname": "hostA"}
+    assert benchreport._speedup(a, b) == "2.00x" and datareport._ratio(a, b, 50257) == "2.00x"
+    b["hostname"] = "hostB"
+    assert benchreport._speedup(a, b) == "≠host" and datareport._ratio(a, b, 50257) == "≠host"
