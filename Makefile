@@ -37,7 +37,7 @@ help:
 #> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
-#> tables                  rebuild results/*.md and results/data/README.md from the committed run records
+#> tables                  rebuild results/*.md and results/data/README.md from the run records (STRICT=1: refuse rows not from today's code/defaults)
 #> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
@@ -130,7 +130,7 @@ quickstart:
 	fi
 
 tables:
-	@$(PY) -m megalab tables && $(PY) -m megalab data-report
+	@$(PY) -m megalab tables $(if $(filter 1,$(STRICT)),--strict) && $(PY) -m megalab data-report
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.

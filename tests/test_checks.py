@@ -93,6 +93,14 @@ def test_bytes_per_param():
     assert r.status == NOT_RUN and "theoretical_mem_mb" in r.why
 
 
+def test_bytes_per_param_of_a_difference():
+    """The measured saving between two runs per parameter of the first (ZeRO-2's 12/DP B/param)."""
+    recs = {A: rec(params_total=1e9, mem_peak_mib=[20e9 / 2**20]), B: rec(mem_peak_mib=[14e9 / 2**20])}
+    m = {"kind": "bytes_per_param", "a": {"target": A, "field": "mem_peak_mib", "minus": B}}
+    r = run(m, {"approx": 6, "rel": 0.15}, recs)
+    assert r.status == PASS and math.isclose(r.values[0], 6.0) and "a difference of" in r.measured
+
+
 def test_monotonic():
     m = {"kind": "monotonic", "targets": [A, B, C]}
     down = {A: rec(ms=300), B: rec(ms=200), C: rec(ms=205)}
@@ -312,3 +320,70 @@ def test_cli_schema_error(tmp_path, capsys):
     assert checks.cli(["--root", str(tmp_path), "--claims", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "claim ok-claim: unknown metric kind 'nope'" in err
+
+
+# --------------------------------------------------------------------------- every claim can fail
+
+def _set(rec: dict, field: str, value) -> None:
+    parts = field.split(".")
+    for p in parts[:-1]:
+        rec = rec.setdefault(p, {})
+    rec[parts[-1]] = value
+
+
+def _failing_records(c: checks.Claim, rng) -> dict[str, dict]:
+    """A synthetic record set for claim c: every target it reads ok (or a status drawn for status
+    claims), every field it reads a random positive value (per-GPU fields: two GPUs), one host."""
+    recs = {t: {"target": t, "status": "ok", "hostname": "h"} for t in c.reads}
+    if c.kind == "status":
+        for t in c.reads:
+            recs[t]["status"] = rng.choice(["ok", "oom"])
+        return recs
+    ops = list(c.operands.values())
+    while ops:
+        op = ops.pop()
+        if op.minus is not None:
+            ops.append(op.minus)
+        for t in op.targets:
+            v = float(rng.choice([0.5, 1, 2, 3, 5, 8, 13, 100, 1e4, 1e9])) * rng.uniform(0.9, 1.1)
+            _set(recs[t], op.field, [v, v * rng.uniform(0.5, 2)] if op.field.startswith("mem_peak") else v)
+            _set(recs[t], c.params_field, float(rng.choice([1e8, 1e9, 1e10])))
+    return recs
+
+
+def test_every_claim_has_a_reachable_failing_value():
+    """A claim that no measurement could make FAIL checks nothing: for each claim, a synthetic record
+    set (random values, one host) that makes it FAIL must exist, and is found here."""
+    import random
+
+    rng = random.Random(18)
+    known = {t: None for c in checks.load_claims() for t in c.reads}
+    unfailable = []
+    for c in checks.load_claims():
+        for _ in range(3000):
+            if checks.evaluate(c, _failing_records(c, rng), known).status == checks.FAIL:
+                break
+        else:
+            unfailable.append(c.id)
+    assert not unfailable, f"claims no record set makes FAIL: {unfailable}"
+
+
+def test_fails_if_is_generated_from_expect():
+    by_id = {c.id: c for c in checks.load_claims()}
+    assert checks.fails_if(by_id["ch0-dp-step-flat"]) == \
+        "FAIL if the ratio is outside 0.9–1.1, or if a target it reads ran out of memory"
+    assert checks.fails_if(by_id["ch1-zero2-cannot-help-at-dp1"]).startswith(
+        "FAIL if the ratio is outside 1 ± 3% (0.97–1.03)")
+    assert checks.fails_if(by_id["ch2-sp-fits-22b"]) == "FAIL if the statuses are not oom, ok in this order"
+    assert "does not fall (a rise within 5% is allowed)" in checks.fails_if(by_id["ch2-tp-strong-scaling-gbs20-monotonic"])
+    page = checks.render(checks.evaluate_all(list(by_id.values()), {}, {}))
+    assert "| fails if " in page
+
+
+def test_the_formula_against_itself_claims_are_gone():
+    """Claims compare measurements: none reads Megatron's printed theoretical memory on both sides."""
+    for c in checks.load_claims():
+        fields = {op.field for op in c.operands.values()} | {op.minus.field for op in c.operands.values() if op.minus}
+        assert fields != {"theoretical_mem_mb.weight_and_optimizer"}, c.id
+    ids = {c.id for c in checks.load_claims()}
+    assert "ch1-18-bytes-per-param-theoretical" not in ids and "ch1-distopt-6-plus-12-over-dp" not in ids

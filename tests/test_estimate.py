@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megalab.harness import catalog
-from megalab.results import estimate as E
+from megalab.results import estimate as E, steptime
 from megalab.harness.catalog import Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,6 +234,56 @@ def test_step_time_at_mfu():
     assert full.hw_flops_per_step > full.flops_per_step  # Megatron's count has no recompute term
 
 
+def test_step_time_is_a_model_of_its_own():
+    """Small batches are launch-bound (CPU time per kernel), large ones GEMM-bound; TP adds its calls."""
+    one = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"), fused_adam=True)
+    f = one.step
+    cpu = f.kernels[0] * steptime.LAUNCH_US * 1e-6
+    gemm = (f.a[0] + steptime.GEMM_HALF_MNK * f.b[0]) / steptime.GEMM_EFF_MAX
+    assert cpu > gemm  # GBS 1: the launches set the pace, not the GEMMs
+    big = E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fused_adam=True).step
+    assert (big.a[0] + steptime.GEMM_HALF_MNK * big.b[0]) / steptime.GEMM_EFF_MAX > big.kernels[0] * steptime.LAUNCH_US * 1e-6
+    assert one.step_ms == pytest.approx(steptime.step_seconds(f) * 1e3)
+    assert one.mfu == pytest.approx(one.flops_per_step / (one.step_ms / 1e3 * 989e12))
+    tp = E.estimate(catalog.get("232-strong-scale-gpt2-1.2B-tp2-paper")).step
+    assert tp.calls[0] == 40 * 4 and tp.comm_s[0] > 0  # 4 all-reduces per layer, 40 layers
+
+
+def test_gpus_have_bandwidths():
+    from megalab.results import gpus
+
+    for g in gpus.GPUS:
+        assert g.hbm_tbps and g.link_gbps, g.short
+
+
+def test_split_is_fixed_and_disjoint():
+    steps = E.step_rows(ROOT)
+    rows = E.validation_rows(ROOT)
+    for table in (steps, rows):
+        sides = {}
+        for r in table:
+            sides.setdefault(r["target"], set()).add(r["set"])
+        assert all(len(v) == 1 for v in sides.values())  # every run of a target on one side
+        assert {r["set"] for r in table} == {E.CALIBRATION, E.HELD_OUT}
+    assert E.split("101-gpt2xl-dp1-gbs1-bf16") == E.CALIBRATION  # sha1 % 3: fixed, never re-drawn
+    held = [r for r in steps if r["set"] == E.HELD_OUT]
+    assert len(held) >= 10
+
+
+def test_step_constants_are_fitted_on_the_calibration_set_only():
+    steps = E.step_rows(ROOT)
+    assert E.fit_steptime(steps) == steptime.fitted()
+    # the held-out rows do not move the fit: drop them and refit
+    assert E.fit_steptime([r for r in steps if r["set"] == E.CALIBRATION]) == steptime.fitted()
+
+
+def test_estimate_page_is_up_to_date():
+    text = E.validation_table(ROOT)
+    assert (ROOT / "results" / "estimate-vs-measured.md").read_text() == text, \
+        "results/estimate-vs-measured.md is out of date: run `python -m megalab plan --validate`"
+    assert "- step time, held-out: median |error|" in text and "- memory, held-out: median |error|" in text
+
+
 def test_render_names_formulas_in_gib():
     text = E.render(E.estimate(catalog.get("152-gpt2xl-dp2-gbs30-zero2")))
     assert "6 + 12/2 B/param" in text and "Korthikanti" in text and "num_floating_point_operations" in text
@@ -280,7 +330,8 @@ def test_cli_validate_writes_the_table(tmp_path, capsys):
         (tmp_path / d).symlink_to(ROOT / d)
     assert E.cli(["plan", "--validate", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "results" / "estimate-vs-measured.md").read_text().startswith("# Memory estimate")
-    assert "within 10%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "within 10%" in out and "held-out runs" in out
 
 
 def test_cli_no_target_exits_2(capsys):

@@ -55,8 +55,8 @@ def test_memory_series_are_the_reference_and_the_records():
     ref = tables.load_reference()
     pub = d[(d["source"] == "published") & ~d["oom"]]
     assert len(pub) >= 5
-    for _, r in pub.iterrows():  # total = per-GPU GB x GPUs
-        assert r["y"] == pytest.approx(float(ref.loc[(1, r["row"]), "mem_gb_per_gpu"]) * r["x"])
+    for _, r in pub.iterrows():  # total = per-GPU published figure (nvidia-smi MiB / 1000) in GiB x GPUs
+        assert r["y"] == pytest.approx(float(ref.loc[(1, r["row"]), "mem_gb_per_gpu"]) * 1000 / 1024 * r["x"])
     assert set(d[d["source"] == "published"]["row"]) >= {"R3", "R5", "R12", "R7"}
     assert d[d["row"] == "R7"]["oom"].iloc[0]  # the reference's oom, drawn as such
     records = tables.load_records()

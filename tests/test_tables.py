@@ -78,15 +78,15 @@ def test_table_rows_follow_catalog_order(chapter):
 
 def test_hand_checked_rows():
     recs = tables.load_records(RECORDS)
-    r = _row(T101, recs)  # ours 30.12 GiB, 251.4 ms vs published 33.3 GB, 220 ms
-    assert (r["Row"], r["ref GB/GPU"], r["our GB/GPU"], r["Δ GB"]) == ("R1", "33.3", "30.1", "-3.2")
+    r = _row(T101, recs)  # ours 30.12 GiB, 251.4 ms vs published 33.3 (nvidia-smi MiB / 1000 = 32.5 GiB), 220 ms
+    assert (r["Row"], r["ref GB (pub.)"], r["ref GiB"], r["our GiB"], r["Δ GiB"]) == ("R1", "33.3", "32.5", "30.1", "-2.4")
     assert (r["ref ms"], r["our ms"], r["Δ ms"], r["our p10–p90 ms"]) == ("220", "251", "+14%", "250–255")
     assert (r["MFU"], r["hardware"], r["status"]) == ("4.2%", "1x H100 80GB", "ok")
     r = _row(T122, recs)  # two GPUs 73.42 / 75.08 GiB, 448.7 ms vs 74.9 GB, 423 ms, 80 GB cap
-    assert (r["our GB/GPU"], r["Δ GB"], r["our ms"], r["Δ ms"]) == ("73.4 / 75.1", "+0.2", "449", "+6%")
+    assert (r["our GiB"], r["Δ GiB"], r["our ms"], r["Δ ms"]) == ("73.4 / 75.1", "+2.0", "449", "+6%")
     assert r["hardware"] == "2x H200, capped 80 GB"
     r = _row(T121, recs)  # oom on both sides
-    assert (r["ref GB/GPU"], r["our ms"], r["Δ GB"], r["status"]) == ("oom", "", "", "oom (as reference)")
+    assert (r["ref GB (pub.)"], r["our ms"], r["Δ GiB"], r["status"]) == ("oom", "", "", "oom (as reference)")
 
 
 # --------------------------------------------------------------------------- load_records
@@ -135,8 +135,8 @@ def test_not_run_reasons():
     assert tables.not_run_reason(cat["102-gpt2xl-dp2-gbs2"]) == "not run yet"
     assert tables.not_run_reason(cat[T101]) == "not run yet"
     r = _row("102-gpt2xl-dp2-gbs2", {})
-    assert (r["Row"], r["ref GB/GPU"], r["ref ms"]) == ("~R2", "—", "—")
-    assert r["our GB/GPU"] == r["our ms"] == r["hardware"] == ""
+    assert (r["Row"], r["ref GB (pub.)"], r["ref GiB"], r["ref ms"]) == ("~R2", "—", "—", "—")
+    assert r["our GiB"] == r["our ms"] == r["hardware"] == ""
     assert _row("118-gpt2xl-dp8-fit-8x80GB", {})["status"] == "not run: needs 8 GPUs"
 
 
@@ -206,7 +206,7 @@ def test_chapter_0_is_diffed_against_the_twogpu_reference():
     cols = tables.columns(0)
     for name in ("idea", "ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB"):
         assert name in cols
-    assert "our GB/GPU" not in cols and "ZeRO-2" not in cols
+    assert "our GiB" not in cols and "ZeRO-2" not in cols
 
 
 def test_chapter_0_catalog_matches_its_reference_rows():

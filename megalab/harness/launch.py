@@ -224,7 +224,8 @@ def plan_lines(plan: RunPlan, inv: dict) -> str:
     gpu = (inv.get("names") or [None])[0]
     try:
         est = estimate.estimate(plan.exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu,
-                                fused_adam="fused_adam" in plan.fast, cuda_graph=plan.cuda_graph)
+                                fused_adam="fused_adam" in plan.fast, grouped_gemm="grouped_gemm" in plan.fast,
+                                cuda_graph=plan.cuda_graph)
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)

@@ -88,8 +88,13 @@ def parity(a: dict, b: dict) -> dict:
 
 
 def _speedup(slow: dict | None, fast: dict | None) -> str:
-    """'1.23x': slow's step time over fast's, where both ended ok; '' otherwise."""
-    return f"{slow['step_ms_median'] / fast['step_ms_median']:.2f}x" if _ok(slow) and _ok(fast) else ""
+    """'1.23x': slow's step time over fast's, where both ended ok; '' otherwise; '≠host' where the two
+    ran on different hosts (identical commands differ by 5-23% between hosts: no ratio is made)."""
+    if not (_ok(slow) and _ok(fast)):
+        return ""
+    if slow.get("hostname") and fast.get("hostname") and slow["hostname"] != fast["hostname"]:
+        return "≠host"
+    return f"{slow['step_ms_median'] / fast['step_ms_median']:.2f}x"
 
 
 def _findings(cfg: dict, get) -> list[str]:

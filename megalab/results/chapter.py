@@ -14,10 +14,16 @@ import pandas as pd
 
 from megalab.harness import catalog
 from megalab.harness.catalog import ROOT
+from megalab.results import provenance
 from megalab.results.records import RunRecord, load_records, num
 
 REFERENCE_DIR = ROOT / "configs" / "reference"
 RUNS_DIR = ROOT / "results" / "runs"
+
+# The 8x H100 reference's memory column is nvidia-smi MiB / 1000 (configs/reference/README.md, "Memory
+# unit"): "GB" 80.3 and 80.6 cannot be GiB on a 79.65 GiB card, and read as 1e9 bytes its "largest
+# batch that fits" rows would leave 5-6 GiB free. In GiB, our unit: published x 1000 / 1024.
+REF_GB_TO_GIB = 1000 / 1024
 
 # What a missing input raises inside a cell (an unknown model preset, a None, ...): the cell is empty.
 MISSING = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError)
@@ -67,6 +73,7 @@ class Context:
     records: dict[str, dict]
     reference: pd.DataFrame | None  # anchor_8xh100.csv, by (chapter, row)
     twogpu: pd.DataFrame | None  # twogpu_2xh200.csv, by row
+    tree: Path = ROOT  # the checkout whose git history judges the records' code (provenance)
     _warned: set = dataclasses.field(default_factory=set)
 
     def rec(self, exp: catalog.Experiment) -> dict | None:
@@ -95,6 +102,12 @@ class Context:
     def our_ms(self, exp: catalog.Experiment) -> float | None:
         return measured(self.rec(exp))[0]
 
+    def host(self, exp: catalog.Experiment) -> str | None:
+        """The host a row's record ran on (None without a record): a ratio of two rows' step times
+        is only made between runs of one host."""
+        rec = self.rec(exp)
+        return None if rec is None else RunRecord.of(rec).hostname
+
 
 def measured(rec: dict | RunRecord | None) -> tuple[float | None, ...]:
     """(median ms, p10, p90, TFLOP/s/GPU, MFU) of a record; all None unless the steps are valid
@@ -118,14 +131,15 @@ def reference_kind(chapter: int) -> str:
 
 
 def context(chapter: int, records: dict[str, dict] | None, reference: pd.DataFrame | None,
-             twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None) -> Context:
+             twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None, tree: Path = ROOT) -> Context:
     kind = reference_kind(chapter)
     return Context(
         chapter=chapter, kind=kind,
         exps=[e for e in catalog.catalog().values() if e.chapter == chapter] if exps is None else list(exps),
-        records=load_records(RUNS_DIR) if records is None else records,
+        records=load_records(RUNS_DIR, provenance.setup_key) if records is None else records,
         reference=load_reference() if reference is None and kind == "anchor" else reference,
         twogpu=load_twogpu_reference() if twogpu is None and kind == "twogpu" else twogpu,
+        tree=tree,
     )
 
 

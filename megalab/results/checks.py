@@ -32,8 +32,8 @@ from typing import Any
 import yaml
 
 from megalab.harness.catalog import ROOT
-from megalab.results import markdown
-from megalab.results.records import load_records
+from megalab.results import markdown, provenance
+from megalab.results.records import RunRecord, load_records
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 OUTPUT = Path("results") / "checks.md"
@@ -109,6 +109,29 @@ class Expect:
         if self.op in ("increasing", "decreasing"):
             return self.op
         return f"{self.op} {g(self.args[0])}"
+
+    def fails_text(self, kind: str, tolerance: float = 0.0, vector: bool = False) -> str:
+        """What result makes the claim FAIL, from the expectation: 'FAIL if the ratio is outside 0.9–1.1'."""
+        g = "{:g}".format
+        what = {"ratio": "the ratio", "difference": "the difference", "relative_change": "the relative change",
+                "bytes_per_param": "the bytes per parameter", "value": "the value"}.get(kind, "the value")
+        if vector:
+            what = "any " + what.replace("the ", "", 1)
+        op, a = self.op, self.args
+        if op == "between":
+            return f"FAIL if {what} is outside {g(a[0])}–{g(a[1])}"
+        if op == "approx":
+            lo, hi = a[0] - abs(a[0]) * a[1], a[0] + abs(a[0]) * a[1]
+            return f"FAIL if {what} is outside {g(a[0])} ± {g(a[1] * 100)}% ({g(round(lo, 6))}–{g(round(hi, 6))})"
+        if op in ("increasing", "decreasing"):
+            step = "rise" if op == "increasing" else "fall"
+            slack = f" (a {'fall' if op == 'increasing' else 'rise'} within {g(tolerance * 100)}% is allowed)" \
+                if tolerance else ""
+            return f"FAIL if any next target does not {step}{slack}"
+        if op == "equals":
+            return "FAIL if the statuses are not " + ", ".join(a) + " in this order"
+        negated = {"<": "≥", "<=": ">", ">": "≤", ">=": "<", "==": "≠"}[op]
+        return f"FAIL if {what} is {negated} {g(a[0])}"
 
     def holds(self, x: float) -> bool:
         op, a = self.op, self.args
@@ -223,8 +246,8 @@ def _operands(cid: str, kind: str, metric: dict, required: tuple, field: str, gp
         if b is not None and a.vector and b.vector and len(a.targets) != len(b.targets):
             raise _err(cid, "metric.a and metric.b list different numbers of targets")
         if kind == "bytes_per_param":
-            if a.vector or len(a.targets) != 1 or a.minus:
-                raise _err(cid, "bytes_per_param reads one target (metric.a)")
+            if a.vector or len(a.targets) != 1:
+                raise _err(cid, "bytes_per_param reads one target (metric.a, less an optional `minus`)")
             if _unit_bytes(a.field) is None:
                 raise _err(cid, f"bytes_per_param needs a memory field in MiB or GiB (a name, or a "
                                 f"parent's, ending _mb, _mib, _gb or _gib); got '{a.field}'")
@@ -377,6 +400,8 @@ def _short(target: str) -> str:
 def _field(rec: dict, target: str, field: str, gpu: str | int) -> float:
     if rec.get("status") == "oom" and field.startswith(OOM_INVALID):
         raise _Fail(f"{target} ran out of memory (no {field})")
+    if field == DEFAULT_FIELD and (runs := RunRecord.of(rec).runs):
+        return float(runs["median_ms"])  # repeated runs: the median of their medians, as the pages show
     v: Any = rec
     for part in field.split("."):
         v = v.get(part) if isinstance(v, dict) else None
@@ -439,7 +464,8 @@ def _compute(c: Claim, records, known) -> tuple[list[Any], str]:
         if params <= 0:
             raise _NotRun(f"{c.params_field} is {params}", t)
         v = a[0] * _unit_bytes(c.operands["a"].field) / params
-        return [v], f"{_fmt(v)} B/param ({_fmt(a[0])} {_unit_name(c.operands['a'].field)} / {params / 1e9:.4g}e9 params)"
+        what = _fmt(a[0]) if c.operands["a"].minus is None else f"a difference of {_fmt(a[0])}"
+        return [v], f"{_fmt(v)} B/param ({what} {_unit_name(c.operands['a'].field)} / {params / 1e9:.4g}e9 params)"
     b = _resolve(c.operands["b"], records, known)
     out, parts = [], []
     for x, y in _pairs(a, b):
@@ -471,9 +497,21 @@ def _meets(c: Claim, values: list[Any]) -> bool:
     return all(e.holds(v) for v in values)
 
 
+def other_hosts(c: Claim, records: Mapping[str, dict]) -> str:
+    """'' when every record a comparing claim reads ran on one host (or says none), else the reason:
+    a ratio of two hosts' runs mixes the hosts' difference (5-23% on identical commands) into it."""
+    if c.kind == "status":
+        return ""
+    hosts = {t: h for t in c.reads if (h := RunRecord.of(records[t]).hostname) is not None}
+    if len(set(hosts.values())) <= 1:
+        return ""
+    return "runs on different hosts (" + ", ".join(f"{_short(t)}: {h}" for t, h in hosts.items()) + \
+        "); re-run them on one host"
+
+
 def evaluate(c: Claim, records: Mapping[str, dict], known: Mapping[str, Any]) -> Result:
     """One claim against the records. `known`: target id -> catalog Experiment (or None)."""
-    why = _not_run_reason(c.reads, records, known)
+    why = _not_run_reason(c.reads, records, known) or other_hosts(c, records)
     if why:
         return Result(c, NOT_RUN, "", why=why)
     try:
@@ -525,6 +563,17 @@ def _cell(s: str) -> str:
     return " ".join(str(s).split()).replace("|", "\\|")
 
 
+def fails_if(c: Claim) -> str:
+    """The claim's failing results in words, generated from its `expect` (and, for numeric fields an
+    out-of-memory run lacks, that case too)."""
+    vector = any(op.vector for k, op in c.operands.items() if k in ("a", "b"))
+    text = c.expect.fails_text(c.kind, c.tolerance, vector)
+    fields = {op.field for op in c.operands.values()}
+    if c.kind != "status" and any(f.startswith(OOM_INVALID) for f in fields):
+        text += ", or if a target it reads ran out of memory"
+    return text
+
+
 def summary(results: list[Result]) -> dict[str, int]:
     return {s: sum(r.status == s for r in results) for s in (PASS, FAIL, NOT_RUN)}
 
@@ -542,9 +591,10 @@ def render(results: list[Result]) -> str:
         elif r.status == NOT_RUN:
             status = f"NOT RUN: {r.why}"
         rows.append({"claim": f"`{r.claim.id}`: {r.claim.claim}", "source": r.claim.source,
-                     "expected": r.claim.expect.text(), "published": _published_text(r.claim.published),
+                     "expected": r.claim.expect.text(), "fails if": fails_if(r.claim),
+                     "published": _published_text(r.claim.published),
                      "measured": r.measured, "status": status})
-    header = ["claim", "source", "expected", "published", "measured", "status"]
+    header = ["claim", "source", "expected", "fails if", "published", "measured", "status"]
     table = "\n".join(markdown.table(header, ([_cell(r[h]) for h in header] for r in rows), padded=True)) \
         if rows else "(no claims)"
     lines = [
@@ -558,7 +608,9 @@ def render(results: list[Result]) -> str:
         "Each claim is computed from the newest ok/oom record per target (memory: NVML peak per GPU, "
         "the largest over the run's GPUs unless stated; time: median step). `published` is the same "
         "metric on the published rows where it names the tutorial or the two-GPU notes. NOT RUN: a "
-        "target it reads is not in the catalog yet, has no record, or its record failed. "
+        "target it reads is not in the catalog yet, has no record, or its record failed, or the records it "
+        "compares ran on different hosts. `fails if` is generated from the expectation: every claim can "
+        "fail (tests/test_checks.py builds, for each, a record set that makes it FAIL). "
         "The claims are data: configs/checks.yaml.",
         "",
         table,
@@ -577,7 +629,7 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
 
     root = Path(root) if root is not None else ROOT
     claims = load_claims(claims_path)
-    records = load_records(root / "results" / "runs")
+    records = load_records(root / "results" / "runs", lambda r: provenance.setup_key(r, root))
     results = evaluate_all(claims, records, catalog.catalog())
     text = render(results)
     path = root / OUTPUT

@@ -48,14 +48,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
+import statistics
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from megalab.harness import catalog
-from megalab.results import gpus, markdown
+from megalab.results import gpus, markdown, steptime
 from megalab.results.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
 
 GIB = 2**30
@@ -347,6 +349,7 @@ class Estimate:
     mfu: float
     step_ms: float
     tflops_per_gpu: float  # as Megatron reports it: model FLOPs / step / GPU
+    step: steptime.Features | None = None  # the step-time model's inputs (None under a constant MFU)
 
     @property
     def peak_gib(self) -> float:
@@ -401,14 +404,15 @@ def graph_memory_bytes(peak_bytes: float) -> float:
 
 
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
-             gpu_name: str | None = None, mfu: float = DEFAULT_MFU,
+             gpu_name: str | None = None, mfu: float | None = None,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
-             cuda_graph: bool = False) -> Estimate:
+             grouped_gemm: bool = False, cuda_graph: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
     spec: 'megalab' (SDPA attention, no s x s scores; also right for Transformer Engine) or 'local'
-    (Megatron's DotProductAttention). model_cfg overrides exp.model_cfg (a run record's preset)."""
+    (Megatron's DotProductAttention). model_cfg overrides exp.model_cfg (a run record's preset).
+    Step time: the model of megalab/results/steptime.py, or with `mfu` the old constant-MFU guess."""
     if spec not in SPECS:
         raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
     e = exp  # a catalog.Experiment (for a run record: rebuilt from its config)
@@ -482,7 +486,14 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     mem, peak = gpu_spec(name)
     fl = flops_breakdown(sh, gbs=e.gbs, tp=t, recompute=e.recompute)
     bubble = (p - 1) / (v * m) if p > 1 else 0.0
-    step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
+    features = None
+    if mfu is not None:  # the old guess, on request (plan --mfu)
+        step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
+    else:
+        features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
+                                 grouped_gemm=grouped_gemm)
+        step_s = steptime.step_seconds(features)
+        mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
         target=e.id, model=e.model, spec=spec, gpus=e.gpus, tp=t, pp=p, cp=cp, dp=dp, ep=ep, etp=etp,
         sp=e.sp, zero2=e.zero2, recompute=e.recompute, mbs=e.mbs, gbs=e.gbs, num_microbatches=m,
@@ -490,7 +501,86 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         stages=stages, per_layer_sbh=per_layer_sbh, seq=sh.seq, hidden=sh.h, gpu_name=name,
         gpu_mem_gib=gpu_mem_gib if gpu_mem_gib is not None else mem, peak_tflops=peak,
         flops_per_step=fl["model"], hw_flops_per_step=fl["hardware"], bubble=bubble, mfu=mfu,
-        step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12)
+        step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12, step=features)
+
+
+def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
+                  fused_adam: bool, grouped_gemm: bool) -> steptime.Features:
+    """The step-time model's inputs for a layout (megalab/results/steptime.py): per stage and micro-batch
+    its GEMM terms, kernel launches and in-micro-batch communication; per step the optimizer's HBM
+    traffic and the DP reduction. Datasheet bandwidths (gpus.py); nothing here is fitted."""
+    gpu = gpus.lookup(gpu_name) or gpus.default_gpu()
+    default = gpus.default_gpu()
+    peak = gpu.tflops_bf16 * 1e12
+    hbm = (gpu.hbm_tbps or default.hbm_tbps) * 1e12
+    link = gpu.link_gbps or default.link_gbps
+    t, p, cp, ep, etp = e.tp, e.pp, e.cp, e.ep, e.etp
+    b, s, h = e.mbs, sh.seq // cp, sh.h
+    gran, method, nrec = parse_recompute(e.recompute)
+    full = gran == "full"
+    act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
+    a_, b_, kernels, comm, calls, moe = [], [], [], [], [], []
+    for st in stages:
+        last = st.index == p - 1
+        layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=grouped_gemm,
+                                 layers=st.layers, last=False, vocab_padded=vpad)
+        passes = 4.0 if full else 3.0
+        ga, gb = steptime.gpu_terms(layer_g, peak, passes)
+        if gran == "selective":  # the core attention's forward again
+            ga2, gb2 = steptime.gpu_terms(layer_g[2:3], peak, 1.0)
+            ga, gb = ga + ga2, gb + gb2
+        if last:
+            la, lb = steptime.gpu_terms(steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=grouped_gemm,
+                                                       layers=0, last=True, vocab_padded=vpad)[-1:], peak, 3.0)
+            ga, gb = ga + la, gb + lb
+        a_.append(ga)
+        b_.append(gb)
+        per_layer = steptime.KERNELS_PER_LAYER * (4 / 3 if full else 1)
+        if sh.num_experts and not grouped_gemm:
+            per_layer += sh.num_experts / ep * steptime.KERNELS_PER_EXPERT
+        kernels.append(st.layers * per_layer)
+        # TP: 2 all-reduces per layer forward, 2 backward, 2 more in a recomputed forward (SP's
+        # reduce-scatter + all-gather move the same bytes)
+        c = st.layers * (6 if full else 4) * steptime.ring_allreduce_s(act, t, link)
+        n_calls = st.layers * (6 if full else 4) if t > 1 else 0
+        if cp > 1:
+            n_calls += st.layers * {"p2p": 3 * (cp - 1), "all_gather": 2}.get(e.cp_comm or "p2p", 8)
+            kv_chunk = 2 * 2 * b * s * sh.kv / t  # K and V of s/cp tokens, bf16
+            mode = e.cp_comm or "p2p"
+            if mode == "p2p":
+                c += st.layers * 3 * (cp - 1) * kv_chunk / (link * 1e9)  # forward ring, backward K/V + dK/dV
+            elif mode == "all_gather":
+                c += st.layers * 2 * steptime.one_way_s(kv_chunk * cp, cp, link)
+            else:  # a2a: q, k, v, output forward and their gradients backward
+                c += st.layers * 8 * steptime.one_way_s(2 * b * s * h / t, cp, link)
+        if sh.num_experts and ep * etp > 1:  # dispatch + combine, forward and backward
+            c += st.layers * 4 * steptime.one_way_s(2 * b * s * sh.topk * h * etp, ep * etp, link)
+            n_calls += st.layers * 4
+        if p > 1:  # activations forward and their gradients backward, per virtual chunk
+            c += 2 * v * act / (link * 1e9)
+            n_calls += 2 * v
+        comm.append(c)
+        calls.append(n_calls)
+        moe.append(st.layers if sh.num_experts else 0)
+    busiest = max(stages, key=lambda st: st.params)
+    expert_dp = max(1, e.gpus // (p * ep * etp))
+    opt_params = busiest.optimizer_bytes / BYTES_OPTIMIZER  # the parameters this GPU updates
+    opt_bytes = steptime.OPT_BYTES_FUSED if fused_adam else steptime.OPT_BYTES_FOREACH
+    optimizer_s = (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
+    dp = e.dp * cp
+    dp_comm = 0.0
+    if dp > 1 or expert_dp > 1:
+        n = dp if not sh.num_experts else max(dp, expert_dp)
+        grads = busiest.params * steptime.GRAD_REDUCE_BYTES
+        if e.zero2:  # reduce-scatter the grads, all-gather the bf16 weights
+            dp_comm = steptime.one_way_s(grads, n, link) + \
+                steptime.one_way_s(busiest.params * steptime.PARAM_GATHER_BYTES, n, link)
+        else:
+            dp_comm = steptime.ring_allreduce_s(grads, n, link)
+    slots = e.num_microbatches + ((p - 1) / v if p > 1 else 0.0)
+    return steptime.Features(a=tuple(a_), b=tuple(b_), kernels=tuple(kernels), comm_s=tuple(comm),
+                             calls=tuple(calls), moe_layers=tuple(moe), slots=slots,
+                             optimizer_s=optimizer_s, dp_comm_s=dp_comm)
 
 
 def flops_breakdown(sh: Shape, *, gbs: int, tp: int = 1, recompute: str = "none") -> dict[str, float]:
@@ -575,14 +665,25 @@ def render(est: Estimate) -> str:
     bub = f" x (1 + bubble {e.bubble:.2f})" if e.bubble else ""
     lines.append(f"flops        {e.flops_per_step / 1e12:.1f} TFLOP per step (Megatron num_floating_point_operations)"
                  f"{extra}")
-    lines.append(f"time         {e.step_ms:.0f} ms per step at {e.mfu:.0%} of {e.peak_tflops:.0f} TFLOP/s{bub}: "
-                 f"{e.tflops_per_gpu:.0f} TFLOP/s/GPU as Megatron reports it")
+    lines.append(f"time         {e.step_ms:.0f} ms per step{bub} (GEMMs by size, kernel launches, optimizer traffic, "
+                 f"communication: megalab/results/steptime.py): {e.tflops_per_gpu:.0f} TFLOP/s/GPU as Megatron "
+                 f"reports it, {e.mfu:.0%} of {e.peak_tflops:.0f}")
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- validation
 
 RECORD_DIRS = ("results/runs", "results/bench/runs")
+# The split of the records into a calibration set and a held-out set, fixed: a record is held out when
+# the SHA-1 of its target id (a bench variant such as 101-...gbs4 is a target of its own) is 0 modulo
+# HELD_OUT_EVERY. Every run of a target falls on one side. Only the calibration set may fit a constant.
+HELD_OUT_EVERY = 3
+CALIBRATION, HELD_OUT = "calibration", "held-out"
+
+
+def split(target: str) -> str:
+    """CALIBRATION or HELD_OUT for a target id (fixed, documented above)."""
+    return HELD_OUT if int(hashlib.sha1(target.encode()).hexdigest(), 16) % HELD_OUT_EVERY == 0 else CALIBRATION
 # Rows further off than this get a note saying where the difference sits (from the run's own figures).
 NOTE_ABOVE = 0.05
 
@@ -607,9 +708,9 @@ def record_capacity_gib(rec: dict) -> float:
 
 def estimate_record(rec: dict) -> Estimate:
     lay, preset, spec = _record_layout(rec)
-    fused = "fused_adam" in ((rec.get("config") or {}).get("fastpath") or "")
+    fast = (rec.get("config") or {}).get("fastpath") or ""
     return estimate(lay, spec=spec, gpu_name=rec.get("gpu_name"), gpu_mem_gib=record_capacity_gib(rec),
-                    model_cfg=preset, fused_adam=fused)
+                    model_cfg=preset, fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast)
 
 
 def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
@@ -748,7 +849,7 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
         err = (est.peak_gib - meas) / meas
         ok = (not est.fits) if oom else abs(err) <= 0.10
         rows.append({
-            "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status,
+            "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status, "set": split(rec.target),
             "spec": est.spec, "gpu": rec.gpu_name or "?", "gpus": est.gpus,
             "layout": _layout_text(est), "capacity_gib": est.gpu_mem_gib,
             "pred_gib": est.peak_gib, "meas_gib": meas, "err": None if oom else err,
@@ -758,6 +859,42 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
             "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec.raw, est, mem),
         })
     return rows
+
+
+def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
+    """Every committed ok run with a step time the model covers: predicted (the stored constants) and
+    measured ms, its set, and the model's inputs (for fitting). Profiled runs (their timers slow the
+    step), CUDA graphs and extra flags are left out, as for memory."""
+    root = Path(root) if root is not None else catalog.ROOT
+    rows = []
+    for d, rec in _committed_records(root):
+        if rec.raw.get("fixture") or not rec.config or rec.status != "ok" or rec.step_ms_median is None:
+            continue
+        if rec.target.startswith("profile-") or not_modelled(rec.raw):
+            continue
+        est = estimate_record(rec.raw)
+        old = estimate(_record_layout(rec.raw)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
+                       model_cfg=_record_layout(rec.raw)[1])
+        rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": split(rec.target),
+                     "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
+                     "features": est.step, "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
+                     "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1})
+    return rows
+
+
+def fit_steptime(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """steptime's four constants fitted on the calibration rows only (the held-out rows never enter)."""
+    calib = [r for r in rows if r["set"] == CALIBRATION]
+    return steptime.fit([r["features"] for r in calib], [r["meas_ms"] / 1e3 for r in calib])
+
+
+def error_summary(errs: list[float]) -> str:
+    """'median |error| 12% and worst -40% over 31 runs' (errors as fractions, signed)."""
+    if not errs:
+        return "no runs"
+    worst = max(errs, key=abs)
+    return (f"median |error| {statistics.median(abs(e) for e in errs):.1%}, worst {worst:+.1%} "
+            f"over {len(errs)} run{'s' * (len(errs) != 1)}")
 
 
 def _layout_text(est: Estimate) -> str:
@@ -790,10 +927,13 @@ def _validation_cells(r: dict[str, Any]) -> list[str]:
             f"{r['pred_alloc_mb']:.0f} / {meas_alloc}", "fits" if r["fits"] else "does not fit", verdict, r["note"]]
 
 
-def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> str:
-    """Markdown: predicted vs measured peak memory (max over GPUs) for every committed record
-    (`rows`: validation_rows(records_root), when the caller already has them)."""
+def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]] | None = None,
+                     steps: list[dict[str, Any]] | None = None) -> str:
+    """Markdown: predicted vs measured peak memory (max over GPUs) and step time for every committed
+    record, each on the calibration and the held-out set (`rows`, `steps`: validation_rows and
+    step_rows of records_root, when the caller already has them)."""
     rows = validation_rows(records_root) if rows is None else rows
+    steps = step_rows(records_root) if steps is None else steps
     ran = [r for r in rows if r["status"] == "ok"]
     ooms = [r for r in rows if r["status"] == "oom"]
     misses = [r for r in rows if not r["ok"]]
@@ -819,11 +959,25 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
         + f"; {sum(r['ok'] for r in ooms)} of {len(ooms)} out-of-memory runs predicted not to fit"
         + (f"; misses: {', '.join(r['target'] for r in misses)}" if misses else "") + ".**",
         "",
+        "## Calibration and held-out records",
+        "",
+        f"The records are split once, by target: a run is held out when the SHA-1 of its target id is 0 "
+        f"modulo {HELD_OUT_EVERY} (`estimate.split`; a bench variant such as `101-...gbs4` is a target of its "
+        "own), so every run of a target sits on one side. Memory: the allowances above (CUDA_CONTEXT_MIB, "
+        "NCCL_*, ALLOCATOR_SLACK, RING_STRANDED_CHUNKS_PER_STEP) were set by hand before this split, from "
+        "all the records, so the held-out memory error is not a clean out-of-sample figure; the step-time "
+        "model's constants are fitted on the calibration set only.",
+        "",
     ]
+    for which in (CALIBRATION, HELD_OUT):
+        errs = [r["err"] for r in ran if r["set"] == which]
+        out.append(f"- memory, {which}: {error_summary(errs)}")
+    out += [""]
     out += markdown.table(
         ["run", "spec", "GPUs", "layout", "capacity GiB", "predicted GiB", "measured GiB", "error",
          "alloc MB pred / Megatron", "predicted", "verdict", "where the difference sits"],
         (_validation_cells(r) for r in rows), [None] * 4 + ["right"] * 5 + [None] * 3)
+    out += step_section(steps)
     skipped = left_out(Path(records_root) if records_root is not None else catalog.ROOT)
     if skipped:
         out += ["", f"Not validated ({len(skipped)} runs outside what the estimator models; the benchmark's "
@@ -844,12 +998,49 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
     return "\n".join(out) + "\n"
 
 
-def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None = None) -> Path:
+def step_section(steps: list[dict[str, Any]]) -> list[str]:
+    """The page's step-time part: the model, its constants (stored and refitted), error per set, rows."""
+    consts = steptime.fitted()
+    refit = fit_steptime(steps) if any(r["set"] == CALIBRATION for r in steps) else consts
+    out = [
+        "",
+        "## Step time",
+        "",
+        "Predicted step time from `megalab/results/steptime.py` (not a constant MFU): every GEMM at "
+        "`peak x GEMM_EFF_MAX x mnk / (mnk + GEMM_HALF_MNK)` (forward once, backward twice, recomputed "
+        "forwards again), the stage's kernel launches at LAUNCH_US each (a micro-batch takes the larger of "
+        "GPU and CPU time: small batches are launch-bound), tensor/context/expert-parallel traffic by bytes "
+        "over the datasheet link bandwidth, the pipeline's (m + (p - 1)/v) slots, the optimizer's HBM traffic, "
+        "the DP reduction the backward does not hide, COMM_CALL_US per collective or p2p call, MOE_LAYER_MS "
+        "per MoE layer and micro-batch, and STEP_OVERHEAD_MS per step. Fitted on the calibration set only "
+        "(mean |log(predicted / measured)|, coordinate descent on the constants' logarithms): "
+        + ", ".join(f"{k}={consts[k]:g}" for k in steptime.CONSTANTS)
+        + (" (a refit on today's calibration records gives the same)." if refit == consts else
+           " (a refit on today's calibration records gives " + ", ".join(f"{k}={refit[k]:g}" for k in steptime.CONSTANTS)
+           + ": store them in steptime.py)."),
+        "",
+    ]
+    for which in (CALIBRATION, HELD_OUT):
+        rows = [r for r in steps if r["set"] == which]
+        out.append(f"- step time, {which}: {error_summary([r['err'] for r in rows])}; the old constant "
+                   f"{DEFAULT_MFU:.0%} MFU guess on the same runs: "
+                   f"{error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in rows])}")
+    out += ["", *markdown.table(
+        ["run", "set", "GPUs", "layout", "predicted ms", "measured ms", "error", f"{DEFAULT_MFU:.0%} MFU ms"],
+        ([f"{r['run'].split('/')[-1]} ({'bench' if '/bench/' in r['run'] else 'runs'})", r["set"],
+          f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}", r["layout"], f"{r['pred_ms']:.0f}",
+          f"{r['meas_ms']:.0f}", f"{r['err']:+.1%}", f"{r['mfu_ms']:.0f}"] for r in steps),
+        [None] * 4 + ["right"] * 4)]
+    return out
+
+
+def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None = None,
+                     steps: list[dict[str, Any]] | None = None) -> Path:
     from megalab.results.markdown import write_atomic
 
     root = Path(root) if root is not None else catalog.ROOT
     path = root / "results" / "estimate-vs-measured.md"
-    write_atomic(path, validation_table(root, rows))
+    write_atomic(path, validation_table(root, rows, steps))
     return path
 
 
@@ -866,7 +1057,7 @@ def cli(argv: list[str] | None = None) -> int:
                     help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
     ap.add_argument("--spec", choices=SPECS, default="megalab")
     ap.add_argument("--gpu", default=None, help="GPU name (default: H100 80GB)")
-    ap.add_argument("--mfu", type=float, default=DEFAULT_MFU)
+    ap.add_argument("--mfu", type=float, default=None, help="step time at this constant MFU instead of the model")
     ap.add_argument("--validate", action="store_true", help="write results/estimate-vs-measured.md")
     ap.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another tree
     try:
@@ -875,7 +1066,10 @@ def cli(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     if args.validate:
         rows = validation_rows(args.root)
-        path = write_validation(args.root, rows)
+        steps = step_rows(args.root)
+        path = write_validation(args.root, rows, steps)
+        held = [r["err"] for r in steps if r["set"] == HELD_OUT]
+        print(f"megalab plan: step time on the held-out runs: {error_summary(held)}")
         ran = [r for r in rows if r["status"] == "ok"]
         ooms = [r for r in rows if r["status"] == "oom"]
         worst = max(ran, key=lambda r: abs(r["err"]), default=None)

@@ -1,4 +1,5 @@
-"""The one GPU datasheet table: dense bf16 peak, memory as sold and as NVML reports it, a short name.
+"""The one GPU datasheet table: dense bf16 peak, memory as sold and as NVML reports it, HBM and GPU-to-GPU
+link bandwidth, a short name.
 
 MFU (the record, the tables), the estimator's memory and step time, and the bench page's ceiling all
 read it here, so a new GPU is one line. Lookup is by the NVML name (`NVIDIA H100 80GB HBM3`,
@@ -16,6 +17,8 @@ class GPU:
     tflops_bf16: float  # dense (no sparsity) bf16 peak, vendor datasheet
     memory_gb: int  # as sold (decimal GB)
     memory_mib: int | None = None  # what NVML reports as total where measured; None: unknown
+    hbm_tbps: float | None = None  # HBM bandwidth, TB/s (vendor datasheet)
+    link_gbps: float | None = None  # GPU-to-GPU bandwidth per direction, GB/s: NVLink's total / 2, else PCIe
 
     @property
     def memory_gib(self) -> float:
@@ -24,16 +27,18 @@ class GPU:
 
 
 GPUS: tuple[GPU, ...] = (
-    GPU("H100 80GB", ("H100",), 989.0, 80, 81559),
-    GPU("H200", ("H200",), 989.0, 141, 143771),  # same compute as the H100, more and faster memory
-    GPU("GH200", ("GH200",), 989.0, 96),
-    GPU("H800", ("H800",), 989.0, 80),
-    GPU("A100 80GB", ("A100", "80GB"), 312.0, 80, 81920),
-    GPU("A100 40GB", ("A100", "40GB"), 312.0, 40, 40960),
-    GPU("A100", ("A100",), 312.0, 40, 40960),  # a name that does not say its memory
-    GPU("B200", ("B200",), 2250.0, 192),
-    GPU("L40S", ("L40S",), 362.0, 48),
-    GPU("A10", ("A10",), 125.0, 24),
+    # SXM parts: NVLink 4 is 900 GB/s per GPU in both directions together (450 each way), NVLink 3 600,
+    # the H800's 400, NVLink 5 1800; PCIe cards: Gen4 x16, 32 GB/s each way.
+    GPU("H100 80GB", ("H100",), 989.0, 80, 81559, hbm_tbps=3.35, link_gbps=450),
+    GPU("H200", ("H200",), 989.0, 141, 143771, hbm_tbps=4.8, link_gbps=450),  # the H100's compute, more/faster memory
+    GPU("GH200", ("GH200",), 989.0, 96, hbm_tbps=4.0, link_gbps=450),
+    GPU("H800", ("H800",), 989.0, 80, hbm_tbps=3.35, link_gbps=200),
+    GPU("A100 80GB", ("A100", "80GB"), 312.0, 80, 81920, hbm_tbps=2.039, link_gbps=300),
+    GPU("A100 40GB", ("A100", "40GB"), 312.0, 40, 40960, hbm_tbps=1.555, link_gbps=300),
+    GPU("A100", ("A100",), 312.0, 40, 40960, hbm_tbps=1.555, link_gbps=300),  # a name that does not say its memory
+    GPU("B200", ("B200",), 2250.0, 192, hbm_tbps=8.0, link_gbps=900),
+    GPU("L40S", ("L40S",), 362.0, 48, hbm_tbps=0.864, link_gbps=32),
+    GPU("A10", ("A10",), 125.0, 24, hbm_tbps=0.6, link_gbps=32),
 )
 
 # The GPU a plan assumes when none is named, and the card GPU_MEM_GB=N caps against: N nominal GB are

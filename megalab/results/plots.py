@@ -53,7 +53,7 @@ MARKERS = {
 }
 COLUMNS = ["source", "analogue", "row", "target", "model", "seq", "gbs", "mbs", "gpus", "dp", "tp",
            "pp", "cp", "cp_comm", "ep", "etp", "experts", "zero2", "recompute", "m", "v", "scaling",
-           "mem_gpu", "mem_total", "oom", "step_ms", "gpu", "te"]
+           "mem_gpu", "mem_total", "oom", "step_ms", "gpu", "te", "host"]
 
 
 # --------------------------------------------------------------------------- points
@@ -79,13 +79,13 @@ def _published(ref: pd.Series, kind: str, gpus: int) -> dict:
     if kind == "twogpu":  # MiB per GPU, GPU 0 and GPU 1
         mem = [v / 1024 for i in range(min(gpus, 2)) if (v := run_records.num(ref[f"mem_mib_gpu{i}"])) is not None]
         oom = False
-    else:  # GB per GPU (the largest), or 'oom'
+    else:  # nvidia-smi MiB / 1000 per GPU (the largest), or 'oom': in GiB like ours (chapter.REF_GB_TO_GIB)
         text = str(ref["mem_gb_per_gpu"]).strip().lower()
         oom = text == "oom"
         one = run_records.num(text)
-        mem = [] if one is None else [one] * gpus
+        mem = [] if one is None else [one * chapters.REF_GB_TO_GIB] * gpus
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None,
-            "oom": oom, "step_ms": run_records.num(ref["step_ms"]), "gpu": None, "te": True}
+            "oom": oom, "step_ms": run_records.num(ref["step_ms"]), "gpu": None, "te": True, "host": "published"}
 
 
 def _ours(rec: dict) -> dict:
@@ -94,7 +94,7 @@ def _ours(rec: dict) -> dict:
     mem = [] if oom else list(r.mem_peak_gib)
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None, "oom": oom,
             "step_ms": r.measured[0], "gpu": gpus.short_gpu_name(r.gpu_name),
-            "te": r.transformer_impl == "transformer_engine"}
+            "te": r.transformer_impl == "transformer_engine", "host": r.hostname or "unknown"}
 
 
 def points(ctx: chapters.Context) -> pd.DataFrame:
@@ -171,7 +171,8 @@ def _no_sharing(d: pd.DataFrame) -> Lines:
 def _efficiency(want: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
     def data(pts: pd.DataFrame) -> pd.DataFrame:
         d = pts[(pts["scaling"] == want) & pts["step_ms"].notna()].copy()
-        key = ["source", "gbs"] + (["model"] if want == "strong" else [])
+        # a point divides by the TP=1 run of its own host only (host: 'published' for the reference)
+        key = ["source", "host", "gbs"] + (["model"] if want == "strong" else [])
         base = d[d["tp"] == 1].drop_duplicates(key).set_index(key)["step_ms"]
         d = d.join(base.rename("base"), on=key).dropna(subset=["base"])
         if d.empty:
@@ -192,8 +193,9 @@ CP_MODES = ["p2p", "all_gather", "a2a"]  # Megatron's --cp-comm-type, in the tut
 
 
 def _cp_speedup(pts: pd.DataFrame) -> pd.DataFrame:
-    # Speedup of each CP run over the CP=1 run of the same model and sequence, from the same source.
-    key = ["source", "model", "seq"]
+    # Speedup of each CP run over the CP=1 run of the same model and sequence, from the same source
+    # and host (a ratio of two hosts' runs is not drawn).
+    key = ["source", "host", "model", "seq"]
     d = pts[pts["step_ms"].notna()].copy()
     d["seq"] = d["seq"].fillna(-1)  # an unknown sequence length groups with itself
     base = d[d["cp"] == 1].drop_duplicates(key).set_index(key)["step_ms"]
@@ -243,7 +245,7 @@ def _moe_memory(pts: pd.DataFrame) -> pd.DataFrame:
 
 FIGURES = [
     Figure(1, "memory", "Ch. 1: memory over all GPUs vs DP, with and without ZeRO-2", "data-parallel size (GPUs)",
-           "memory, sum over GPUs (GB)", _dp_memory, _no_sharing,
+           "memory, sum over GPUs (GiB)", _dp_memory, _no_sharing,
            "no sharing: DP × the DP=1 memory"),
     Figure(2, "weak-scaling", "Ch. 2: weak scaling (the model grows with TP)", "tensor-parallel size",
            "weak-scaling efficiency, TP1 ms / TPN ms (%)", _efficiency("weak"), _ideal(100), "ideal"),
@@ -255,7 +257,7 @@ FIGURES = [
            "step time (ms)", _pp_steps, _bubble_model,
            "bubble model: t_c · (1 + (p − 1)/m), fitted at the smallest m", log2_x=True),
     Figure(5, "moe-memory", "Ch. 5: MoE memory per GPU vs number of experts", "experts per MoE layer",
-           "memory per GPU (GB)", _moe_memory),
+           "memory per GPU (GiB)", _moe_memory),
 ]
 
 

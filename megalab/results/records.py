@@ -136,10 +136,24 @@ class RunRecord:
     # ---- derived ---------------------------------------------------------------------------------
     @property
     def measured(self) -> tuple[float | None, ...]:
-        """(median ms, p10, p90, TFLOP/s/GPU, MFU); all None unless the steps are valid (MEASURED)."""
+        """(median ms, p10, p90, TFLOP/s/GPU, MFU); all None unless the steps are valid (MEASURED). The
+        median is the median of the runs' medians where repeats exist (`runs`); the rest are this run's."""
         if self.status not in MEASURED:
             return (None,) * 5
-        return (self.step_ms_median, self.step_ms_p10, self.step_ms_p90, self.tflops_per_gpu, self.mfu)
+        return (self.step_ms, self.step_ms_p10, self.step_ms_p90, self.tflops_per_gpu, self.mfu)
+
+    @property
+    def runs(self) -> dict | None:
+        """Spread across repeated runs (records.repeats), set by load_records; None for one run."""
+        r = self.raw.get("_runs")
+        return r if isinstance(r, dict) and (r.get("n") or 0) >= 2 else None
+
+    @property
+    def step_ms(self) -> float | None:
+        """The row's step time: the median of the runs' medians where repeats exist, else this run's."""
+        if self.status not in MEASURED:
+            return None
+        return self.runs["median_ms"] if self.runs else self.step_ms_median
 
     @property
     def gpu_mem_cap(self) -> Any:
@@ -189,8 +203,37 @@ def read_records(root: Path, who: str | None, pattern: str = "*/run.json") -> It
                 print(f"{who}: skipping {path}: {why}", file=sys.stderr)
 
 
-def load_records(root: Path) -> dict[str, dict]:
-    """Newest record per target from ROOT/*/run.json, as its raw dict (`_concurrent` added).
+def setup_key(rec: RunRecord) -> tuple:
+    """What makes two runs of one target repeats of the same measurement: the same host and GPUs, the
+    same megalab commit and the same settings (fast path, CUDA graph, extra flags, cap, warm-up).
+    Pages pass a key that reads "the same code" from git instead of the commit (provenance.setup_key)."""
+    return (rec.hostname, rec.versions.get("megalab_commit"), *settings(rec))
+
+
+def settings(rec: RunRecord) -> tuple:
+    c = rec.config
+    return (rec.gpu_name, rec.num_gpus, c.get("transformer_impl"), c.get("spec"), c.get("fastpath"),
+            c.get("cuda_graph"), c.get("extra_args"), c.get("gpu_mem_gb"), rec.raw.get("warmup_iters"))
+
+
+def repeats(chosen: RunRecord, recs: Iterable[RunRecord], setup=setup_key) -> dict | None:
+    """Spread across runs: the ok runs of chosen's target with chosen's setup key, when there are two
+    or more: n, the median of the runs' median step times, their lowest and highest, and the runs."""
+    key = setup(chosen)
+    same = [r for r in recs if r.target == chosen.target and r.status == "ok" and r.step_ms_median is not None
+            and setup(r) == key]
+    if chosen.status != "ok" or len(same) < 2:
+        return None
+    ms = sorted(r.step_ms_median for r in same)
+    mid = len(ms) // 2
+    median = ms[mid] if len(ms) % 2 else (ms[mid - 1] + ms[mid]) / 2
+    return {"n": len(ms), "median_ms": median, "lo_ms": ms[0], "hi_ms": ms[-1],
+            "runs": sorted(r.run_dir.name for r in same if r.run_dir is not None)}
+
+
+def load_records(root: Path, setup=setup_key) -> dict[str, dict]:
+    """Newest record per target from ROOT/*/run.json, as its raw dict (`_concurrent` added, and
+    `_runs` (repeats()) where several ok runs of the target share its setup key).
 
     Per target: the newest (by `started`) record whose status is ok or oom; if it has none, the
     newest record of any status. Unreadable or malformed files are skipped with a warning on stderr.
@@ -201,7 +244,13 @@ def load_records(root: Path) -> dict[str, dict]:
     out = {}
     for target, recs in sorted(by_target.items()):
         usable = [r for r in recs if r[2].status in USABLE]
-        out[target] = max(usable or recs, key=lambda r: (r[0], r[1]))[2].raw
+        chosen = max(usable or recs, key=lambda r: (r[0], r[1]))[2]
+        out[target] = chosen.raw
+        runs = repeats(chosen, [r[2] for r in recs], setup)
+        if runs:
+            out[target]["_runs"] = runs
+        else:
+            out[target].pop("_runs", None)
     mark_shared(out.values(), Path(root).parent)
     return out
 

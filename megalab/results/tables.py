@@ -39,9 +39,9 @@ import pandas as pd
 
 from megalab.harness import catalog
 from megalab.harness.catalog import ROOT
-from megalab.results import markdown, plots
+from megalab.results import markdown, plots, provenance
 from megalab.results.chapter import (  # noqa: F401  (tables.X kept for callers and tests)
-    MISSING as _MISSING, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
+    MISSING as _MISSING, REF_GB_TO_GIB, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
     load_twogpu_reference, measured as _measured, reference_kind, row_id as _row_id, scaling_series,
     virtual_stages)
 from megalab.results.gpus import nominal_gb_to_gib, short_gpu_name
@@ -56,14 +56,21 @@ RIG_GPUS = 2
 
 NO_REF = "—"  # reference cell of an analogue row: there is no published number
 
+UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes) unless its column says otherwise; "
+             "`ref GB (pub.)` is the published figure as printed (nvidia-smi MiB / 1000, see "
+             "[configs/reference](../configs/reference/README.md#memory-unit)), `ref GiB` the same "
+             "converted (× 1000 / 1024), which Δ compares with.")
+
 FOOTNOTES = [
-    "Δ is ours − published: GiB for memory, percent of the published step time for ms "
-    "(+ means we are slower).",
+    "Δ is ours − published: GiB for memory (ours against `ref GiB`), percent of the published step "
+    "time for ms (+ means we are slower).",
     "Memory is the peak per GPU over the whole run (GiB, NVML used memory as nvidia-smi shows it), "
     "the largest over the run's GPUs; `a / b` is GPU 0 / GPU 1 where they differ by more than 1 GiB "
     "(`lo–hi` with more GPUs).",
-    "Step times are the median over steps after warm-up, with the 10th–90th percentile range; "
-    "MFU is TFLOP/s/GPU over the GPU's dense bf16 peak.",
+    "Step times are the median over steps after warm-up, with the 10th–90th percentile range of that "
+    "run's steps; where a target has several ok runs on one host with the same code and settings, "
+    "`our ms` is the median of the runs' medians and `runs` gives their number and range (lowest–highest "
+    "median), else `runs` is 1. MFU is TFLOP/s/GPU over the GPU's dense bf16 peak (newest run).",
     "`~Rn` rows are 2-GPU analogues of published row Rn: they show the same trend on fewer GPUs "
     "and have no published number of their own (—).",
 ]
@@ -71,9 +78,12 @@ FOOTNOTES = [
 
 # --------------------------------------------------------------------------- inputs
 
-def load_records(root: Path | None = None) -> dict[str, dict]:
-    """Newest usable record per target (records.load_records) from ROOT, default results/runs."""
-    return _records.load_records(Path(root) if root is not None else RUNS_DIR)
+def load_records(root: Path | None = None, tree: Path | None = None) -> dict[str, dict]:
+    """Newest usable record per target (records.load_records) from ROOT, default results/runs; repeats
+    are grouped by host, settings and code as git sees it in TREE (default: this checkout)."""
+    tree = Path(tree) if tree is not None else ROOT
+    return _records.load_records(Path(root) if root is not None else RUNS_DIR,
+                                 lambda r: provenance.setup_key(r, tree))
 
 
 def _started_key(rec: dict) -> float:
@@ -173,9 +183,19 @@ def _status(rec: dict | None, exp: catalog.Experiment, ref_oom: bool) -> str:
     return st
 
 
-def _measure_cells(rec: dict | None) -> dict[str, str]:
+def fmt_runs(rec: dict | None) -> str:
+    """'1', or 'n (lo–hi)' across repeated runs (records.repeats); empty without a measured record."""
+    if rec is None or _measured(rec)[0] is None:
+        return ""
+    runs = RunRecord.of(rec).runs
+    return "1" if not runs else f"{runs['n']} ({_fixed(runs['lo_ms'], 0)}–{_fixed(runs['hi_ms'], 0)})"
+
+
+def _measure_cells(rec: dict | None, ctx: Context) -> dict[str, str]:
     ms, p10, p90, tflops, mfu = _measured(rec)
     return {
+        "runs": fmt_runs(rec),
+        "provenance": "" if rec is None else provenance.of(rec, ctx.tree).cell,
         "our ms": "" if ms is None else _fixed(ms, 0),
         "our p10–p90 ms": f"{_fixed(p10, 0)}–{_fixed(p90, 0)}" if (p10 is not None and p90 is not None) else "",
         "TFLOP/s/GPU": "" if tflops is None else _fixed(tflops, 0),
@@ -243,15 +263,43 @@ def allreduce_mb_per_call(exp: catalog.Experiment) -> float | None:
     return 2 * exp.mbs * exp.seq_length * int(exp.model_cfg["hidden_size"]) / 1e6
 
 
+OTHER_HOST = "≠host"  # a ratio of two of our rows whose records ran on different hosts: not made
+
+OTHER_HOST_NOTE = (f"`{OTHER_HOST}`: the two runs this ratio would divide ran on different hosts (the records' "
+                   "`hostname`), so it is not given: identical commands differ by 5–23% between hosts.")
+
+
+class _OtherHost(Exception):
+    pass
+
+
+def same_host(ctx: Context, a: catalog.Experiment, b: catalog.Experiment) -> bool:
+    """False when both rows' records name their host and the hosts differ (every launcher-written
+    record has `hostname`; a record without one cannot be told apart and is not flagged)."""
+    ha, hb = ctx.host(a), ctx.host(b)
+    return ha is None or hb is None or ha == hb
+
+
 def _efficiency(exp: catalog.Experiment, ctx: Context, want: str, ms_of: Callable) -> float | None:
     series = scaling_series(exp, ctx.exps)
     if series is None or series[0] != want:
         return None
     ms = ms_of(exp)
-    base = next((v for v in (ms_of(e) for e in series[1] if e.tp == 1) if v is not None), None)
+    base_exp = next((e for e in series[1] if e.tp == 1 and ms_of(e) is not None), None)
+    base = None if base_exp is None else ms_of(base_exp)
     if ms is None or base is None or ms <= 0:
         return None
+    if ms_of == ctx.our_ms and not same_host(ctx, exp, base_exp):
+        raise _OtherHost
     return base / ms if want == "weak" else base / (exp.tp * ms)
+
+
+def _ours(fn: Callable[[], Any]) -> Any:
+    """fn() for our side of a ratio; OTHER_HOST where its two runs ran on different hosts."""
+    try:
+        return fn()
+    except _OtherHost:
+        return OTHER_HOST
 
 
 def _ref_and_ours(ref: str | None, ours: str | None) -> str | None:
@@ -260,14 +308,18 @@ def _ref_and_ours(ref: str | None, ours: str | None) -> str | None:
     return f"{ref or NO_REF} / {ours or NO_REF}"
 
 
+def _pct_or_mark(v: Any) -> str | None:
+    return v if isinstance(v, str) or v is None else f"{_fixed(v * 100, 0)}%"
+
+
 def _weak_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
-    vals = [_efficiency(exp, ctx, "weak", f) for f in (ctx.ref_ms, ctx.our_ms)]
-    return _ref_and_ours(*(None if v is None else f"{_fixed(v * 100, 0)}%" for v in vals))
+    vals = [_ours(lambda f=f: _efficiency(exp, ctx, "weak", f)) for f in (ctx.ref_ms, ctx.our_ms)]
+    return _ref_and_ours(*(_pct_or_mark(v) for v in vals))
 
 
 def _strong_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
-    vals = [_efficiency(exp, ctx, "strong", f) for f in (ctx.ref_ms, ctx.our_ms)]
-    return _ref_and_ours(*(None if v is None else _fixed(v, 2) for v in vals))
+    vals = [_ours(lambda f=f: _efficiency(exp, ctx, "strong", f)) for f in (ctx.ref_ms, ctx.our_ms)]
+    return _ref_and_ours(*(v if isinstance(v, str) or v is None else _fixed(v, 2) for v in vals))
 
 
 def _bubble_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
@@ -285,9 +337,11 @@ def _speedup_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
     base = recompute_baseline(exp, ctx.exps)
     if base is None:
         return None
-    vals = [(b / ms if (b is not None and ms) else None) for b, ms in
-            ((f(base), f(exp)) for f in (ctx.ref_ms, ctx.our_ms))]
-    return _ref_and_ours(*(None if v is None else f"{_fixed(v, 2)}x" for v in vals))
+    vals: list[Any] = [(b / ms if (b is not None and ms) else None) for b, ms in
+                       ((f(base), f(exp)) for f in (ctx.ref_ms, ctx.our_ms))]
+    if vals[1] is not None and not same_host(ctx, base, exp):
+        vals[1] = OTHER_HOST
+    return _ref_and_ours(*(v if isinstance(v, str) or v is None else f"{_fixed(v, 2)}x" for v in vals))
 
 
 def _experts_per_gpu(exp: catalog.Experiment, ctx: Context) -> str | None:
@@ -378,13 +432,13 @@ def chapter_columns(chapter: int) -> list[Column]:
 # --------------------------------------------------------------------------- columns
 
 ANCHOR_LAYOUT = ["Row", "make target", "model", "GBS", "MBS", "seq", "GPUs", "DP"]
-ANCHOR_RESULT = ["ref GB/GPU", "our GB/GPU", "Δ GB", "ref ms", "our ms", "Δ ms", "our p10–p90 ms",
-                 "TFLOP/s/GPU", "MFU"]
+ANCHOR_RESULT = ["ref GB (pub.)", "ref GiB", "our GiB", "Δ GiB", "ref ms", "our ms", "Δ ms", "our p10–p90 ms",
+                 "runs", "TFLOP/s/GPU", "MFU"]
 TWOGPU_LAYOUT = ["Row", "make target", "idea", "GBS", "MBS"]
 TWOGPU_RESULT = ["ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB", "ref ms",
-                 "our ms", "Δ ms", "our p10–p90 ms", "TFLOP/s/GPU", "MFU"]
-TAIL = ["hardware", "status"]
-_LEFT = {"Row", "make target", "model", "idea", "hardware", "status"}
+                 "our ms", "Δ ms", "our p10–p90 ms", "runs", "TFLOP/s/GPU", "MFU"]
+TAIL = ["hardware", "provenance", "status"]
+_LEFT = {"Row", "make target", "model", "idea", "hardware", "provenance", "status"}
 
 
 def columns(chapter: int) -> list[str]:
@@ -437,20 +491,22 @@ def _anchor_cells(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
         "GBS": str(exp.gbs), "MBS": str(exp.mbs), "seq": _try(lambda: exp.seq_length),
         "GPUs": str(exp.gpus), "DP": str(exp.dp),
     }
+    ref_gib = None if ref_mem is None else ref_mem * REF_GB_TO_GIB
     if exp.ref:
-        cells["ref GB/GPU"] = "oom" if ref_oom else ("" if ref_mem is None else _fixed(ref_mem, 1))
+        cells["ref GB (pub.)"] = "oom" if ref_oom else ("" if ref_mem is None else ref_mem_text)
+        cells["ref GiB"] = "oom" if ref_oom else ("" if ref_gib is None else _fixed(ref_gib, 1))
         cells["ref ms"] = "" if ref_ms is None else _fixed(ref_ms, 0)
     elif exp.analogue_of:
-        cells["ref GB/GPU"] = cells["ref ms"] = NO_REF
+        cells["ref GB (pub.)"] = cells["ref GiB"] = cells["ref ms"] = NO_REF
     else:
-        cells["ref GB/GPU"] = cells["ref ms"] = ""
+        cells["ref GB (pub.)"] = cells["ref GiB"] = cells["ref ms"] = ""
 
     mem_cell, our_mem = fmt_mem(rec.get("mem_peak_gib")) if rec is not None else ("", None)
     ms = _measured(rec)[0]
-    cells["our GB/GPU"] = mem_cell
-    cells["Δ GB"] = fmt_delta_gb(our_mem, ref_mem)
+    cells["our GiB"] = mem_cell
+    cells["Δ GiB"] = fmt_delta_gb(our_mem, ref_gib)
     cells["Δ ms"] = fmt_delta_pct(_round(ms) if ms is not None else None, ref_ms)
-    cells.update(_measure_cells(rec))
+    cells.update(_measure_cells(rec, ctx))
     cells["status"] = _status(rec, exp, ref_oom)
     return cells
 
@@ -487,7 +543,7 @@ def _twogpu_cells(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
     else:
         cells["ref ms"] = NO_REF if exp.analogue_of else ""
     cells["Δ ms"] = fmt_delta_pct(_round(ms) if ms is not None else None, ref_ms)
-    cells.update(_measure_cells(rec))
+    cells.update(_measure_cells(rec, ctx))
     cells["status"] = _status(rec, exp, False)
     return cells
 
@@ -528,6 +584,9 @@ SOURCES = {
         "([configs/reference](../configs/reference/README.md))"),
 }
 
+TWOGPU_UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes); the published figures are "
+                    "nvidia-smi MiB as printed in the notes, divided by 1024 here.")
+
 TWOGPU_FOOTNOTES = [
     "Δ is ours − published: GiB per GPU (`GPU 0 / GPU 1`) for memory (none for a run that ran out of "
     "memory: its peak is the card's limit), percent of the published step time for ms (+ means we are "
@@ -560,13 +619,14 @@ def table_frame(chapter: int, records: dict[str, dict] | None = None,
 
 def render_chapter(chapter: int, records: dict[str, dict] | None = None,
                    reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
-                   block_only: bool = False) -> str:
+                   block_only: bool = False, tree: Path | None = None) -> str:
     """Markdown page for one chapter: title, provenance sentence, table, footnotes.
 
     block_only: just the provenance sentence, table and footnotes (what tutorials embed).
+    tree: the checkout whose git history judges each record's code (default: this one).
     """
     meta = catalog.chapters()[chapter]
-    ctx = _context(chapter, records, reference, twogpu, None)
+    ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree))
     df = _frame(ctx)
     targets = set(df["make target"])
     recs = [ctx.records[t] for t in sorted(targets & set(ctx.records))]
@@ -581,11 +641,15 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
     else:
         notes = list(FOOTNOTES)
     notes += [c.note for c in chapter_columns(chapter) if c.note]
+    notes.append(provenance.LEGEND)
+    if any(OTHER_HOST in str(v) for v in df.values.ravel()):
+        notes.append(OTHER_HOST_NOTE)
     if any(r.get("_concurrent") for r in recs):
         notes.append(SHARED_NOTE)
     if any(over_cap_gib(r) for r in recs):
         notes.append(OVER_CAP_NOTE)
-    block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", table, "",
+    unit = UNIT_NOTE if ctx.kind == "anchor" else TWOGPU_UNIT_NOTE
+    block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", unit, "", table, "",
                           *(f"- {note}" for note in notes)])
     if block_only:
         return block + "\n"
@@ -607,20 +671,41 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
 
 # --------------------------------------------------------------------------- output
 
-def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]:
+class NotToday(Exception):
+    """STRICT: rows whose records are not today's code and defaults (one line, naming them)."""
+
+
+def not_today(records: dict[str, dict], tree: Path) -> dict[str, list[str]]:
+    """Provenance cell ('older (schema 1)', ...) -> the short ids of the catalog rows whose record has
+    it, for every row that is not provenance CURRENT, in catalog order."""
+    out: dict[str, list[str]] = {}
+    for exp in catalog.catalog().values():
+        rec = records.get(exp.id)
+        if rec is not None and (p := provenance.of(rec, tree)).state != provenance.CURRENT:
+            out.setdefault(p.cell, []).append(exp.id.split("-", 1)[0])
+    return out
+
+
+def write_tables(root: Path | None = None, *, check: bool = False, strict: bool = False) -> list[Path]:
     """Write every chapter's table page under ROOT; return the paths whose content changed.
 
     Records come from ROOT/results/runs; a page whose content is unchanged is not touched. With
-    check=True nothing is written and the returned paths are those that *would* change.
+    check=True nothing is written and the returned paths are those that *would* change. With
+    strict=True nothing is written when a row's record is not today's code and defaults (NotToday).
     """
     root = Path(root) if root is not None else ROOT
-    records = load_records(root / "results" / "runs")
+    records = load_records(root / "results" / "runs", root)
+    if strict and (rows := not_today(records, root)):
+        n = sum(len(ids) for ids in rows.values())
+        raise NotToday(f"{n} row(s) come from other code or other defaults than today's: "
+                       + "; ".join(f"{why}: {' '.join(ids)}" for why, ids in rows.items()) + "; fix: re-run them with `make <target>` (plain, no FAST/CUDA_GRAPH/"
+                       "EXTRA_ARGS/WARMUP) and commit the records, or build without STRICT=1")
     reference, twogpu = load_reference(), load_twogpu_reference()
     # the pages link these figures: drawn first, so no link is ever dangling
     changed = plots.write_plots(root, records=records, check=check)
     for chapter, meta in catalog.chapters().items():
         path = root / meta["table"]
-        text = render_chapter(chapter, records, reference, twogpu=twogpu)
+        text = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)
         try:
             old = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -630,7 +715,7 @@ def write_tables(root: Path | None = None, *, check: bool = False) -> list[Path]
         if not check:
             markdown.write_atomic(path, text)
         changed.append(path)
-    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True)
+    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root)
               for ch in catalog.chapters()}
     for path in sorted((root / "tutorials").glob("*.md")):
         old = path.read_text(encoding="utf-8")
@@ -660,10 +745,17 @@ def cli(argv: list[str] | None = None) -> int:
                                  description="Rebuild results/*.md from results/runs/*/run.json.")
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 if any table is out of date (for CI)")
+    ap.add_argument("--strict", action="store_true",
+                    help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults "
+                         "(make tables STRICT=1)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     root = args.root
-    changed = write_tables(root, check=args.check)
+    try:
+        changed = write_tables(root, check=args.check, strict=args.strict)
+    except NotToday as e:
+        print(f"megalab tables: {e}", file=sys.stderr)
+        return 1
     n = len(catalog.chapters())
     return report_changes(changed, root, check=args.check, what="tables", fix="run `make tables`",
                           detail=f" ({n} file{'s' * (n != 1)})")

@@ -1,0 +1,132 @@
+"""Was a record made by today's code with today's defaults? One verdict per record for the pages.
+
+A row of a results page stands for what `make <target>` gives today. A record answers that only if
+
+* its settings were the defaults: a schema-2 record (its `intent` is the resolved plan; a schema-1
+  record has none, so it cannot show what it ran with) whose fast-path levers are the spec's default
+  (FAST unset), whose CUDA graph was the auto policy's (CUDA_GRAPH unset), with no EXTRA_ARGS beyond
+  the catalog's and the default WARMUP (`warmup_iters`); and
+* its code is today's: the record's `versions.megalab_commit` is HEAD or an ancestor of it, and no
+  commit since touched what decides how a run runs (CODE_PATHS: the code inside torchrun, the run
+  plan, the launcher script). Judged with git; where git or the commit is unavailable: unknown.
+
+Verdicts: CURRENT, OLDER (other code or other defaults, with the reason), UNKNOWN (git cannot say).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import subprocess
+from pathlib import Path
+
+from megalab.harness.catalog import ROOT
+from megalab.results.records import RunRecord, settings
+from megalab.runtime import levers
+
+CURRENT, OLDER, UNKNOWN = "current", "older", "unknown"
+# What decides how a run runs: a commit touching one of these makes older records "other code".
+CODE_PATHS = ("megalab/runtime", "megalab/harness/plan.py", "scripts/train_gpt.sh")
+DEFAULT_WARMUP = 3  # megalab/harness/variables.py WARMUP's default (tests keep the two equal)
+
+MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
+LEGEND = ("provenance: `today` = a schema-2 record run with today's defaults (FAST, CUDA_GRAPH, EXTRA_ARGS "
+          "and WARMUP unset) by code no later commit has changed (git: no commit since its megalab_commit "
+          "touches " + ", ".join(CODE_PATHS) + "); `older (why)` = other code or other defaults, e.g. "
+          "`schema 1`: a record from before runs kept their resolved plan; `unknown` = git cannot say. "
+          "`STRICT=1 make tables` refuses pages with rows that are not `today`.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    state: str  # CURRENT | OLDER | UNKNOWN
+    why: str = ""  # short reason for OLDER / UNKNOWN
+
+    @property
+    def cell(self) -> str:
+        return MARK[self.state] + (f" ({self.why})" if self.why else "")
+
+
+def default_fastpath(rec: RunRecord) -> str:
+    """The fast path a plain `make <target>` resolves for this record's target and implementation."""
+    cfg = rec.config
+    if cfg.get("transformer_impl") == "transformer_engine":
+        return "none"
+    spec = (rec.intent or {}).get("spec") or cfg.get("spec") or "megalab"
+    if spec != "megalab":
+        return "none"
+    names = list(levers.DEFAULT_FAST)
+    preset = cfg.get("model_preset") or {}
+    if cfg.get("num_experts") and preset.get("moe_grouped_gemm"):
+        names.append(levers.GROUPED_GEMM)
+    return ",".join(names)
+
+
+def settings_differ(rec: RunRecord) -> str:
+    """'' when the record ran with today's defaults, else a short reason (the first difference)."""
+    if rec.schema < 2 or rec.intent is None:
+        return "schema 1"
+    intent, cfg = rec.intent, rec.config
+    fast = intent.get("fastpath", cfg.get("fastpath"))
+    if fast != default_fastpath(rec):
+        return f"FAST={fast}"
+    if str(intent.get("cuda_graph_reason") or "").startswith("CUDA_GRAPH="):
+        return intent["cuda_graph_reason"]  # the user chose; the default is the auto policy
+    if cfg.get("extra_args"):
+        return "EXTRA_ARGS"
+    warmup = rec.raw.get("warmup_iters")
+    if warmup is not None and warmup != DEFAULT_WARMUP:
+        return f"WARMUP={warmup}"
+    return ""
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def code_state(commit: str | None, root: Path = ROOT) -> tuple[str, str]:
+    """(CURRENT | OLDER | UNKNOWN, why) for the code of a megalab commit against ROOT's HEAD."""
+    if not commit:
+        return OLDER, "no commit"
+    head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+    if head is None or head.returncode != 0:
+        return UNKNOWN, "no git"
+    known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    if known is None or known.returncode != 0:
+        return UNKNOWN, f"commit {commit[:7]} not in this clone"
+    anc = _git(root, "merge-base", "--is-ancestor", commit, "HEAD")
+    if anc is None or anc.returncode not in (0, 1):
+        return UNKNOWN, "git failed"
+    if anc.returncode == 1:
+        return OLDER, f"{commit[:7]} not in HEAD's history"
+    log = _git(root, "log", "--format=%h", f"{commit}..HEAD", "--", *CODE_PATHS)
+    if log is None or log.returncode != 0:
+        return UNKNOWN, "git failed"
+    n = len(log.stdout.split())
+    return (OLDER, f"code changed in {n} commit{'s' * (n != 1)} since") if n else (CURRENT, "")
+
+
+def of(rec: RunRecord | dict, root: Path = ROOT) -> Provenance:
+    """The record's verdict: settings first (a schema-1 record says nothing more), then code."""
+    r = RunRecord.of(rec)
+    why = settings_differ(r)
+    if why:
+        return Provenance(OLDER, why)
+    state, why = code_state(r.versions.get("megalab_commit"), Path(root))
+    return Provenance(state, why)
+
+
+def code_key(rec: RunRecord | dict, root: Path = ROOT) -> str:
+    """Which code a record ran: 'current' for any commit with today's code, else its commit."""
+    r = RunRecord.of(rec)
+    commit = r.versions.get("megalab_commit")
+    return CURRENT if code_state(commit, Path(root))[0] == CURRENT else str(commit)
+
+
+def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
+    """records.setup_key with the code read from git: runs at two commits with the same run code
+    (no CODE_PATHS change between them) are repeats of one measurement."""
+    return (rec.hostname, code_key(rec, root), *settings(rec))

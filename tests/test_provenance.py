@@ -1,0 +1,177 @@
+"""Provenance of a table row (today's code and defaults, or not), STRICT tables, the spread across
+repeated runs, and ratios only between runs of one host. Records here are invented (tmp_path)."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from megalab.harness import catalog, plan, variables
+from megalab.results import provenance, records, tables
+from megalab.results.records import RunRecord
+from megalab.runtime import levers
+
+T101 = "101-gpt2xl-dp1-gbs1-bf16"
+T111 = "111-gpt2xl-dp1-fit-80GB"
+
+
+def _rec(target: str = T101, commit: str | None = None, **kw) -> dict:
+    cfg = {"transformer_impl": "local", "spec": "megalab", "fastpath": "fused_adam,foreach_norm,foreach_scale",
+           "cuda_graph": False, "extra_args": "", "gpu_mem_gb": None, "model_preset": {}}
+    cfg.update(kw.pop("config", {}))
+    rec = {"schema": 2, "target": target, "status": "ok", "started": "2026-01-01T10:00:00+00:00",
+           "step_ms_median": 100.0, "step_ms_p10": 99.0, "step_ms_p90": 101.0, "mem_peak_gib": [30.0],
+           "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "hostname": "hostA", "warmup_iters": 3,
+           "config": cfg, "versions": {"megalab_commit": commit},
+           "intent": {"fastpath": cfg["fastpath"], "spec": "megalab", "cuda_graph": False,
+                      "cuda_graph_reason": "auto policy"}}
+    rec.update(kw)
+    return rec
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git tree with one commit of run code."""
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@t")
+    _git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "megalab" / "runtime").mkdir(parents=True)
+    (tmp_path / "megalab" / "runtime" / "x.py").write_text("a = 1\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "one")
+    provenance.code_state.cache_clear()
+    return tmp_path
+
+
+def test_defaults_mirror_the_launcher():
+    assert plan.DEFAULT_FAST == ",".join(levers.DEFAULT_FAST)
+    assert next(v for v in variables.VARIABLES if v.name == "WARMUP").default == provenance.DEFAULT_WARMUP
+
+
+def test_schema_1_is_older_without_asking_git(tmp_path):
+    rec = _rec(schema=1, intent=None)
+    assert provenance.of(rec, tmp_path).cell == "older (schema 1)"
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"config": {"fastpath": "none"}, "intent": {"fastpath": "none", "cuda_graph_reason": "auto"}}, "FAST=none"),
+    ({"intent": {"fastpath": "fused_adam,foreach_norm,foreach_scale", "cuda_graph_reason": "CUDA_GRAPH=1"}},
+     "CUDA_GRAPH=1"),
+    ({"config": {"extra_args": "--foo"}}, "EXTRA_ARGS"),
+    ({"warmup_iters": 5}, "WARMUP=5"),
+])
+def test_other_defaults_are_older(repo, change, why):
+    head = _git(repo, "rev-parse", "HEAD")
+    assert provenance.of(_rec(commit=head), repo).state == provenance.CURRENT
+    assert provenance.of(_rec(commit=head, **change), repo).cell == f"older ({why})"
+
+
+def test_moe_default_adds_grouped_gemm():
+    rec = RunRecord.of(_rec(config={"num_experts": 8, "model_preset": {"moe_grouped_gemm": True}}))
+    assert provenance.default_fastpath(rec).endswith(",grouped_gemm")
+
+
+def test_code_changed_since_the_record_is_older(repo):
+    old = _git(repo, "rev-parse", "HEAD")
+    (repo / "README.md").write_text("docs only\n")  # not run code: still current
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "docs")
+    assert provenance.of(_rec(commit=old), repo).state == provenance.CURRENT
+    (repo / "megalab" / "runtime" / "x.py").write_text("a = 2\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "code")
+    provenance.code_state.cache_clear()
+    assert provenance.of(_rec(commit=old), repo).cell == "older (code changed in 1 commit since)"
+
+
+def test_no_git_or_unknown_commit_is_unknown(tmp_path, repo):
+    assert provenance.of(_rec(commit="abc1234"), tmp_path / "nogit").state == provenance.UNKNOWN
+    assert provenance.of(_rec(commit="0" * 40), repo).state == provenance.UNKNOWN
+
+
+def _write(root: Path, name: str, rec: dict) -> None:
+    d = root / "results" / "runs" / name
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps(rec))
+
+
+def test_strict_tables_refuse_rows_not_from_today(repo, capsys):
+    head = _git(repo, "rev-parse", "HEAD")
+    _write(repo, "a", _rec(commit=head))
+    _write(repo, "b", _rec(T111, schema=1, intent=None))
+    assert tables.cli(["--root", str(repo), "--strict"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "1 row(s)" in err and "older (schema 1): 111" in err and "101" not in err.split("fix")[0]
+    assert not (repo / "results" / "01-dp-zero2.md").exists()  # refused: nothing written
+
+
+def test_page_marks_each_row_and_has_the_legend(repo):
+    head = _git(repo, "rev-parse", "HEAD")
+    recs = {T101: _rec(commit=head), T111: _rec(T111, schema=1, intent=None)}
+    text = tables.render_chapter(1, recs, tree=repo)
+    row = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| R")}
+    assert "| today " in row[T101] and "| older (schema 1) " in row[T111]
+    assert provenance.LEGEND in text and "Unit: every memory figure on this page is GiB" in text
+
+
+def test_repeats_give_median_of_medians_and_range(tmp_path):
+    runs = tmp_path / "runs"
+    for i, ms in enumerate((100.0, 130.0, 110.0)):
+        d = runs / f"r{i}"
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps(_rec(commit="c1", step_ms_median=ms,
+                                                    started=f"2026-01-0{i + 1}T10:00:00+00:00")))
+    other = runs / "r9"  # another host: not a repeat of the same measurement
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps(_rec(commit="c1", step_ms_median=500.0, hostname="hostB",
+                                                    started="2025-12-01T10:00:00+00:00")))
+    rec = records.load_records(runs)[T101]
+    assert rec["_runs"]["n"] == 3 and (rec["_runs"]["lo_ms"], rec["_runs"]["hi_ms"]) == (100.0, 130.0)
+    assert RunRecord.of(rec).measured[0] == 110.0  # median of the three medians, not the newest (110 by chance)
+    rec["_runs"]["median_ms"] = 111.0
+    r = {c: v for c, v in tables.table_frame(1, {T101: rec}).set_index("make target").loc[T101].items()}
+    assert (r["our ms"], r["runs"]) == ("111", "3 (100–130)")
+
+
+def test_ratios_only_between_runs_of_one_host():
+    exps = [catalog.Experiment(id="211-weak-tp1", chapter=2, about="", model="gpt2-large", gpus=1, gbs=8, ref="R1"),
+            catalog.Experiment(id="212-weak-tp2", chapter=2, about="", model="gpt2-xl", gpus=2, gbs=8, tp=2, ref="R2")]
+    recs = {"211-weak-tp1": _rec("211-weak-tp1", step_ms_median=100.0),
+            "212-weak-tp2": _rec("212-weak-tp2", step_ms_median=125.0, hostname="hostB")}
+    df = tables.table_frame(2, recs, exps=exps).set_index("make target")
+    assert df.loc["212-weak-tp2", "weak eff."] == f"77% / {tables.OTHER_HOST}"
+    recs["212-weak-tp2"]["hostname"] = "hostA"
+    df = tables.table_frame(2, recs, exps=exps).set_index("make target")
+    assert df.loc["212-weak-tp2", "weak eff."] == "77% / 80%"
+
+
+def test_checks_compare_runs_of_one_host_only():
+    from megalab.results import checks
+
+    claim = next(c for c in checks.load_claims() if c.id == "ch0-dp-step-flat")
+    a, b = claim.reads
+    known = catalog.catalog()
+    recs = {a: _rec(a, step_ms_median=100.0), b: _rec(b, step_ms_median=100.0, hostname="hostB")}
+    for r in recs.values():
+        r["config"] = {}
+    res = checks.evaluate(claim, recs, known)
+    assert res.status == checks.NOT_RUN and "different hosts" in res.why
+    recs[b]["hostname"] = "hostA"
+    assert checks.evaluate(claim, recs, known).status == checks.PASS
+
+
+def test_bench_and_data_ratios_only_between_runs_of_one_host():
+    from megalab.results import benchreport, datareport
+
+    a = {"target": T101, "status": "ok", "step_ms_median": 200.0, "hostname": "hostA"}
+    b = {"target": T101, "status": "ok", "step_ms_median": 100.0, "hostname": "hostA"}
+    assert benchreport._speedup(a, b) == "2.00x" and datareport._ratio(a, b, 50257) == "2.00x"
+    b["hostname"] = "hostB"
+    assert benchreport._speedup(a, b) == "≠host" and datareport._ratio(a, b, 50257) == "≠host"
