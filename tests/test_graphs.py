@@ -26,6 +26,7 @@ def test_memory_turns_it_off_and_says_by_how_much():
 
 @pytest.mark.parametrize("target,kw,word", [
     ("522-olmoe-dp2-zero2-ep2", {}, "MoE"),
+    ("006-gpt2large-pp2-gbs64-m1", {}, "non-interleaved pipeline"),
     ("005-gpt2large-cp2-gbs64", {}, "context-parallel"),
     ("101-gpt2xl-dp1-gbs1-bf16", {"profile": True}, "profiler"),
     ("101-gpt2xl-dp1-gbs1-bf16", {"spec": "local"}, "stock"),

@@ -19,6 +19,9 @@ REFUSED = (
     ("profile", "Megatron's per-microbatch timers and the torch profiler need kernels launched one by one"),
     ("moe", "MoE token routing synchronises with the host; capture fails on the rig "
             "(522: 'operation not permitted on an event last recorded in a capturing stream')"),
+    ("pp_no_vpp", "Megatron's non-interleaved pipeline schedule synchronises the device in its p2p sends, "
+                  "which capture forbids (006: cudaErrorStreamCaptureUnsupported in p2p_communication._communicate); "
+                  "interleaved (VPP) pipelines capture (489)"),
     ("cp", "not yet verified with megalab's context-parallel attention (CUDA_GRAPH=1 to try)"),
     ("recompute", "not yet verified with activation recompute (CUDA_GRAPH=1 to try)"),
     ("multinode", "verified on one node only (CUDA_GRAPH=1 to try)"),
@@ -75,6 +78,7 @@ def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_i
         "spec_local": spec != "megalab",
         "profile": profile or bool(getattr(exp, "timing_log_level", 0)),
         "moe": bool(exp.num_experts),
+        "pp_no_vpp": exp.pp > 1 and not exp.layers_per_virtual_stage,
         "cp": exp.cp > 1,
         "recompute": exp.recompute not in (None, "", "none"),
         "multinode": nnodes > 1,
