@@ -25,7 +25,7 @@ import sys
 # Commands that are one module's own `cli(argv)`, imported only when asked for.
 MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
-                   "tables": "results.tables", "data-report": "results.datareport",
+                   "tables": "results.tables", "data-report": "results.datareport", "integrity": "results.integrity",
                    "variables": "harness.variables", "docker-run": "harness.docker"}
 
 

@@ -81,7 +81,9 @@ def test_no_import_cycles_at_module_level():
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("megalab.results")])
 def test_results_never_import_the_launcher(module):
-    bad = sorted({n for n, _ in GRAPH[module] if n.startswith(LAUNCHER_ONLY)})
+    # provenance re-plans a record's target (inside a function) to ask whether today's launcher would run the same
+    allowed = {"megalab.harness.plan"} if module == "megalab.results.provenance" else set()
+    bad = sorted({n for n, _ in GRAPH[module] if n.startswith(LAUNCHER_ONLY) and n not in allowed})
     assert not bad, f"{module} imports {bad}: the results side reads records, it never launches"
 
 

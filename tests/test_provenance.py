@@ -25,10 +25,29 @@ def _rec(target: str = T101, commit: str | None = None, **kw) -> dict:
            "step_ms_median": 100.0, "step_ms_p10": 99.0, "step_ms_p90": 101.0, "mem_peak_gib": [30.0],
            "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "hostname": "hostA", "warmup_iters": 3,
            "config": cfg, "versions": {"megalab_commit": commit},
-           "intent": {"fastpath": cfg["fastpath"], "spec": "megalab", "cuda_graph": False,
-                      "cuda_graph_reason": "auto policy"}}
+           "intent": _intent(target)}
+    intent = kw.pop("intent", {})
+    if intent is None:
+        rec["intent"] = None
+    else:
+        rec["intent"].update(intent)
     rec.update(kw)
     return rec
+
+
+def _intent(target: str) -> dict:
+    """What today's launcher plans for the target on an 80 GB H100 (provenance re-plans and compares)."""
+    machine = plan.Machine(gpus=1, te=None, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.6)
+    if target not in catalog.catalog():  # a made-up target (table tests): nothing to re-plan
+        return {"argv": []}
+    return plan.build(catalog.get(target), plan.Options(master_port=29500), machine, run_dir=Path("/runs/x")).to_dict()
+
+
+def test_a_record_whose_plan_today_differs_is_older(repo):
+    head = _git(repo, "rev-parse", "HEAD")
+    rec = _rec(commit=head)
+    rec["intent"]["argv"] = [*rec["intent"]["argv"], "--seed", "7"]  # a flag today's plan no longer gives
+    assert provenance.of(rec, repo).cell == "older (today's plan differs (flags or CUDA graph))"
 
 
 def _git(root: Path, *args: str) -> str:
@@ -50,7 +69,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_defaults_mirror_the_launcher():
-    assert plan.DEFAULT_FAST == ",".join(levers.DEFAULT_FAST)
+    assert plan.DEFAULT_FAST == ",".join(variables.DEFAULT_FAST)
     assert next(v for v in variables.VARIABLES if v.name == "WARMUP").default == provenance.DEFAULT_WARMUP
 
 
@@ -87,7 +106,7 @@ def test_code_changed_since_the_record_is_older(repo):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "code")
     provenance.code_state.cache_clear()
-    assert provenance.of(_rec(commit=old), repo).cell == "older (code changed in 1 commit since)"
+    assert provenance.of(_rec(commit=old), repo).cell == "older (run code changed since (x.py))"
 
 
 def test_no_git_or_unknown_commit_is_unknown(tmp_path, repo):

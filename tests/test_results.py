@@ -126,3 +126,9 @@ def test_write_atomic(tmp_path):
     markdown.write_atomic(tmp_path / "d" / "p.md", "x")
     markdown.write_atomic(tmp_path / "d" / "f.svg", b"<svg/>")
     assert (tmp_path / "d" / "p.md").read_text() == "x" and sorted(p.name for p in (tmp_path / "d").iterdir()) == ["f.svg", "p.md"]
+
+
+def test_committed_integrity_page_is_up_to_date():
+    from megalab.results import integrity
+
+    assert integrity.PAGE.read_text() == integrity.render(), "run `python -m megalab integrity` and commit"

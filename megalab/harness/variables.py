@@ -29,6 +29,11 @@ class Variable:
     choices: tuple[str, ...] = ()
 
 
+# FAST's default under SPEC=megalab: the optimizer-side fast path is exact (tests/test_fastpath.py) and
+# never slower; Megatron's stock local spec stays stock. plan.py and results/provenance.py read it here.
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale")
+
+
 V = Variable
 VARIABLES: tuple[Variable, ...] = (
     V("ITERS", "int", 100, "training iterations (the step time is the median after WARMUP)", True, field="iters"),

@@ -491,7 +491,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
     else:
         features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
-                                 grouped_gemm=grouped_gemm)
+                                 grouped_gemm=grouped_gemm, cuda_graph=cuda_graph)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -505,7 +505,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
 
 
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
-                  fused_adam: bool, grouped_gemm: bool) -> steptime.Features:
+                  fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/results/steptime.py): per stage and micro-batch
     its GEMM terms, kernel launches and in-micro-batch communication; per step the optimizer's HBM
     traffic and the DP reduction. Datasheet bandwidths (gpus.py); nothing here is fitted."""
@@ -538,7 +538,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         per_layer = steptime.KERNELS_PER_LAYER * (4 / 3 if full else 1)
         if sh.num_experts and not grouped_gemm:
             per_layer += sh.num_experts / ep * steptime.KERNELS_PER_EXPERT
-        kernels.append(st.layers * per_layer)
+        kernels.append(0.0 if cuda_graph else st.layers * per_layer)  # a graph replays them in one launch
         # TP: 2 all-reduces per layer forward, 2 backward, 2 more in a recomputed forward (SP's
         # reduce-scatter + all-gather move the same bytes)
         c = st.layers * (6 if full else 4) * steptime.ring_allreduce_s(act, t, link)
@@ -710,7 +710,8 @@ def estimate_record(rec: dict) -> Estimate:
     lay, preset, spec = _record_layout(rec)
     fast = (rec.get("config") or {}).get("fastpath") or ""
     return estimate(lay, spec=spec, gpu_name=rec.get("gpu_name"), gpu_mem_gib=record_capacity_gib(rec),
-                    model_cfg=preset, fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast)
+                    model_cfg=preset, fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast,
+                    cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")))
 
 
 def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
@@ -814,8 +815,6 @@ def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str
 def not_modelled(rec: dict) -> str | None:
     """Why a run is outside what the estimator models (so it is not validated against it), or None."""
     cfg = rec.get("config") or {}
-    if cfg.get("cuda_graph"):
-        return "a full-iteration CUDA graph (its private memory pool)"
     if cfg.get("extra_args"):
         return f"extra Megatron flags ({cfg['extra_args']})"
     return None

@@ -20,12 +20,13 @@ import subprocess
 from pathlib import Path
 
 from megalab.harness.catalog import ROOT
+from megalab.harness import variables
 from megalab.results.records import RunRecord, settings
 from megalab.runtime import levers
 
 CURRENT, OLDER, UNKNOWN = "current", "older", "unknown"
 # What decides how a run runs: a commit touching one of these makes older records "other code".
-CODE_PATHS = ("megalab/runtime", "megalab/harness/plan.py", "scripts/train_gpt.sh")
+CODE_PATHS = ("megalab/runtime",)  # the code inside torchrun; the launcher's decisions are re-planned (replan_differs)
 DEFAULT_WARMUP = 3  # megalab/harness/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
@@ -54,7 +55,7 @@ def default_fastpath(rec: RunRecord) -> str:
     spec = (rec.intent or {}).get("spec") or cfg.get("spec") or "megalab"
     if spec != "megalab":
         return "none"
-    names = list(levers.DEFAULT_FAST)
+    names = list(variables.DEFAULT_FAST)
     preset = cfg.get("model_preset") or {}
     if cfg.get("num_experts") and preset.get("moe_grouped_gemm"):
         names.append(levers.GROUPED_GEMM)
@@ -102,19 +103,71 @@ def code_state(commit: str | None, root: Path = ROOT) -> tuple[str, str]:
         return UNKNOWN, "git failed"
     if anc.returncode == 1:
         return OLDER, f"{commit[:7]} not in HEAD's history"
-    log = _git(root, "log", "--format=%h", f"{commit}..HEAD", "--", *CODE_PATHS)
-    if log is None or log.returncode != 0:
+    # the net difference, not the commits that touched the paths: a change made and undone is no change
+    diff = _git(root, "diff", "--name-only", commit, "HEAD", "--", *CODE_PATHS)
+    if diff is None or diff.returncode != 0:
         return UNKNOWN, "git failed"
-    n = len(log.stdout.split())
-    return (OLDER, f"code changed in {n} commit{'s' * (n != 1)} since") if n else (CURRENT, "")
+    files = diff.stdout.split()
+    return (OLDER, f"run code changed since ({', '.join(Path(f).name for f in files[:3])}"
+                   f"{', ...' if len(files) > 3 else ''})") if files else (CURRENT, "")
+
+
+# argv items that name this run rather than decide it: its port and its run directory
+_RUN_NAMES = ("--master_port",)
+
+
+def _decisions(argv: list[str], run_dir: str | None) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in _RUN_NAMES:
+            skip = True
+            continue
+        out.append(a.replace(run_dir, "RUN_DIR") if run_dir else a)
+    return out
+
+
+def replan_differs(r: RunRecord) -> str | None:
+    """Would `make <target>` today run what this record ran? The launcher plans the record's target
+    again with its variables on a machine like its own (intent.machine) and compares the Megatron argv
+    (its port and run dir aside): any other flag, lever or CUDA-graph decision makes the row older.
+    The one place the results side asks the launcher: what it would do now."""
+    from megalab.harness import catalog, plan
+    from megalab.harness.catalog import CatalogError
+    from megalab.harness.variables import LaunchError, Options
+
+    intent, cfg = r.intent or {}, r.config or {}
+    try:
+        exp = catalog.get(r.target)
+    except CatalogError:
+        return "target no longer in the catalog"
+    machine = plan.Machine(**{k: v for k, v in (intent.get("machine") or {}).items()
+                              if k in {f.name for f in dataclasses.fields(plan.Machine)}})
+    opts = Options(iters=cfg.get("iters") or 100, gpu_mem_gb=cfg.get("gpu_mem_gb"), nnodes=cfg.get("nnodes") or 1,
+                   node_rank=cfg.get("node_rank") or 0, master_port=intent.get("master_port") or 6000,
+                   data=cfg.get("data") or "mock")
+    try:
+        today = plan.build(exp, opts, machine, run_dir=Path(intent["run_dir"]) if intent.get("run_dir") else None)
+    except (LaunchError, ValueError, KeyError) as e:
+        return f"not plannable today ({e})"
+    if _decisions(today.argv, intent.get("run_dir")) != _decisions(intent.get("argv") or [], intent.get("run_dir")):
+        return "today's plan differs (flags or CUDA graph)"
+    return None
 
 
 def of(rec: RunRecord | dict, root: Path = ROOT) -> Provenance:
-    """The record's verdict: settings first (a schema-1 record says nothing more), then code."""
+    """The record's verdict: settings first (a schema-1 record says nothing more), then what the
+    launcher would plan today, then the code inside torchrun."""
     r = RunRecord.of(rec)
     why = settings_differ(r)
     if why:
         return Provenance(OLDER, why)
+    if r.intent:
+        why = replan_differs(r)
+        if why:
+            return Provenance(OLDER, why)
     state, why = code_state(r.versions.get("megalab_commit"), Path(root))
     return Provenance(state, why)
 

@@ -12,9 +12,6 @@ import os
 GROUPED_GEMM = "grouped_gemm"  # megalab/runtime/grouped_experts.py's MoE experts
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", "cudnn_sdpa", GROUPED_GEMM)
 SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
-# FAST's default under SPEC=megalab (megalab/harness/plan.py DEFAULT_FAST spells the same, tests/test_provenance.py
-# keeps the two equal); the results side reads it here to tell a default run from a FAST= one.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale")
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
 
