@@ -38,11 +38,16 @@ class GraphDecision:
         return f"full-iteration CUDA graph: {'on' if self.on else 'off'} ({self.reason})"
 
 
-def graph_memory_gib(predicted_peak_gib: float) -> float:
-    """The memory the estimator adds for the graph (megalab/results/estimate.py's allowance)."""
-    from megalab.results.estimate import GIB, graph_memory_bytes
+# The room auto leaves for the graph, as a share of the predicted peak without it: the top of what the
+# rig showed (+0% to +8.8%, estimate.py's GRAPH_MEMORY_SHARE note) and then some, since a wrong "on"
+# costs an out-of-memory run while a wrong "off" costs speed only.
+GRAPH_MARGIN_SHARE = 0.10
+GRAPH_MARGIN_MIN_GIB = 1.0
 
-    return graph_memory_bytes(predicted_peak_gib * GIB) / GIB
+
+def graph_memory_gib(predicted_peak_gib: float) -> float:
+    """The room auto keeps free for the graph."""
+    return max(GRAPH_MARGIN_MIN_GIB, GRAPH_MARGIN_SHARE * predicted_peak_gib)
 
 
 def decide(requested: str, *, features: set[str], predicted_peak_gib: float | None,

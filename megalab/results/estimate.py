@@ -393,10 +393,12 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
 
 
 # The full-iteration CUDA graph's extra memory (its private pool, static inputs and outputs), as a share
-# of the peak without it: a safety margin, not a model. Seen on the rig: 111 +6.0% (1x H100), 002 +8.8%
-# and 232 +3.0% (2x H200); CUDA_GRAPH=auto (megalab/harness/graphs.py) plans with it.
-GRAPH_MEMORY_SHARE = 0.10
-GRAPH_MEMORY_MIN_GIB = 1.0
+# of the peak without it. Seen on the rig, graph on vs off at the same layout: 111 +6.0% (1x H100),
+# 002 +8.8% and 232 +3.0% (2x H200), and 003 about 0% against this estimator's graph-off peak. The
+# estimate takes the middle of that range; CUDA_GRAPH=auto (megalab/harness/graphs.py) plans with a
+# larger safety margin of its own, since a wrong "on" costs an out-of-memory run.
+GRAPH_MEMORY_SHARE = 0.05
+GRAPH_MEMORY_MIN_GIB = 0.5
 
 
 def graph_memory_bytes(peak_bytes: float) -> float:

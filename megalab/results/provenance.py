@@ -25,14 +25,17 @@ from megalab.results.records import RunRecord, settings
 from megalab.runtime import levers
 
 CURRENT, OLDER, UNKNOWN = "current", "older", "unknown"
-# What decides how a run runs: a commit touching one of these makes older records "other code".
-CODE_PATHS = ("megalab/runtime",)  # the code inside torchrun; the launcher's decisions are re-planned (replan_differs)
+# The code inside torchrun: a net change to it since a record's commit makes the record "other code".
+# The launcher's side is judged by what it does, not by its files: the record's target is planned again
+# and its Megatron argv compared (replan_differs).
+CODE_PATHS = ("megalab/runtime",)
 DEFAULT_WARMUP = 3  # megalab/harness/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
 LEGEND = ("provenance: `today` = a schema-2 record run with today's defaults (FAST, CUDA_GRAPH, EXTRA_ARGS "
-          "and WARMUP unset) by code no later commit has changed (git: no commit since its megalab_commit "
-          "touches " + ", ".join(CODE_PATHS) + "); `older (why)` = other code or other defaults, e.g. "
+          "and WARMUP unset), whose target today's launcher plans to the same Megatron command (port and run "
+          "dir aside), by the same code inside torchrun (git: no net change to " + ", ".join(CODE_PATHS)
+          + " since its megalab_commit); `older (why)` = other code or other defaults, e.g. "
           "`schema 1`: a record from before runs kept their resolved plan; `unknown` = git cannot say. "
           "`STRICT=1 make tables` refuses pages with rows that are not `today`.")
 
