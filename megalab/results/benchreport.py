@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megalab.results import benchruns, gpus, logparse, markdown, tables
+from megalab.results import defaults, benchruns, gpus, logparse, markdown, tables
 from megalab.results.records import RunRecord
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
@@ -135,7 +135,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     largest, search_lines = _search_section(cfg, recs)
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *_parity_section(cfg, get), *_experts_section(cfg, get),
-         *_goals_section(cfg, get, largest)]
+         *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent)]
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
     L += _runs_section(cfg, recs, bench_dir)

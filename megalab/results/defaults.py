@@ -1,0 +1,89 @@
+"""Fast by default (issue 17): every 1-2 GPU row with a published Transformer Engine time, against
+what a plain `make <target>` gives.
+
+One row per such target: the reference (ms, memory), ours before (the newest ok record made before
+today's defaults: a schema-1 record), ours now (the newest ok record whose provenance is `today`:
+today's defaults, today's plan, today's code), the ratio now / reference and the verdict the issue
+asks for: at or below the reference's time at no more memory. Hardware is named per row: a ratio is
+only meaningful on the GPU kind the reference used (H100 for R rows, 2x H200 for T rows; 2-GPU R rows
+run on 2x H200 capped to 80 GB). Rows with no `today` record say "not run".
+"""
+from __future__ import annotations
+
+import math
+
+from megalab.harness import catalog
+from megalab.harness.catalog import ROOT
+from megalab.results import chapter, markdown, provenance
+from megalab.results.gpus import short_gpu_name
+from megalab.results.records import read_records
+
+
+def _reference(exp, anchor, twogpu) -> tuple[float, float] | None:
+    """(ms, GiB per GPU) the reference published for this target, or None."""
+    ref = exp.ref or ""
+    if ref.startswith("T") and ref in twogpu.index:
+        r = twogpu.loc[ref]
+        mib = max(float(r["mem_mib_gpu0"]), float(r["mem_mib_gpu1"]) if str(r["mem_mib_gpu1"]) not in ("", "nan") else 0)
+        return float(r["step_ms"]), mib / 1024
+    if ref and (exp.chapter, ref) in anchor.index:
+        r = anchor.loc[(exp.chapter, ref)]
+        try:
+            gib = float(r["mem_gb_per_gpu"]) * chapter.REF_GB_TO_GIB
+        except ValueError:
+            gib = math.nan
+        return float(r["step_ms"]), gib
+    return None
+
+
+def rows(root=ROOT) -> list[list[str]]:
+    anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
+    recs: dict[str, list] = {}
+    for r in read_records(root / "results" / "runs", None):
+        if r.status == "ok" and r.step_ms_median:
+            recs.setdefault(r.target, []).append(r)
+    out = []
+    for exp in catalog.catalog().values():
+        if exp.gpus > 2:
+            continue
+        ref = _reference(exp, anchor, twogpu)
+        if ref is None or math.isnan(ref[0]):
+            continue
+        mine = sorted(recs.get(exp.id, []), key=lambda r: r.started or "")
+        before = [r for r in mine if r.schema == 1]
+        now = [r for r in mine if provenance.of(r, root).state == provenance.CURRENT]
+        b, n = (before[-1] if before else None), (now[-1] if now else None)
+        ref_ms, ref_gib = ref
+        cells = [exp.ref, exp.id, f"{ref_ms:.0f}", "-" if math.isnan(ref_gib) else f"{ref_gib:.1f}",
+                 f"{b.step_ms_median:.0f}" if b else "-"]
+        if n is None:
+            out.append(cells + ["not run", "", "", "", "not run with today's defaults"])
+            continue
+        gib = max(n.mem_peak_gib or [math.nan])
+        graph = "on" if (n.intent or {}).get("cuda_graph") else "off"
+        ratio = n.step_ms_median / ref_ms
+        fast, lean = ratio <= 1.0, math.isnan(ref_gib) or gib <= ref_gib
+        verdict = "met" if fast and lean else ("faster, more memory" if fast else "slower")
+        cap = (n.config or {}).get("gpu_mem_gb")
+        hw = f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (f", capped {cap} GB" if cap else "")
+        out.append(cells + [f"{n.step_ms_median:.0f}", f"{gib:.1f}", f"{ratio:.2f}", graph, f"{verdict} ({hw})"])
+    return out
+
+
+HEADER = ["row", "target", "ref ms", "ref GiB", "ours before ms", "ours now ms", "now GiB", "now / ref",
+          "CUDA graph", "verdict (hardware)"]
+
+
+def section(root=ROOT) -> list[str]:
+    body = rows(root)
+    met = sum(1 for r in body if r[-1].startswith("met"))
+    measured = sum(1 for r in body if r[5] != "not run")
+    return ["## Fast by default: every 1-2 GPU row with a published TE time", "",
+            "A plain `make <target>` (CUDA_GRAPH=auto, the default fast path) against the Transformer Engine "
+            "reference. *Before*: the newest record made before today's defaults (schema 1); *now*: the newest "
+            "record whose provenance is `today` (megalab/results/provenance.py). Memory in GiB (the 8x H100 "
+            "reference converted as on the chapter pages). A ratio compares like hardware only: R rows were "
+            "published on H100s, T rows on 2x H200; the 2-GPU R rows ran on 2x H200 capped to 80 GB.", "",
+            f"{met} of {measured} rows measured now are at or below the reference's time at no more memory; "
+            f"{len(body) - measured} of {len(body)} are not run with today's defaults yet.", "",
+            *markdown.table(HEADER, body), ""]
