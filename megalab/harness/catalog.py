@@ -103,6 +103,11 @@ class Experiment:
             raise CatalogError(
                 f"{where}: {m['num_attention_heads']} attention heads cannot be split over TP={self.tp}; "
                 f"fix: pick a TP that divides {m['num_attention_heads']}")
+        groups = m.get("num_query_groups")
+        if groups and (m["num_attention_heads"] % groups or groups % self.tp):
+            raise CatalogError(
+                f"{where}: {groups} query groups must divide {m['num_attention_heads']} heads and split over "
+                f"TP={self.tp}; fix: pick a TP that divides {groups} (Megatron splits K/V groups over TP)")
         if m["num_layers"] % self.pp:
             raise CatalogError(
                 f"{where}: {m['num_layers']} layers cannot be split over PP={self.pp}; "
@@ -181,9 +186,15 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 PRESET_KEYS = {
     "about", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
     "vocab_size", "ffn_hidden_size", "disable_bias_linear",
+    # modern decoders (chapter 6): normalization LayerNorm|RMSNorm, swiglu, position_embedding
+    # learned_absolute|rope, rotary_base, num_query_groups (GQA), untie_embeddings
+    "normalization", "swiglu", "position_embedding", "rotary_base", "num_query_groups", "untie_embeddings",
     "moe_ffn_hidden_size", "moe_router_topk", "moe_router_force_load_balancing", "moe_token_dispatcher",
     "moe_grouped_gemm", "moe_permute_fusion",
 }
+
+# Preset keys with a fixed set of values (the first is Megatron's default).
+PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding": ("learned_absolute", "rope")}
 
 
 def _experiment_fields() -> set[str]:
@@ -195,6 +206,10 @@ def models() -> dict[str, dict[str, Any]]:
     with open(CONFIGS / "models.yaml") as f:
         presets = yaml.safe_load(f)
     for name, preset in presets.items():
+        for key, allowed in PRESET_CHOICES.items():
+            if key in preset and preset[key] not in allowed:
+                raise CatalogError(f"configs/models.yaml: {name}: {key} '{preset[key]}' is not one of "
+                                   f"{', '.join(allowed)}; fix the preset")
         unknown = set(preset) - PRESET_KEYS
         if unknown:
             raise CatalogError(f"configs/models.yaml: {name}: unknown keys {sorted(unknown)}; "

@@ -172,6 +172,26 @@ def extra_args(exp: Experiment, opts: Options) -> tuple[str, ...]:
                           "fix: balance its quotes, e.g. EXTRA_ARGS='--seed 7'") from None
 
 
+def modern_model_flags(m: dict) -> list:
+    """The preset's modern-decoder keys as Megatron flags (scripts/train_gpt.sh: the same, from
+    NORMALIZATION, SWIGLU, POS_EMB, ROTARY_BASE, NUM_QUERY_GROUPS, UNTIE). RoPE always goes with
+    --no-rope-fusion: Megatron's fused RoPE needs TE >= 1.4 ("apply_rope_fusion is not available")."""
+    out: list = []
+    if m.get("normalization", "LayerNorm") != "LayerNorm":
+        out += ["--normalization", m["normalization"]]
+    if m.get("swiglu"):
+        out += ["--swiglu"]
+    if m.get("position_embedding", "learned_absolute") == "rope":
+        out += ["--position-embedding-type", "rope", "--no-rope-fusion"]
+        if m.get("rotary_base"):
+            out += ["--rotary-base", m["rotary_base"]]
+    if m.get("num_query_groups"):
+        out += ["--group-query-attention", "--num-query-groups", m["num_query_groups"]]
+    if m.get("untie_embeddings"):
+        out += ["--untie-embeddings-and-output-weights"]
+    return out
+
+
 # ---- the plan -------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -266,6 +286,7 @@ def _argv_groups(exp: Experiment, opts: Options, impl: str, graph: bool, per_nod
         a["MODEL"] += ["--ffn-hidden-size", m["ffn_hidden_size"]]
     if m.get("disable_bias_linear"):
         a["MODEL"] += ["--disable-bias-linear"]
+    a["MODEL"] += modern_model_flags(m)
     a["TRAINING"] = ["--micro-batch-size", exp.mbs, "--global-batch-size", exp.gbs, "--train-iters", opts.iters,
                      "--lr", "6.0e-5", "--min-lr", "6.0e-6", "--lr-decay-style", "cosine",
                      "--lr-warmup-fraction", ".001", "--weight-decay", "0.1", "--adam-beta1", "0.9",
@@ -363,6 +384,9 @@ def wrapper_env(plan: RunPlan) -> dict[str, str]:
         "NUM_HEADS": m["num_attention_heads"], "SEQ_LEN": m["seq_length"],
         "MAX_POS": m.get("max_position_embeddings", m["seq_length"]), "VOCAB_SIZE": m["vocab_size"],
         "FFN_HIDDEN": m.get("ffn_hidden_size", ""), "DISABLE_BIAS_LINEAR": int(bool(m.get("disable_bias_linear"))),
+        "NORMALIZATION": m.get("normalization", "LayerNorm"), "SWIGLU": int(bool(m.get("swiglu"))),
+        "POS_EMB": m.get("position_embedding", "learned_absolute"), "ROTARY_BASE": m.get("rotary_base", ""),
+        "NUM_QUERY_GROUPS": m.get("num_query_groups", ""), "UNTIE": int(bool(m.get("untie_embeddings"))),
         "GBS": exp.gbs, "MBS": exp.mbs, "ITERS": opts.iters,
         "TP": exp.tp, "PP": exp.pp, "CP": exp.cp, "EP": exp.ep, "ETP": exp.etp,
         "SP": int(exp.sp), "ZERO2": int(exp.zero2), "RECOMPUTE": exp.recompute,

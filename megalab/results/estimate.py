@@ -177,8 +177,10 @@ class Shape:
                    groups=int(cfg.get("num_query_groups", heads)),
                    bias=not cfg.get("disable_bias_linear", False), swiglu=bool(cfg.get("swiglu", False)),
                    norm=1 if cfg.get("normalization") == "RMSNorm" else 2,
-                   learned_pos=cfg.get("position_embedding_type", "learned_absolute") == "learned_absolute",
-                   tied=not cfg.get("untie_embeddings_and_output_weights", False),
+                   # the preset keys (position_embedding, untie_embeddings) or Megatron's own names
+                   learned_pos=cfg.get("position_embedding", cfg.get("position_embedding_type", "learned_absolute"))
+                   == "learned_absolute",
+                   tied=not (cfg.get("untie_embeddings") or cfg.get("untie_embeddings_and_output_weights", False)),
                    num_experts=int(num_experts) if num_experts else None,
                    topk=int(topk) if num_experts else None,
                    moe_ffn=int(cfg.get("moe_ffn_hidden_size") or ffn) if num_experts else None)
