@@ -2,6 +2,7 @@
 
   run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
   show-command TARGET   the exact torchrun command of a target, nothing else (make show-command ID=...)
+  python         the Python and torch make runs targets with (make which-python)
   variables      the make variables, their defaults and meaning (make help; --names: names only)
   docker-run     a container of docker/Dockerfile's image with the GPUs (make docker-run)
   slurm TARGET   write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)
@@ -26,7 +27,7 @@ import sys
 MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
                    "tables": "results.tables", "data-report": "results.datareport",
-                   "variables": "harness.variables", "docker-run": "harness.docker"}
+                   "variables": "harness.variables", "docker-run": "harness.docker", "python": "harness.pyinfo"}
 
 
 def _list() -> int:

@@ -196,6 +196,40 @@ PRESET_KEYS = {
 # Preset keys with a fixed set of values (the first is Megatron's default).
 PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding": ("learned_absolute", "rope")}
 
+# Megatron flags that change the model, as the preset key each overrides: (key, value type); a None
+# type is a switch (present: True). EXTRA_ARGS may carry them; the estimator and the preflight read
+# the effective model (the preset overridden by them), as Megatron builds it (the last one wins).
+MODEL_FLAGS = {
+    "--num-layers": ("num_layers", int), "--hidden-size": ("hidden_size", int),
+    "--ffn-hidden-size": ("ffn_hidden_size", int), "--num-attention-heads": ("num_attention_heads", int),
+    "--seq-length": ("seq_length", int), "--max-position-embeddings": ("max_position_embeddings", int),
+    "--vocab-size": ("vocab_size", int), "--num-query-groups": ("num_query_groups", int),
+    "--normalization": ("normalization", str), "--position-embedding-type": ("position_embedding", str),
+    "--rotary-base": ("rotary_base", int), "--swiglu": ("swiglu", None),
+    "--untie-embeddings-and-output-weights": ("untie_embeddings", None),
+    "--disable-bias-linear": ("disable_bias_linear", None),
+}
+
+
+def effective_model(preset: dict[str, Any], args: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """The preset with the model flags among `args` (argv items, e.g. a target's extra args plus
+    EXTRA_ARGS) applied; `--flag=value` is read too. Raises CatalogError for a flag without its value."""
+    out = dict(preset)
+    args = [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+    for i, a in enumerate(args):
+        if a not in MODEL_FLAGS:
+            continue
+        key, kind = MODEL_FLAGS[a]
+        if kind is None:
+            out[key] = True
+            continue
+        try:
+            out[key] = kind(args[i + 1])
+        except (IndexError, ValueError):
+            raise CatalogError(f"{a} needs a {kind.__name__} value in the extra args; fix: e.g. {a} "
+                               f"{preset.get(key, 8)}") from None
+    return out
+
 
 def _experiment_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(Experiment)}

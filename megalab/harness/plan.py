@@ -18,9 +18,10 @@ import shlex
 from pathlib import Path
 from types import MappingProxyType
 
-from megalab.harness import ports
+from megalab.harness import catalog, ports
 from megalab.harness.catalog import ROOT, Experiment
 from megalab.harness.variables import LaunchError, Options
+from megalab.results import gpus as gpus_table
 from megalab.runtime import levers
 
 WRAPPER = ROOT / "scripts" / "train_gpt.sh"
@@ -52,14 +53,44 @@ GROUPS = ("DISTRIBUTED", "MODEL", "TRAINING", "PARALLEL", "MOE", "RECOMPUTE", "D
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
-    """What this machine has: GPUs found (None: not counted) and Transformer Engine's version."""
+    """What this machine has: GPUs found (None: not counted), Transformer Engine's version, and the
+    GPU a plan is made for: its NVML name and the memory a run may use (GiB; GPU_MEM_GB's cap where
+    set). Without a GPU that is the planning GPU (GPU=h200; default H100 80GB, or with GPU_MEM_GB the
+    smallest card holding it); `warning` says where GPU= contradicts the GPU present."""
 
     gpus: int | None = None
     te: str | None = None
+    gpu_name: str = gpus_table.DEFAULT_GPU_NAME
+    gpu_memory_gib: float = gpus_table.default_gpu().memory_gib
+    warning: str | None = None
 
     @classmethod
-    def here(cls, gpus: int | None = None) -> "Machine":
-        return cls(gpus=gpus, te=te_available())
+    def here(cls, gpus: int | None = None, names: list[str] | tuple = (), memory_mib: list[int] | tuple = (),
+             opts: Options | None = None) -> "Machine":
+        name, mem, warning = planning_gpu(list(names), list(memory_mib), opts or Options())
+        return cls(gpus=gpus, te=te_available(), gpu_name=name, gpu_memory_gib=mem, warning=warning)
+
+
+def planning_gpu(names: list[str], memory_mib: list[int], opts: Options) -> tuple[str, float, str | None]:
+    """(NVML name, usable GiB, warning) of the GPU this run is planned for: the first GPU found, else
+    GPU=, else the H100 80GB (or, with GPU_MEM_GB, the smallest datasheet card holding it)."""
+    try:
+        asked = gpus_table.planning_name(opts.gpu) if opts.gpu else None
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    warning = None
+    if names:
+        name = names[0]
+        if asked and gpus_table.lookup(asked) != gpus_table.lookup(name):
+            warning = f"GPU={opts.gpu} but this machine has {name}: planning for {name}; fix: drop GPU="
+        card = memory_mib[0] / 1024 if memory_mib else (gpus_table.lookup(name) or gpus_table.default_gpu()).memory_gib
+    else:
+        name = asked or (gpus_table.holding(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else gpus_table.DEFAULT_GPU_NAME)
+        card = (gpus_table.lookup(name) or gpus_table.default_gpu()).memory_gib
+    if opts.gpu_mem_gb:
+        card = min(card, gpus_table.nominal_gb_to_gib(float(opts.gpu_mem_gb))) if names else \
+            gpus_table.nominal_gb_to_gib(float(opts.gpu_mem_gb))
+    return name, card, warning
 
 
 def te_available() -> str | None:
@@ -190,6 +221,11 @@ def modern_model_flags(m: dict) -> list:
     if m.get("untie_embeddings"):
         out += ["--untie-embeddings-and-output-weights"]
     return out
+
+
+def effective_model(exp: Experiment, opts: Options) -> dict:
+    """The model this run builds: the preset overridden by the model flags of the extra args."""
+    return catalog.effective_model(exp.model_cfg, extra_args(exp, opts))
 
 
 # ---- the plan -------------------------------------------------------------------------------------

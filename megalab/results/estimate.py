@@ -49,7 +49,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -851,7 +853,8 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem-gb", type=float, default=None,
                     help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
     ap.add_argument("--spec", choices=SPECS, default="megalab")
-    ap.add_argument("--gpu", default=None, help="GPU name (default: H100 80GB)")
+    ap.add_argument("--gpu", default=None, help="GPU key (h100, h200, a100, ...) or NVML name (default: the make "
+                    "variable GPU, else H100 80GB)")
     ap.add_argument("--mfu", type=float, default=DEFAULT_MFU)
     ap.add_argument("--validate", action="store_true", help="write results/estimate-vs-measured.md")
     ap.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another tree
@@ -878,8 +881,17 @@ def cli(argv: list[str] | None = None) -> int:
     except catalog.CatalogError as e:
         print(f"megalab: {e}", file=sys.stderr)
         return 2
-    mem = nominal_gb_to_gib(args.gpu_mem_gb) if args.gpu_mem_gb else None
-    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=args.gpu, mfu=args.mfu)))
+    # The make variables a preflight reads: GPU (planning GPU), GPU_MEM_GB, EXTRA_ARGS' model flags.
+    mem_gb = args.gpu_mem_gb or (float(os.environ["GPU_MEM_GB"]) if os.environ.get("GPU_MEM_GB") else None)
+    try:
+        key = args.gpu or os.environ.get("GPU")
+        name = gpus.planning_name(key) if key else (gpus.holding(mem_gb) if mem_gb else None)
+        cfg = catalog.effective_model(exp.model_cfg, [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))])
+    except (ValueError, catalog.CatalogError) as e:
+        print(f"megalab: {e}", file=sys.stderr)
+        return 2
+    mem = nominal_gb_to_gib(mem_gb) if mem_gb else None
+    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=name, mfu=args.mfu, model_cfg=cfg)))
     return 0
 
 
