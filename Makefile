@@ -29,7 +29,7 @@ quote = '$(subst ','\'',$(1))'
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
 
-.PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
+.PHONY: help list setup test quickstart tables compare check clean batch $(TARGETS)
 
 help:
 	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
@@ -43,7 +43,8 @@ help:
 #> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
-#> tables                  rebuild results/*.md and results/data/README.md from the committed run records
+#> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the committed run records
+#> compare OUTDIR=outdir    your outdir's runs beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
 #> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
@@ -144,6 +145,11 @@ quickstart:
 
 tables:
 	@$(PY) -m megalab tables && $(PY) -m megalab data-report
+
+# Your own runs (OUTDIR, default outdir/) beside the committed ones, written to OUTDIR/compare/.
+.PHONY: compare
+compare:
+	@$(PY) -m megalab compare "$${OUTDIR:-outdir}"
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.

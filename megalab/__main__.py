@@ -10,6 +10,7 @@
   targets        target ids only, one per line (the Makefile reads these)
   parse LOG      summarise a Megatron log (--json for the record fields)
   tables         rebuild results/*.md and their figures from committed run records (make tables)
+  compare OUTDIR your outdir's runs beside the committed ones, pages in OUTDIR/compare (make compare)
   plots          redraw the figures only, results/plots/*.svg (make plots; --out DIR)
   data-report    rebuild results/data/README.md from the real-data run records (make tables)
   plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
@@ -27,7 +28,8 @@ import sys
 MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
                    "tables": "results.tables", "data-report": "results.datareport",
-                   "variables": "harness.variables", "docker-run": "harness.docker", "python": "harness.pyinfo"}
+                   "variables": "harness.variables", "docker-run": "harness.docker", "python": "harness.pyinfo",
+                   "compare": "results.index"}
 
 
 def _list() -> int:

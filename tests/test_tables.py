@@ -2,9 +2,8 @@
 columns and --check.
 
 The records under tests/fixtures/records are invented test fixtures ("fixture": true), not
-measurements. Regenerate the golden pages after an intended format change with
-MEGALAB_UPDATE_GOLDEN=1 pytest tests/test_tables.py, then read the diff before committing it.
-"""
+measurements. After an intended format change, regenerate the golden pages as README.md's "Add an
+experiment" says (step 5)."""
 from __future__ import annotations
 
 import dataclasses
