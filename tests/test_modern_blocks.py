@@ -203,3 +203,18 @@ def test_the_preflight_check_builds_the_config_so_fused_rope_fails_before_launch
     argv = [a for a in plan.build(catalog.get("600"), Options(iters=5)).entry_args if a != "--no-rope-fusion"]
     with pytest.raises(validate.MegatronRejected, match="apply_rope_fusion is not available"):
         validate.validate(argv, 1)
+
+
+@pytest.mark.parametrize("target", ["600", "611"])
+def test_estimated_flops_are_megatrons_for_swiglu_gqa_and_untied(target):
+    """plan's FLOPs per step (SwiGLU's 3 matrices, GQA's smaller K/V, the untied logits) equal Megatron's
+    own num_floating_point_operations for the chapter-6 presets."""
+    from megalab.harness import catalog, plan, validate
+    from megalab.harness.variables import Options
+    from megalab.results import estimate
+    from megatron.training.training import num_floating_point_operations
+
+    exp = catalog.get(target)
+    args = validate.validate(plan.build(exp, Options(iters=5)).entry_args, exp.gpus)
+    assert estimate.estimate(exp).flops_per_step == pytest.approx(num_floating_point_operations(args, exp.gbs),
+                                                                  rel=1e-9)
