@@ -382,5 +382,7 @@ def test_write_and_check(tmp_path, capsys):
     assert tables.cli(["--check", "--root", str(root)]) == 1
     assert "out of date: results/01-dp-zero2.md" in capsys.readouterr().out
     # the chapter's figure shows the new point too, and is redrawn before the page that links it
-    assert tables.write_tables(root) == [root / "results" / "plots" / "01-dp-zero2-memory.svg", pages[1]]
+    # (then the page's CSV of the same rows and the index's status line)
+    assert tables.write_tables(root) == [root / "results" / "plots" / "01-dp-zero2-memory.svg", pages[1],
+                                         pages[1].with_suffix(".csv"), root / "results" / "README.md"]
     assert T111 in pages[1].read_text()
