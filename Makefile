@@ -44,7 +44,7 @@ help:
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
 #> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the committed run records
-#> compare OUTDIR=outdir    your outdir's runs beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
+#> compare                 your runs (OUTDIR=outdir) beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
 #> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md

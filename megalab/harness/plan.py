@@ -87,9 +87,8 @@ def planning_gpu(names: list[str], memory_mib: list[int], opts: Options) -> tupl
     else:
         name = asked or (gpus_table.holding(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else gpus_table.DEFAULT_GPU_NAME)
         card = (gpus_table.lookup(name) or gpus_table.default_gpu()).memory_gib
-    if opts.gpu_mem_gb:
-        card = min(card, gpus_table.nominal_gb_to_gib(float(opts.gpu_mem_gb))) if names else \
-            gpus_table.nominal_gb_to_gib(float(opts.gpu_mem_gb))
+    if opts.gpu_mem_gb:  # the cap, never more than the card has
+        card = min(card, gpus_table.nominal_gb_to_gib(float(opts.gpu_mem_gb)))
     return name, card, warning
 
 

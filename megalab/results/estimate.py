@@ -882,7 +882,11 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"megalab: {e}", file=sys.stderr)
         return 2
     # The make variables a preflight reads: GPU (planning GPU), GPU_MEM_GB, EXTRA_ARGS' model flags.
-    mem_gb = args.gpu_mem_gb or (float(os.environ["GPU_MEM_GB"]) if os.environ.get("GPU_MEM_GB") else None)
+    try:
+        mem_gb = args.gpu_mem_gb or (float(os.environ["GPU_MEM_GB"]) if os.environ.get("GPU_MEM_GB") else None)
+    except ValueError:
+        print(f"megalab: GPU_MEM_GB={os.environ['GPU_MEM_GB']} is not a number; fix: e.g. GPU_MEM_GB=80", file=sys.stderr)
+        return 2
     try:
         key = args.gpu or os.environ.get("GPU")
         name = gpus.planning_name(key) if key else (gpus.holding(mem_gb) if mem_gb else None)
