@@ -12,9 +12,15 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV ?= .venv
-# Use the project venv when it exists (CPU machines: `make setup`), else the Python on PATH
-# (GPU machines and NGC containers, which bring their own CUDA torch).
-PY ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+# The Python of every target. .venv is the test venv (`make test`, `make setup`, the no-GPU quickstart):
+# it may hold a CPU build of torch, so it is used only where no GPU is visible (nvidia-smi -L fails),
+# never on a GPU machine or in `make docker-run` (repo mounted), where python3 brings the CUDA torch
+# and Transformer Engine of the system or NGC image. PY=... always wins; `make which-python` and every
+# preflight say which Python and torch a run uses.
+ifeq ($(origin PY),undefined)
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+PY := $(if $(HAVE_GPU),python3,$(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3))
+endif
 
 # A make value as one shell word: single-quoted, its own single quotes escaped.
 quote = '$(subst ','\'',$(1))'
@@ -23,7 +29,7 @@ quote = '$(subst ','\'',$(1))'
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
 
-.PHONY: help list setup test quickstart tables check clean batch $(TARGETS)
+.PHONY: help list setup test quickstart tables compare check clean batch $(TARGETS)
 
 help:
 	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
@@ -37,7 +43,8 @@ help:
 #> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
-#> tables                  rebuild results/*.md and results/data/README.md from the run records (STRICT=1: refuse rows not from today's code/defaults)
+#> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the run records (STRICT=1: refuse rows not from today's code/defaults)
+#> compare                 your runs (OUTDIR=outdir) beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
 #> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
@@ -53,11 +60,16 @@ help:
 #> slurm-<id>              write and submit an sbatch script: one torchrun per node (GPUS_PER_NODE=8; DRY_RUN=1: write only)
 #> docker-build            build the NGC-based image (docker/Dockerfile)
 #> docker-run              a shell in it with the GPUs, the repo mounted (DOCKER_CMD=... to run one command)
-#> setup                   .venv with CPU torch and megatron-core (CPU machines)
+#> setup                   .venv for tests (system torch if importable, else CPU torch) and megatron-core
+#> which-python            the Python make runs targets with, and its torch
 #> clean                   remove outdir/ and caches; never results/
 
 list:
 	@$(PY) -m megalab list
+
+.PHONY: which-python
+which-python:
+	@$(PY) -m megalab python
 
 .PHONY: show-command
 show-command:
@@ -101,7 +113,9 @@ TORCH_SPEC ?= torch==2.13.0
 MCORE_VERSION := 0.19.2
 $(VENV)/.stamp: pyproject.toml
 	@command -v python3 >/dev/null || { echo "setup: python3 not found; fix: install Python 3.10+" >&2; exit 2; }
-	python3 -m venv $(VENV)
+	@# --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the
+	@# venv uses, never replaced by a CPU build; only where none is importable does a CPU torch go in.
+	python3 -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	@# Never replace a torch that is already importable (NGC, GPU rigs); else a CPU build.
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/pip install -q "$(TORCH_SPEC)"
@@ -131,6 +145,11 @@ quickstart:
 
 tables:
 	@$(PY) -m megalab tables $(if $(filter 1,$(STRICT)),--strict) && $(PY) -m megalab data-report
+
+# Your own runs (OUTDIR, default outdir/) beside the committed ones, written to OUTDIR/compare/.
+.PHONY: compare
+compare:
+	@$(PY) -m megalab compare "$${OUTDIR:-outdir}"
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.
@@ -191,6 +210,6 @@ count-arguments:
 
 # ---- exports, last: an `export NAME` before `NAME ?= default` would define NAME empty and hide the default.
 # Every variable of megalab/harness/variables.py (tests/test_plan.py checks this line against it).
-export ITERS WARMUP GPU_MEM_GB DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT ALLOW_BUSY_GPUS WATCHDOG_SILENT_S WATCHDOG_STARTUP_S EXIT_GRACE_S GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
+export ITERS WARMUP GPU_MEM_GB GPU DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT ALLOW_BUSY_GPUS WATCHDOG_SILENT_S WATCHDOG_STARTUP_S EXIT_GRACE_S GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
 # Recipes' own user values, read as "$$VAR" too.
 export IDS GREP PORT BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS ID

@@ -2,6 +2,7 @@
 
   run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
   show-command TARGET   the exact torchrun command of a target, nothing else (make show-command ID=...)
+  python         the Python and torch make runs targets with (make which-python)
   variables      the make variables, their defaults and meaning (make help; --names: names only)
   docker-run     a container of docker/Dockerfile's image with the GPUs (make docker-run)
   slurm TARGET   write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)
@@ -9,6 +10,7 @@
   targets        target ids only, one per line (the Makefile reads these)
   parse LOG      summarise a Megatron log (--json for the record fields)
   tables         rebuild results/*.md and their figures from committed run records (make tables)
+  compare OUTDIR your outdir's runs beside the committed ones, pages in OUTDIR/compare (make compare)
   plots          redraw the figures only, results/plots/*.svg (make plots; --out DIR)
   data-report    rebuild results/data/README.md from the real-data run records (make tables)
   plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
@@ -26,7 +28,8 @@ import sys
 MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
                    "tables": "results.tables", "data-report": "results.datareport", "integrity": "results.integrity",
-                   "variables": "harness.variables", "docker-run": "harness.docker"}
+                   "variables": "harness.variables", "docker-run": "harness.docker", "python": "harness.pyinfo",
+                   "compare": "results.index"}
 
 
 def _list() -> int:

@@ -18,6 +18,13 @@ MAX_POS=${MAX_POS:-$SEQ_LEN}
 VOCAB_SIZE=${VOCAB_SIZE:-50257}
 FFN_HIDDEN=${FFN_HIDDEN:-}               # empty: Megatron's 4 x hidden
 DISABLE_BIAS_LINEAR=${DISABLE_BIAS_LINEAR:-0}
+# Modern decoders (Llama-style): RMSNorm, SwiGLU, rotary positions, grouped-query attention, untied output.
+NORMALIZATION=${NORMALIZATION:-LayerNorm}   # LayerNorm | RMSNorm
+SWIGLU=${SWIGLU:-0}
+POS_EMB=${POS_EMB:-learned_absolute}        # learned_absolute | rope
+ROTARY_BASE=${ROTARY_BASE:-}                # empty: Megatron's 10000
+NUM_QUERY_GROUPS=${NUM_QUERY_GROUPS:-}      # empty: one K/V head per query head (no GQA)
+UNTIE=${UNTIE:-0}
 ITERS=${ITERS:-100}
 
 # ---- parallel layout (the catalog's numbers) ----------------------------------------------------
@@ -66,6 +73,13 @@ MODEL_ARGS=(
 )
 [ -n "$FFN_HIDDEN" ] && MODEL_ARGS+=(--ffn-hidden-size "$FFN_HIDDEN")
 [ "$DISABLE_BIAS_LINEAR" = 1 ] && MODEL_ARGS+=(--disable-bias-linear)
+[ "$NORMALIZATION" != LayerNorm ] && MODEL_ARGS+=(--normalization "$NORMALIZATION")
+[ "$SWIGLU" = 1 ] && MODEL_ARGS+=(--swiglu)
+# Megatron's fused RoPE needs TE >= 1.4 ("apply_rope_fusion is not available"): always unfused here.
+[ "$POS_EMB" = rope ] && MODEL_ARGS+=(--position-embedding-type rope --no-rope-fusion)
+[ "$POS_EMB" = rope ] && [ -n "$ROTARY_BASE" ] && MODEL_ARGS+=(--rotary-base "$ROTARY_BASE")
+[ -n "$NUM_QUERY_GROUPS" ] && MODEL_ARGS+=(--group-query-attention --num-query-groups "$NUM_QUERY_GROUPS")
+[ "$UNTIE" = 1 ] && MODEL_ARGS+=(--untie-embeddings-and-output-weights)
 
 # The reference tutorial's hyper-parameters (configs/reference/README.md).
 TRAINING_ARGS=(

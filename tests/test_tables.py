@@ -2,9 +2,8 @@
 columns and --check.
 
 The records under tests/fixtures/records are invented test fixtures ("fixture": true), not
-measurements. Regenerate the golden pages after an intended format change with
-MEGALAB_UPDATE_GOLDEN=1 pytest tests/test_tables.py, then read the diff before committing it.
-"""
+measurements. After an intended format change, regenerate the golden pages as README.md's "Add an
+experiment" says (step 5)."""
 from __future__ import annotations
 
 import dataclasses
@@ -383,5 +382,7 @@ def test_write_and_check(tmp_path, capsys):
     assert tables.cli(["--check", "--root", str(root)]) == 1
     assert "out of date: results/01-dp-zero2.md" in capsys.readouterr().out
     # the chapter's figure shows the new point too, and is redrawn before the page that links it
-    assert tables.write_tables(root) == [root / "results" / "plots" / "01-dp-zero2-memory.svg", pages[1]]
+    # (then the page's CSV of the same rows and the index's status line)
+    assert tables.write_tables(root) == [root / "results" / "plots" / "01-dp-zero2-memory.svg", pages[1],
+                                         pages[1].with_suffix(".csv"), root / "results" / "README.md"]
     assert T111 in pages[1].read_text()

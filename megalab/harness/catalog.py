@@ -103,6 +103,11 @@ class Experiment:
             raise CatalogError(
                 f"{where}: {m['num_attention_heads']} attention heads cannot be split over TP={self.tp}; "
                 f"fix: pick a TP that divides {m['num_attention_heads']}")
+        groups = m.get("num_query_groups")
+        if groups and (m["num_attention_heads"] % groups or groups % self.tp):
+            raise CatalogError(
+                f"{where}: {groups} query groups must divide {m['num_attention_heads']} heads and split over "
+                f"TP={self.tp}; fix: pick a TP that divides {groups} (Megatron splits K/V groups over TP)")
         if m["num_layers"] % self.pp:
             raise CatalogError(
                 f"{where}: {m['num_layers']} layers cannot be split over PP={self.pp}; "
@@ -181,9 +186,49 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 PRESET_KEYS = {
     "about", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
     "vocab_size", "ffn_hidden_size", "disable_bias_linear",
+    # modern decoders (chapter 6): normalization LayerNorm|RMSNorm, swiglu, position_embedding
+    # learned_absolute|rope, rotary_base, num_query_groups (GQA), untie_embeddings
+    "normalization", "swiglu", "position_embedding", "rotary_base", "num_query_groups", "untie_embeddings",
     "moe_ffn_hidden_size", "moe_router_topk", "moe_router_force_load_balancing", "moe_token_dispatcher",
     "moe_grouped_gemm", "moe_permute_fusion",
 }
+
+# Preset keys with a fixed set of values (the first is Megatron's default).
+PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding": ("learned_absolute", "rope")}
+
+# Megatron flags that change the model, as the preset key each overrides: (key, value type); a None
+# type is a switch (present: True). EXTRA_ARGS may carry them; the estimator and the preflight read
+# the effective model (the preset overridden by them), as Megatron builds it (the last one wins).
+MODEL_FLAGS = {
+    "--num-layers": ("num_layers", int), "--hidden-size": ("hidden_size", int),
+    "--ffn-hidden-size": ("ffn_hidden_size", int), "--num-attention-heads": ("num_attention_heads", int),
+    "--seq-length": ("seq_length", int), "--max-position-embeddings": ("max_position_embeddings", int),
+    "--vocab-size": ("vocab_size", int), "--num-query-groups": ("num_query_groups", int),
+    "--normalization": ("normalization", str), "--position-embedding-type": ("position_embedding", str),
+    "--rotary-base": ("rotary_base", int), "--swiglu": ("swiglu", None),
+    "--untie-embeddings-and-output-weights": ("untie_embeddings", None),
+    "--disable-bias-linear": ("disable_bias_linear", None),
+}
+
+
+def effective_model(preset: dict[str, Any], args: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """The preset with the model flags among `args` (argv items, e.g. a target's extra args plus
+    EXTRA_ARGS) applied; `--flag=value` is read too. Raises CatalogError for a flag without its value."""
+    out = dict(preset)
+    args = [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+    for i, a in enumerate(args):
+        if a not in MODEL_FLAGS:
+            continue
+        key, kind = MODEL_FLAGS[a]
+        if kind is None:
+            out[key] = True
+            continue
+        try:
+            out[key] = kind(args[i + 1])
+        except (IndexError, ValueError):
+            raise CatalogError(f"{a} needs a {kind.__name__} value in the extra args; fix: e.g. {a} "
+                               f"{preset.get(key, 8)}") from None
+    return out
 
 
 def _experiment_fields() -> set[str]:
@@ -195,6 +240,10 @@ def models() -> dict[str, dict[str, Any]]:
     with open(CONFIGS / "models.yaml") as f:
         presets = yaml.safe_load(f)
     for name, preset in presets.items():
+        for key, allowed in PRESET_CHOICES.items():
+            if key in preset and preset[key] not in allowed:
+                raise CatalogError(f"configs/models.yaml: {name}: {key} '{preset[key]}' is not one of "
+                                   f"{', '.join(allowed)}; fix the preset")
         unknown = set(preset) - PRESET_KEYS
         if unknown:
             raise CatalogError(f"configs/models.yaml: {name}: unknown keys {sorted(unknown)}; "

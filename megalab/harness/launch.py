@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from megalab.harness import catalog, plan as planner, ports, record, resume
+from megalab.harness import catalog, plan as planner, ports, pyinfo, record, resume
 from megalab.harness.catalog import CatalogError, Experiment
 from megalab.harness.plan import WRAPPER, RunPlan, profile_start, wandb_mode  # noqa: F401 (re-exported)
 from megalab.harness.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
@@ -107,14 +107,17 @@ def profiled(exp: Experiment, opts: Options) -> tuple[Experiment, Options]:
 def preflight(plan: RunPlan) -> list[str]:
     """Human-readable lines: what will run and why the layout is valid."""
     exp, opts, impl = plan.exp, plan.opts, plan.impl
-    m = exp.model_cfg
+    m = planner.effective_model(exp, opts)  # the preset with EXTRA_ARGS' model flags applied
     found = "unknown" if plan.machine.gpus is None else str(plan.machine.gpus)
     graph = f"{'on' if plan.cuda_graph else 'off'} ({plan.cuda_graph_reason})"
     lines = [
         f"target     {exp.id}: {exp.about}",
         f"model      {exp.model}: {m['num_layers']} layers, hidden {m['hidden_size']}, "
-        f"{m['num_attention_heads']} heads, seq {m['seq_length']}",
-        f"GPUs       needs {exp.gpus} ({opts.nnodes} node(s) x {plan.gpus_per_node}); found {found} on this node",
+        f"{m['num_attention_heads']} heads, seq {m['seq_length']}" + model_features(m)
+        + ("" if m == exp.model_cfg else " (the preset changed by the extra args)"),
+        f"GPUs       needs {exp.gpus} ({opts.nnodes} node(s) x {plan.gpus_per_node}); found {found} on this node; "
+        f"planned for {plan.machine.gpu_name}, {plan.machine.gpu_memory_gib:.1f} GiB"
+        + ("" if plan.machine.gpus else " (no GPU here: GPU=h100|h200|a100|... chooses)"),
         f"layout     DP={exp.dp} = {exp.gpus} GPUs / (TP={exp.tp} x PP={exp.pp} x CP={exp.cp})"
         + (f", EP={exp.ep}" if exp.ep > 1 else "") + (f", expert TP={exp.etp}" if exp.etp > 1 else "")
         + (", SP" if exp.sp else "")
@@ -132,6 +135,8 @@ def preflight(plan: RunPlan) -> list[str]:
         f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
         + (f"; Megatron timers at --timing-log-level {exp.timing_log_level}" if exp.timing_log_level else ""),
     ]
+    if plan.machine.warning:
+        lines.insert(3, f"warning    {plan.machine.warning}")
     if exp.num_experts:
         lines.insert(2, f"experts    {exp.num_experts} experts, top-{exp.router_topk} routing")
     for flag, lever in plan.substituted_flags.items():
@@ -151,6 +156,16 @@ def preflight(plan: RunPlan) -> list[str]:
         checks.append(f"heads {m['num_attention_heads']} % (TP x CP = {exp.tp * exp.cp}) == 0")
     lines.append("checks     " + "; ".join(checks) + ": ok")
     return lines + outputs_lines(opts)
+
+
+def model_features(m: dict) -> str:
+    """The preset's non-GPT-2 parts, for the preflight's model line ('' for a GPT-2-style model)."""
+    parts = [m["normalization"]] if m.get("normalization", "LayerNorm") != "LayerNorm" else []
+    parts += ["SwiGLU"] if m.get("swiglu") else []
+    parts += [f"RoPE base {m.get('rotary_base', 10000)}"] if m.get("position_embedding") == "rope" else []
+    parts += [f"GQA {m['num_attention_heads']}/{m['num_query_groups']}"] if m.get("num_query_groups") else []
+    parts += ["untied output"] if m.get("untie_embeddings") else []
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def attention_dropout(plan: RunPlan) -> float:
@@ -212,7 +227,8 @@ def megatron_check(plan: RunPlan) -> str:
     except validate.MegatronRejected as e:
         raise LaunchError(f"Megatron rejects {exp.id} on {exp.gpus} GPUs: {e}; "
                           "fix the layout in configs/experiments/") from None
-    return f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus}: ok"
+    return (f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus} and "
+            "gpt_config_from_args builds the model config: ok")
 
 
 def plan_lines(plan: RunPlan, inv: dict) -> str:
@@ -220,10 +236,9 @@ def plan_lines(plan: RunPlan, inv: dict) -> str:
     from megalab.results import estimate
 
     opts = plan.opts
-    cap = estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else None
-    gpu = (inv.get("names") or [None])[0]
-    try:
-        est = estimate.estimate(plan.exp, gpu_mem_gib=cap, spec=opts.spec, gpu_name=gpu,
+    try:  # the machine's GPU: the one found, else the planning GPU (GPU=, GPU_MEM_GB)
+        est = estimate.estimate(plan.exp, gpu_mem_gib=plan.machine.gpu_memory_gib, spec=opts.spec,
+                                gpu_name=plan.machine.gpu_name, model_cfg=planner.effective_model(plan.exp, opts),
                                 fused_adam="fused_adam" in plan.fast, grouped_gemm="grouped_gemm" in plan.fast,
                                 cuda_graph=plan.cuda_graph)
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
@@ -346,9 +361,11 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     from megalab.harness.monitor import GpuMemoryMonitor, gpu_inventory
 
     inv = gpu_inventory()
-    machine = planner.Machine.here(gpus=inv["count"], inventory=inv)
+    machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
+                                   memory_mib=inv.get("memory_mib") or (), opts=opts)
     plan = planner.build(exp, opts, machine)
     print("\n".join(preflight(plan)))
+    print(pyinfo.line(gpus=inv["count"]))
     print(megatron_check(plan))
     print(plan_lines(plan, inv))
     print(ports.describe(asked_port, opts.master_port, opts.nnodes))

@@ -18,9 +18,10 @@ import shlex
 from pathlib import Path
 from types import MappingProxyType
 
-from megalab.harness import ports
+from megalab.harness import catalog, ports
 from megalab.harness.catalog import ROOT, Experiment
 from megalab.harness.variables import LaunchError, Options
+from megalab.results import gpus as gpus_table
 from megalab.runtime import levers
 
 WRAPPER = ROOT / "scripts" / "train_gpt.sh"
@@ -53,19 +54,42 @@ GROUPS = ("DISTRIBUTED", "MODEL", "TRAINING", "PARALLEL", "MOE", "RECOMPUTE", "D
 @dataclasses.dataclass(frozen=True)
 class Machine:
     """What this machine has: GPUs found (None: not counted), Transformer Engine's version, and the
-    GPU's name and memory (NVML's), which the CUDA graph's memory check plans with."""
+    GPU a plan is made for: its NVML name and the memory a run may use (GiB; GPU_MEM_GB's cap where
+    set). Without a GPU that is the planning GPU (GPU=h200; default H100 80GB, or with GPU_MEM_GB the
+    smallest card holding it); `warning` says where GPU= contradicts the GPU present."""
 
     gpus: int | None = None
     te: str | None = None
-    gpu_name: str | None = None
-    gpu_memory_gib: float | None = None
+    gpu_name: str = gpus_table.DEFAULT_GPU_NAME
+    gpu_memory_gib: float = gpus_table.default_gpu().memory_gib
+    warning: str | None = None
 
     @classmethod
-    def here(cls, gpus: int | None = None, inventory: dict | None = None) -> "Machine":
-        inv = inventory or {}
-        name = (inv.get("names") or [None])[0]
-        mib = (inv.get("memory_mib") or [None])[0]
-        return cls(gpus=gpus, te=te_available(), gpu_name=name, gpu_memory_gib=mib / 1024 if mib else None)
+    def here(cls, gpus: int | None = None, names: list[str] | tuple = (), memory_mib: list[int] | tuple = (),
+             opts: Options | None = None) -> "Machine":
+        name, mem, warning = planning_gpu(list(names), list(memory_mib), opts or Options())
+        return cls(gpus=gpus, te=te_available(), gpu_name=name, gpu_memory_gib=mem, warning=warning)
+
+
+def planning_gpu(names: list[str], memory_mib: list[int], opts: Options) -> tuple[str, float, str | None]:
+    """(NVML name, usable GiB, warning) of the GPU this run is planned for: the first GPU found, else
+    GPU=, else the H100 80GB (or, with GPU_MEM_GB, the smallest datasheet card holding it)."""
+    try:
+        asked = gpus_table.planning_name(opts.gpu) if opts.gpu else None
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    warning = None
+    if names:
+        name = names[0]
+        if asked and gpus_table.lookup(asked) != gpus_table.lookup(name):
+            warning = f"GPU={opts.gpu} but this machine has {name}: planning for {name}; fix: drop GPU="
+        card = memory_mib[0] / 1024 if memory_mib else (gpus_table.lookup(name) or gpus_table.default_gpu()).memory_gib
+    else:
+        name = asked or (gpus_table.holding(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb else gpus_table.DEFAULT_GPU_NAME)
+        card = (gpus_table.lookup(name) or gpus_table.default_gpu()).memory_gib
+    if opts.gpu_mem_gb:  # the cap, never more than the card has
+        card = min(card, gpus_table.nominal_gb_to_gib(float(opts.gpu_mem_gb)))
+    return name, card, warning
 
 
 def te_available() -> str | None:
@@ -156,14 +180,14 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
     if requested == "auto" and not features:
         from megalab.results import estimate
 
-        from megalab.results import gpus
-
-        # no GPU here (a dry run on a laptop): plan for the estimator's default card, as its peak line does
-        capacity = (estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)) if opts.gpu_mem_gb
-                    else machine.gpu_memory_gib or gpus.default_gpu().memory_gib)
+        # the GPU found, else the planning GPU (GPU=); never more than the GPU_MEM_GB cap
+        capacity = machine.gpu_memory_gib
+        if opts.gpu_mem_gb:
+            capacity = min(capacity, estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)))
         try:
             peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name,
-                                     fused_adam="fused_adam" in fast).peak_gib
+                                     model_cfg=effective_model(exp, opts), fused_adam="fused_adam" in fast,
+                                     grouped_gemm=levers.GROUPED_GEMM in fast).peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
     try:
@@ -197,6 +221,31 @@ def extra_args(exp: Experiment, opts: Options) -> tuple[str, ...]:
     except ValueError as e:
         raise LaunchError(f"EXTRA_ARGS={opts.extra_args!r} is not a shell word list ({e}); "
                           "fix: balance its quotes, e.g. EXTRA_ARGS='--seed 7'") from None
+
+
+def modern_model_flags(m: dict) -> list:
+    """The preset's modern-decoder keys as Megatron flags (scripts/train_gpt.sh: the same, from
+    NORMALIZATION, SWIGLU, POS_EMB, ROTARY_BASE, NUM_QUERY_GROUPS, UNTIE). RoPE always goes with
+    --no-rope-fusion: Megatron's fused RoPE needs TE >= 1.4 ("apply_rope_fusion is not available")."""
+    out: list = []
+    if m.get("normalization", "LayerNorm") != "LayerNorm":
+        out += ["--normalization", m["normalization"]]
+    if m.get("swiglu"):
+        out += ["--swiglu"]
+    if m.get("position_embedding", "learned_absolute") == "rope":
+        out += ["--position-embedding-type", "rope", "--no-rope-fusion"]
+        if m.get("rotary_base"):
+            out += ["--rotary-base", m["rotary_base"]]
+    if m.get("num_query_groups"):
+        out += ["--group-query-attention", "--num-query-groups", m["num_query_groups"]]
+    if m.get("untie_embeddings"):
+        out += ["--untie-embeddings-and-output-weights"]
+    return out
+
+
+def effective_model(exp: Experiment, opts: Options) -> dict:
+    """The model this run builds: the preset overridden by the model flags of the extra args."""
+    return catalog.effective_model(exp.model_cfg, extra_args(exp, opts))
 
 
 # ---- the plan -------------------------------------------------------------------------------------
@@ -293,6 +342,7 @@ def _argv_groups(exp: Experiment, opts: Options, impl: str, graph: bool, per_nod
         a["MODEL"] += ["--ffn-hidden-size", m["ffn_hidden_size"]]
     if m.get("disable_bias_linear"):
         a["MODEL"] += ["--disable-bias-linear"]
+    a["MODEL"] += modern_model_flags(m)
     a["TRAINING"] = ["--micro-batch-size", exp.mbs, "--global-batch-size", exp.gbs, "--train-iters", opts.iters,
                      "--lr", "6.0e-5", "--min-lr", "6.0e-6", "--lr-decay-style", "cosine",
                      "--lr-warmup-fraction", ".001", "--weight-decay", "0.1", "--adam-beta1", "0.9",
@@ -390,6 +440,9 @@ def wrapper_env(plan: RunPlan) -> dict[str, str]:
         "NUM_HEADS": m["num_attention_heads"], "SEQ_LEN": m["seq_length"],
         "MAX_POS": m.get("max_position_embeddings", m["seq_length"]), "VOCAB_SIZE": m["vocab_size"],
         "FFN_HIDDEN": m.get("ffn_hidden_size", ""), "DISABLE_BIAS_LINEAR": int(bool(m.get("disable_bias_linear"))),
+        "NORMALIZATION": m.get("normalization", "LayerNorm"), "SWIGLU": int(bool(m.get("swiglu"))),
+        "POS_EMB": m.get("position_embedding", "learned_absolute"), "ROTARY_BASE": m.get("rotary_base", ""),
+        "NUM_QUERY_GROUPS": m.get("num_query_groups", ""), "UNTIE": int(bool(m.get("untie_embeddings"))),
         "GBS": exp.gbs, "MBS": exp.mbs, "ITERS": opts.iters,
         "TP": exp.tp, "PP": exp.pp, "CP": exp.cp, "EP": exp.ep, "ETP": exp.etp,
         "SP": int(exp.sp), "ZERO2": int(exp.zero2), "RECOMPUTE": exp.recompute,

@@ -1,7 +1,8 @@
 """Ask Megatron itself whether it accepts a command line, without GPUs.
 
 `parse_and_validate_args` is the same code that runs at the start of training; with WORLD_SIZE
-set it checks every divisibility and flag combination the real launch would. Running it before
+set it checks every divisibility and flag combination the real launch would. The model config
+(`gpt_config_from_args`, TransformerConfig's checks) is built too, as the entry point does next. Running it before
 a launch turns a 40-second start-up failure into an immediate one-line error.
 """
 from __future__ import annotations
@@ -76,7 +77,13 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     try:
         with contextlib.redirect_stdout(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return parse_and_validate_args()
+            args = parse_and_validate_args()
+            # The model config too: TransformerConfig's own checks (e.g. "apply_rope_fusion is not
+            # available. Please install TE >= 1.4") run only when it is built, after the arg check.
+            from megatron.training.argument_utils import gpt_config_from_args
+
+            gpt_config_from_args(args)
+            return args
     except SystemExit as e:  # argparse: unknown or malformed flag
         raise MegatronRejected(f"argparse exit {e.code}: {out.getvalue().strip()[-300:]}") from None
     except (AssertionError, ValueError, RuntimeError) as e:

@@ -40,6 +40,8 @@ VARIABLES: tuple[Variable, ...] = (
     V("WARMUP", "int", 3, "iterations left out of the step-time median", True, field="warmup"),
     V("GPU_MEM_GB", "str", None, "cap each process as if the GPU had this many GB (e.g. 80 on an H200)", True,
       field="gpu_mem_gb"),
+    V("GPU", "str", None, "the GPU to plan for: h100, h200, a100, a100-40gb, b200, gh200, l40s (default: the GPU "
+      "found, else h100; with GPU_MEM_GB, the smallest that holds it)", True, field="gpu"),
     V("DRY_RUN", "flag", False, "print the preflight and the exact command; start nothing", field="dry_run"),
     V("OUTDIR", "path", ROOT / "outdir", "where run directories go", field="outdir"),
     V("SPEC", "choice", "megalab", "TE-free layer spec: megalab, or local (Megatron's stock spec)", True,
@@ -128,6 +130,7 @@ class Options:
     warmup: int = 3
     gpu_mem_gb: str | None = None
     dry_run: bool = False
+    gpu: str | None = None  # GPU=h200: the planning GPU (plan.Machine resolves it)
     outdir: Path = ROOT / "outdir"
     spec: str = "megalab"  # megalab | local
     te: str = "auto"  # auto | 1 | 0

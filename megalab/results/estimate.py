@@ -50,8 +50,10 @@ import argparse
 import dataclasses
 import hashlib
 import math
+import os
 import statistics
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -179,8 +181,10 @@ class Shape:
                    groups=int(cfg.get("num_query_groups", heads)),
                    bias=not cfg.get("disable_bias_linear", False), swiglu=bool(cfg.get("swiglu", False)),
                    norm=1 if cfg.get("normalization") == "RMSNorm" else 2,
-                   learned_pos=cfg.get("position_embedding_type", "learned_absolute") == "learned_absolute",
-                   tied=not cfg.get("untie_embeddings_and_output_weights", False),
+                   # the preset keys (position_embedding, untie_embeddings) or Megatron's own names
+                   learned_pos=cfg.get("position_embedding", cfg.get("position_embedding_type", "learned_absolute"))
+                   == "learned_absolute",
+                   tied=not (cfg.get("untie_embeddings") or cfg.get("untie_embeddings_and_output_weights", False)),
                    num_experts=int(num_experts) if num_experts else None,
                    topk=int(topk) if num_experts else None,
                    moe_ffn=int(cfg.get("moe_ffn_hidden_size") or ffn) if num_experts else None)
@@ -1057,7 +1061,8 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem-gb", type=float, default=None,
                     help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
     ap.add_argument("--spec", choices=SPECS, default="megalab")
-    ap.add_argument("--gpu", default=None, help="GPU name (default: H100 80GB)")
+    ap.add_argument("--gpu", default=None, help="GPU key (h100, h200, a100, ...) or NVML name (default: the make "
+                    "variable GPU, else H100 80GB)")
     ap.add_argument("--mfu", type=float, default=None, help="step time at this constant MFU instead of the model")
     ap.add_argument("--validate", action="store_true", help="write results/estimate-vs-measured.md")
     ap.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another tree
@@ -1087,8 +1092,21 @@ def cli(argv: list[str] | None = None) -> int:
     except catalog.CatalogError as e:
         print(f"megalab: {e}", file=sys.stderr)
         return 2
-    mem = nominal_gb_to_gib(args.gpu_mem_gb) if args.gpu_mem_gb else None
-    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=args.gpu, mfu=args.mfu)))
+    # The make variables a preflight reads: GPU (planning GPU), GPU_MEM_GB, EXTRA_ARGS' model flags.
+    try:
+        mem_gb = args.gpu_mem_gb or (float(os.environ["GPU_MEM_GB"]) if os.environ.get("GPU_MEM_GB") else None)
+    except ValueError:
+        print(f"megalab: GPU_MEM_GB={os.environ['GPU_MEM_GB']} is not a number; fix: e.g. GPU_MEM_GB=80", file=sys.stderr)
+        return 2
+    try:
+        key = args.gpu or os.environ.get("GPU")
+        name = gpus.planning_name(key) if key else (gpus.holding(mem_gb) if mem_gb else None)
+        cfg = catalog.effective_model(exp.model_cfg, [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))])
+    except (ValueError, catalog.CatalogError) as e:
+        print(f"megalab: {e}", file=sys.stderr)
+        return 2
+    mem = nominal_gb_to_gib(mem_gb) if mem_gb else None
+    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=name, mfu=args.mfu, model_cfg=cfg)))
     return 0
 
 

@@ -47,6 +47,36 @@ DEFAULT_GPU_NAME = "NVIDIA H100 80GB HBM3"
 H100_MIB_PER_NOMINAL_GB = 81559 / 80
 
 
+# GPU=<key>: the planning GPU on a machine without one (make variable GPU, `python -m megalab plan --gpu`),
+# as the NVML name such a card reports, so that lookup() and the pages read it like a real one.
+PLANNING_KEYS = {
+    "h100": "NVIDIA H100 80GB HBM3",
+    "h200": "NVIDIA H200",
+    "a100": "NVIDIA A100-SXM4-80GB",
+    "a100-40gb": "NVIDIA A100-SXM4-40GB",
+    "b200": "NVIDIA B200",
+    "gh200": "NVIDIA GH200 480GB",
+    "l40s": "NVIDIA L40S",
+}
+
+
+def planning_name(key: str) -> str:
+    """GPU=h200 -> 'NVIDIA H200'. A full NVML name the datasheet knows is taken as it is; anything
+    else raises ValueError with the keys to choose from."""
+    if key.lower() in PLANNING_KEYS:
+        return PLANNING_KEYS[key.lower()]
+    if lookup(key):
+        return key
+    raise ValueError(f"GPU={key} is not a GPU megalab knows; fix: one of {', '.join(PLANNING_KEYS)}")
+
+
+def holding(mem_gb: float) -> str:
+    """The NVML name of the smallest planning GPU with at least GPU_MEM_GB=mem_gb (the H100 when none
+    is that big): with no GPU here, GPU_MEM_GB=141 plans for an H200, not an H100 80GB."""
+    cards = sorted((lookup(n).memory_gb, n) for n in PLANNING_KEYS.values())
+    return next((n for gb, n in cards if gb >= mem_gb), DEFAULT_GPU_NAME)
+
+
 def lookup(gpu_name: str | None) -> GPU | None:
     """The datasheet entry for an NVML name; None when absent or unknown."""
     if not gpu_name:

@@ -422,6 +422,7 @@ CHAPTER_COLUMNS: dict[int, list[Column]] = {
         Column("experts/GPU", _experts_per_gpu,
                note="experts/GPU = experts / EP: the experts each GPU holds (ETP splits each of them further)."),
         C_ZERO2],
+    6: [C_TP, C_SP, C_PP, C_CP, C_ZERO2],
 }
 
 
@@ -433,10 +434,10 @@ def chapter_columns(chapter: int) -> list[Column]:
 
 ANCHOR_LAYOUT = ["Row", "make target", "model", "GBS", "MBS", "seq", "GPUs", "DP"]
 ANCHOR_RESULT = ["ref GB (pub.)", "ref GiB", "our GiB", "Δ GiB", "ref ms", "our ms", "Δ ms", "our p10–p90 ms",
-                 "runs", "TFLOP/s/GPU", "MFU"]
+                 "runs", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
 TWOGPU_LAYOUT = ["Row", "make target", "idea", "GBS", "MBS"]
 TWOGPU_RESULT = ["ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB", "ref ms",
-                 "our ms", "Δ ms", "our p10–p90 ms", "runs", "TFLOP/s/GPU", "MFU"]
+                 "our ms", "Δ ms", "our p10–p90 ms", "runs", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
 TAIL = ["hardware", "provenance", "status"]
 _LEFT = {"Row", "make target", "model", "idea", "hardware", "provenance", "status"}
 
@@ -446,6 +447,9 @@ def columns(chapter: int) -> list[str]:
     layout, result = (TWOGPU_LAYOUT, TWOGPU_RESULT) if reference_kind(chapter) == "twogpu" else \
         (ANCHOR_LAYOUT, ANCHOR_RESULT)
     extra = chapter_columns(chapter)
+    if reference_kind(chapter) == "none":  # nothing published to diff against: no Row, ref or Δ columns
+        layout = [c for c in layout if c != "Row"]
+        result = [c for c in result if not c.startswith(("ref ", "Δ"))]
     return [*layout, *(c.name for c in extra if c.where == "layout"), *result,
             *(c.name for c in extra if c.where == "result"), *TAIL]
 
@@ -548,8 +552,21 @@ def _twogpu_cells(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
     return cells
 
 
+def tokens_per_s_per_gpu(exp: catalog.Experiment, step_ms: float | None) -> float | None:
+    """GBS x seq / step time / GPUs: the throughput Megatron-Bridge and torchtitan report."""
+    if not step_ms:
+        return None
+    return exp.gbs * exp.seq_length / (step_ms / 1000) / exp.gpus
+
+
+TOKENS_NOTE = ("tok/s/GPU = GBS × seq / our median step time / GPUs: tokens trained per second per GPU "
+               "(the unit Megatron-Bridge and torchtitan report).")
+
+
 def _row(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
     cells = _twogpu_cells(exp, ctx) if ctx.kind == "twogpu" else _anchor_cells(exp, ctx)
+    tok = tokens_per_s_per_gpu(exp, ctx.our_ms(exp))
+    cells["tok/s/GPU"] = "" if tok is None else f"{_round(tok):,.0f}"
     for col in chapter_columns(ctx.chapter):
         cells[col.name] = _cell(col, exp, ctx)
     return cells
@@ -576,6 +593,8 @@ SOURCES = {
         "Published numbers are from the tutorial series \"Megatron, Transformed!\" (Chua, 2025) on "
         "8x H100 80GB with Megatron core_r0.14 and Transformer Engine "
         "([configs/reference](../configs/reference/README.md))"),
+    "none": ("configs/experiments", "No published table to compare with: every row is our own measurement, "
+             "\"not run yet\" until it is run"),
     "twogpu": (
         "configs/reference/twogpu_2xh200.csv",
         "Published numbers are from the same author's 2x H200 notes (Chua, 2025: public notes on "
@@ -609,12 +628,13 @@ def _frame(ctx: Context) -> pd.DataFrame:
 
 def table_frame(chapter: int, records: dict[str, dict] | None = None,
                 reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
-                exps: list[catalog.Experiment] | None = None) -> pd.DataFrame:
+                exps: list[catalog.Experiment] | None = None, tree: Path | None = None) -> pd.DataFrame:
     """The chapter's table as a DataFrame of strings (one row per target, catalog order).
 
-    `exps` replaces the catalog's targets of the chapter (tests build their own Experiments).
+    `exps` replaces the catalog's targets of the chapter (tests build their own Experiments); `tree`
+    is the checkout whose git history judges each record's code (default: this one).
     """
-    return _frame(_context(chapter, records, reference, twogpu, exps))
+    return _frame(_context(chapter, records, reference, twogpu, exps, ROOT if tree is None else Path(tree)))
 
 
 def render_chapter(chapter: int, records: dict[str, dict] | None = None,
@@ -638,9 +658,11 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
                      if (ref := ctx.ref_row(e)) is not None and isinstance(ref["notes"], str) and ref["notes"]]
         if ref_notes:
             notes.append("Published notes: " + ". ".join(ref_notes) + ".")
+    elif ctx.kind == "none":
+        notes = FOOTNOTES[1:]  # no Δ
     else:
         notes = list(FOOTNOTES)
-    notes += [c.note for c in chapter_columns(chapter) if c.note]
+    notes += [TOKENS_NOTE] + [c.note for c in chapter_columns(chapter) if c.note]
     notes.append(provenance.LEGEND)
     if any(OTHER_HOST in str(v) for v in df.values.ravel()):
         notes.append(OTHER_HOST_NOTE)
@@ -686,15 +708,18 @@ def not_today(records: dict[str, dict], tree: Path) -> dict[str, list[str]]:
     return out
 
 
-def write_tables(root: Path | None = None, *, check: bool = False, strict: bool = False) -> list[Path]:
-    """Write every chapter's table page under ROOT; return the paths whose content changed.
+def write_tables(root: Path | None = None, *, check: bool = False, strict: bool = False,
+                 records: dict[str, dict] | None = None) -> list[Path]:
+    """Write every chapter's table page (and its CSV, same rows) under ROOT; return the paths whose
+    content changed.
 
-    Records come from ROOT/results/runs; a page whose content is unchanged is not touched. With
-    check=True nothing is written and the returned paths are those that *would* change. With
-    strict=True nothing is written when a row's record is not today's code and defaults (NotToday).
+    Records come from ROOT/results/runs unless given (`compare`: the committed ones and an outdir's);
+    a file whose content is unchanged is not touched. With check=True nothing is written and the
+    returned paths are those that *would* change. With strict=True nothing is written when a row's
+    record is not today's code and defaults (NotToday).
     """
     root = Path(root) if root is not None else ROOT
-    records = load_records(root / "results" / "runs", root)
+    records = load_records(root / "results" / "runs", root) if records is None else records
     if strict and (rows := not_today(records, root)):
         n = sum(len(ids) for ids in rows.values())
         raise NotToday(f"{n} row(s) come from other code or other defaults than today's: "
@@ -705,16 +730,22 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     changed = plots.write_plots(root, records=records, check=check)
     for chapter, meta in catalog.chapters().items():
         path = root / meta["table"]
-        text = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)
-        try:
-            old = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            old = None
-        if old == text:
-            continue
-        if not check:
-            markdown.write_atomic(path, text)
-        changed.append(path)
+        csv_text = table_frame(chapter, records, reference, twogpu=twogpu, tree=root).to_csv(index=False,
+                                                                                           lineterminator="\n")
+        for path, text in ((path, render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)),
+                           (path.with_suffix(".csv"), csv_text)):  # the same rows, machine-readable
+            try:
+                old = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                old = None
+            if old == text:
+                continue
+            if not check:
+                markdown.write_atomic(path, text)
+            changed.append(path)
+    from megalab.results import index  # results/README.md: every page, CSV and figure (an import circle otherwise)
+
+    changed += index.write(root, records, check=check)
     blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root)
               for ch in catalog.chapters()}
     for path in sorted((root / "tutorials").glob("*.md")):

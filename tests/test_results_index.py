@@ -1,0 +1,98 @@
+"""Results people can find (issue 20): results/README.md indexes every page, CSV and figure; every
+chapter table has a CSV of the same rows and a tok/s/GPU column; `compare` puts an outdir's runs
+beside the committed ones in a folder of its own, never in results/."""
+import csv
+import io
+import json
+from pathlib import Path
+
+from megalab.harness import catalog
+from megalab.results import index, tables
+
+ROOT = Path(__file__).resolve().parent.parent
+T101 = "101-gpt2xl-dp1-gbs1-bf16"
+
+
+def _write(root: Path, run: str, **fields) -> Path:
+    rec = {"fixture": True, "target": T101, "status": "ok", "started": "2099-03-01T10:00:00+00:00",
+           "step_ms_median": 250.0, "step_ms_p10": 249.0, "step_ms_p90": 255.0, "step_count": 17,
+           "tflops_per_gpu": 42.0, "mfu": 0.0425, "mem_peak_gib": [30.0],
+           "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "config": {"gpu_mem_gb": None}}
+    rec.update(fields)
+    d = root / run
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps(rec))
+    return d / "run.json"
+
+
+def test_tokens_per_second_per_gpu_is_gbs_times_seq_over_step_time_and_gpus():
+    exp = catalog.get("122")  # GBS 32, seq 1024, 2 GPUs
+    assert tables.tokens_per_s_per_gpu(exp, 500.0) == 32 * 1024 / 0.5 / 2
+    assert tables.tokens_per_s_per_gpu(exp, None) is None
+    for chapter in catalog.chapters():
+        assert "tok/s/GPU" in tables.columns(chapter)
+
+
+def test_the_tokens_cell_reads_the_record(tmp_path):
+    _write(tmp_path, "r1")
+    df = tables.table_frame(1, tables.load_records(tmp_path))
+    row = df[df["make target"] == T101].iloc[0]
+    assert row["tok/s/GPU"] == "4,096"  # 1 x 1024 tokens / 0.25 s / 1 GPU
+
+
+def test_every_chapter_page_has_a_csv_with_the_same_rows():
+    for chapter, meta in catalog.chapters().items():
+        page = ROOT / meta["table"]
+        rows = list(csv.DictReader(io.StringIO(page.with_suffix(".csv").read_text(encoding="utf-8"))))
+        df = tables.table_frame(chapter)
+        assert [r["make target"] for r in rows] == list(df["make target"]), page.name
+        assert list(rows[0]) == tables.columns(chapter)
+
+
+def test_chapter_6_renders_every_row_not_run_with_no_published_columns():
+    df = tables.table_frame(6, {})
+    assert len(df) == len([e for e in catalog.catalog().values() if e.chapter == 6]) >= 7
+    assert set(df["status"]) == {"not run yet"}
+    assert not any(c.startswith(("ref ", "Δ")) for c in df.columns)
+    page = tables.render_chapter(6, {})
+    assert "No published table" in page and "Chapter 6" in page
+
+
+def test_the_index_links_every_chapter_page_csv_and_figure():
+    text = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    assert text == index.render(ROOT, tables.load_records())  # current (make tables writes it)
+    for meta in catalog.chapters().values():
+        name = Path(meta["table"]).name
+        assert f"]({name})" in text and f"]({Path(name).with_suffix('.csv')})" in text
+    for fig in (ROOT / "results" / "plots").glob("*.svg"):
+        assert f"(plots/{fig.name})" in text
+
+
+def test_status_summary():
+    assert index.status_summary(["ok", "ok", "oom (as reference)", "not run yet", "failed"]) == \
+        "5 targets: 2 ok, 1 oom, 1 not run, 1 failed"
+
+
+def test_compare_writes_your_runs_beside_the_committed_ones_elsewhere(tmp_path):
+    before = {p: p.read_bytes() for p in sorted((ROOT / "results").rglob("*")) if p.is_file()}
+    outdir = tmp_path / "outdir"
+    _write(outdir, "2099-03-01___101", step_ms_median=200.0)
+    assert index.cli([str(outdir)]) == 0
+    out = outdir / "compare" / "results"
+    page = (out / "01-dp-zero2.md").read_text(encoding="utf-8")
+    rows = list(csv.DictReader((out / "01-dp-zero2.csv").open(encoding="utf-8")))
+    mine = next(r for r in rows if r["make target"] == T101)
+    assert mine["our ms"] == "200" and mine["tok/s/GPU"] == "5,120"
+    committed = tables.table_frame(1)
+    others = [r for r in rows if r["make target"] != T101]
+    assert [r["our ms"] for r in others] == list(committed[committed["make target"] != T101]["our ms"])
+    assert T101 in (out / "README.md").read_text(encoding="utf-8") and "# Chapter 1" in page
+    assert {p: p.read_bytes() for p in before} == before  # results/ untouched
+    assert not [p for p in (ROOT / "results").rglob("*") if p.is_file() and p not in before]
+
+
+def test_compare_refuses_a_missing_outdir_and_results_itself(tmp_path, capsys):
+    assert index.cli([str(tmp_path / "nope")]) == 2
+    assert "fix:" in capsys.readouterr().err
+    (tmp_path / "o").mkdir()
+    assert index.cli([str(tmp_path / "o"), "--out", str(ROOT)]) == 2
