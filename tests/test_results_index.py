@@ -14,15 +14,10 @@ T101 = "101-gpt2xl-dp1-gbs1-bf16"
 
 
 def _write(root: Path, run: str, **fields) -> Path:
-    rec = {"fixture": True, "target": T101, "status": "ok", "started": "2099-03-01T10:00:00+00:00",
-           "step_ms_median": 250.0, "step_ms_p10": 249.0, "step_ms_p90": 255.0, "step_count": 17,
-           "tflops_per_gpu": 42.0, "mfu": 0.0425, "mem_peak_gib": [30.0],
-           "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "config": {"gpu_mem_gb": None}}
-    rec.update(fields)
-    d = root / run
-    d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps(rec))
-    return d / "run.json"
+    """test_tables' fixture record, started later than every committed run (so it is the newest)."""
+    from test_tables import _write as write_record
+
+    return write_record(root, run, **{"started": "2099-03-01T10:00:00+00:00", **fields})
 
 
 def test_tokens_per_second_per_gpu_is_gbs_times_seq_over_step_time_and_gpus():
