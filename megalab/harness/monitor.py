@@ -105,7 +105,14 @@ def gpu_inventory() -> dict:
         "names": names,
         "memory_mib": [nvml.nvmlDeviceGetMemoryInfo(h).total // 2**20 for h in handles],
         "driver": driver.decode() if isinstance(driver, bytes) else driver,
+        # which physical GPUs: the rig's machines all call themselves "vm", so the host name alone
+        # cannot tell two hosts apart; the GPUs' UUIDs can
+        "uuids": [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles],
     }
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class GpuMemoryMonitor:

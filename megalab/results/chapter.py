@@ -103,10 +103,12 @@ class Context:
         return measured(self.rec(exp))[0]
 
     def host(self, exp: catalog.Experiment) -> str | None:
-        """The host a row's record ran on (None without a record): a ratio of two rows' step times
-        is only made between runs of one host."""
+        """The host and code a row's record ran on (None without a record): a ratio of two rows' step
+        times is only made between runs of one host with one code and defaults (provenance.py)."""
+        from megalab.results import provenance
+
         rec = self.rec(exp)
-        return None if rec is None else RunRecord.of(rec).hostname
+        return None if rec is None else provenance.comparable_key(rec, self.tree)
 
 
 def measured(rec: dict | RunRecord | None) -> tuple[float | None, ...]:

@@ -502,11 +502,13 @@ def other_hosts(c: Claim, records: Mapping[str, dict]) -> str:
     a ratio of two hosts' runs mixes the hosts' difference (5-23% on identical commands) into it."""
     if c.kind == "status":
         return ""
-    hosts = {t: h for t in c.reads if (h := RunRecord.of(records[t]).hostname) is not None}
+    from megalab.results import provenance
+
+    hosts = {t: h for t in c.reads if (h := provenance.comparable_key(records[t])) is not None}
     if len(set(hosts.values())) <= 1:
         return ""
-    return "runs on different hosts (" + ", ".join(f"{_short(t)}: {h}" for t, h in hosts.items()) + \
-        "); re-run them on one host"
+    return "runs on different hosts or code (" + ", ".join(f"{_short(t)}: {h}" for t, h in hosts.items()) + \
+        "); re-run them on one host with today's code"
 
 
 def evaluate(c: Claim, records: Mapping[str, dict], known: Mapping[str, Any]) -> Result:

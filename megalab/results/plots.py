@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from megalab.harness import catalog
-from megalab.results import chapter as chapters, gpus, markdown, records as run_records
+from megalab.results import provenance, chapter as chapters, gpus, markdown, records as run_records
 from megalab.harness.catalog import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
@@ -94,7 +94,8 @@ def _ours(rec: dict) -> dict:
     mem = [] if oom else list(r.mem_peak_gib)
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None, "oom": oom,
             "step_ms": r.measured[0], "gpu": gpus.short_gpu_name(r.gpu_name),
-            "te": r.transformer_impl == "transformer_engine", "host": r.hostname or "unknown"}
+            "te": r.transformer_impl == "transformer_engine",
+            "host": provenance.comparable_key(r) or "unknown"}  # one series per host and code
 
 
 def points(ctx: chapters.Context) -> pd.DataFrame:

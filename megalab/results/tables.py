@@ -266,7 +266,9 @@ def allreduce_mb_per_call(exp: catalog.Experiment) -> float | None:
 OTHER_HOST = "≠host"  # a ratio of two of our rows whose records ran on different hosts: not made
 
 OTHER_HOST_NOTE = (f"`{OTHER_HOST}`: the two runs this ratio would divide ran on different hosts (the records' "
-                   "`hostname`), so it is not given: identical commands differ by 5–23% between hosts.")
+                   "`hostname`) or with different code or defaults (their provenance), so it is not given: "
+                   "identical commands differ by 5–23% between hosts, and today's defaults (a CUDA graph) "
+                   "change a step by up to 3x.")
 
 
 class _OtherHost(Exception):
