@@ -194,3 +194,12 @@ def test_bench_and_data_ratios_only_between_runs_of_one_host():
     assert benchreport._speedup(a, b) == "2.00x" and datareport._ratio(a, b, 50257) == "2.00x"
     b["hostname"] = "hostB"
     assert benchreport._speedup(a, b) == "≠host" and datareport._ratio(a, b, 50257) == "≠host"
+
+
+def test_the_checkouts_path_is_not_a_decision(repo):
+    """A record made in one checkout (the rig's copy) is today's in another (a fresh clone)."""
+    head = _git(repo, "rev-parse", "HEAD")
+    rec = _rec(commit=head)
+    rec["intent"]["argv"] = [a.replace(str(plan.ROOT), "/elsewhere/megalab") for a in rec["intent"]["argv"]]
+    assert any(a.startswith("/elsewhere/megalab") for a in rec["intent"]["argv"])
+    assert provenance.of(rec, repo).state == provenance.CURRENT

@@ -128,6 +128,8 @@ def _decisions(argv: list[str], run_dir: str | None) -> list[str]:
         if a in _RUN_NAMES:
             skip = True
             continue
+        if a.endswith("/pretrain_gpt.py"):  # the checkout's own path (the rig's, a clone's) is no decision
+            a = "pretrain_gpt.py"
         out.append(a.replace(run_dir, "RUN_DIR") if run_dir else a)
     return out
 
