@@ -169,3 +169,13 @@ def test_show_command_and_the_dry_run_print_the_plans_command():
     assert out.returncode == 0 and out.stdout.strip() == p.command
     dry = subprocess.run(["make", "-s", "101"], cwd=ROOT, capture_output=True, text=True, env={**env, "DRY_RUN": "1"})
     assert dry.returncode == 0 and dry.stdout.strip().splitlines()[-1] == p.command
+
+
+def test_placing_a_plan_in_its_run_dir_decides_nothing_again(tmp_path, monkeypatch):
+    p = plan.build(catalog.get("101"), Options(master_port=29517))
+    calls = []
+    monkeypatch.setattr(plan, "cuda_graph", lambda *a: calls.append(a) or (True, "x"))
+    placed = p.placed(tmp_path)
+    assert not calls and placed.run_dir == tmp_path and placed.cuda_graph == p.cuda_graph
+    # and it is what building with the run dir gives
+    assert placed.argv == plan.build(catalog.get("101"), Options(master_port=29517), run_dir=tmp_path).argv

@@ -384,7 +384,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     busy = check_busy(per_node, opts)
     check_megatron_installed(opts)
     run_dir = make_run_dir(opts.outdir, exp.id)
-    plan = planner.build(exp, opts, machine, run_dir=run_dir)  # the same decisions, with its paths
+    plan = plan.placed(run_dir)  # the same decisions, with its paths
     print(f"run dir    {run_dir}  (full log: logs.txt)")
 
     started = dt.datetime.now(dt.timezone.utc)

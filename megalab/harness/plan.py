@@ -286,6 +286,12 @@ class RunPlan:
     def command(self) -> str:
         return shlex.join(self.argv)
 
+    def placed(self, run_dir: Path, environ=os.environ) -> "RunPlan":
+        """The same decisions with the run directory the launcher just made: only the argv items that
+        name paths change (checkpoints, TensorBoard, profiler traces), nothing is decided again."""
+        groups = _argv_groups(self.exp, self.opts, self.impl, self.cuda_graph, self.gpus_per_node, run_dir, environ)
+        return dataclasses.replace(self, run_dir=run_dir, groups=MappingProxyType(groups))
+
     def to_dict(self) -> dict:
         """The record's `intent`: what the launcher decided, as JSON."""
         return {"target": self.exp.id, "impl": self.impl, "spec": self.spec, "fastpath": self.fastpath,
