@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-import re
 import signal
 import subprocess
 import threading
@@ -21,15 +20,12 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from megalab.results.logparse import parse_iteration_line
+from megalab.results.logparse import end_of_training, parse_iteration_line
 
 TOKEN_VAR = "MEGALAB_RUN_TOKEN"  # marks every process of one supervised run (inherited environment)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TICK_S = 0.2  # how often the loop looks at signals and deadlines when the log is quiet
 # Megatron's print_datetime() at the end of training (and of an --exit-interval stop)
-END_RE = re.compile(r"\[(after training is done|exiting program at iteration \d+)\]")
-
-
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Watchdog limits, seconds (make variables WATCHDOG_SILENT_S, WATCHDOG_STARTUP_S, EXIT_GRACE_S)."""
@@ -204,7 +200,7 @@ def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, ca
                     iterating = True
                 # the exit grace counts from the last output after the end of training: Megatron
                 # may still save a final checkpoint then, and says so
-                if end_seen is not None or END_RE.search(text):
+                if end_seen is not None or end_of_training(text):
                     end_seen = now
             if proc.poll() is not None:
                 # it exited; what is still in the pipe arrives at once, unless an escaped

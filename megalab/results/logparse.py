@@ -381,12 +381,18 @@ def _on_megalab(st: _State, line: str, rank) -> bool:
     return bool(m)
 
 
+def end_of_training(line: str) -> bool:
+    """A print_datetime line that says training is over (the launcher's exit watchdog reads it too)."""
+    m = _DATETIME_RE.search(line)
+    return bool(m and _END_MARKERS.match(m.group(1).strip()))
+
+
 def _on_datetime(st: _State, line: str, rank) -> bool:
     """print_datetime markers; the end-of-training one says the run finished."""
     m = _DATETIME_RE.search(line)
     if m:
         st.recognised = True
-        st.s.finished = st.s.finished or bool(_END_MARKERS.match(m.group(1).strip()))
+        st.s.finished = st.s.finished or end_of_training(line)
     return bool(m)
 
 
