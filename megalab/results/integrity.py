@@ -11,28 +11,11 @@ import sys
 from pathlib import Path
 
 from megalab.harness.catalog import ROOT
-from megalab.results import logparse, markdown
+from megalab.results import benchreport, markdown
 from megalab.results.records import read_records
 
 DIR = ROOT / "results" / "integrity"
 PAGE = DIR / "README.md"
-PARITY_STEPS = 5
-PARITY_TOL = 0.001
-
-
-def _losses(rec) -> list[float]:
-    return [it.lm_loss for it in logparse.parse_file(rec.log_path).iterations if it.lm_loss is not None]
-
-
-def parity(a, b) -> tuple[float, float, int]:
-    """Largest relative loss difference over the first PARITY_STEPS steps, the median over all
-    shared steps, and how many steps both logged."""
-    la, lb = _losses(a), _losses(b)
-    n = min(len(la), len(lb))
-    rel = [abs(x - y) / abs(y) for x, y in zip(la[:n], lb[:n]) if y]
-    first = max(rel[:PARITY_STEPS]) if rel else float("nan")
-    mid = sorted(rel)[len(rel) // 2] if rel else float("nan")
-    return first, mid, n
 
 
 def render(root: Path = ROOT) -> str:
@@ -61,12 +44,14 @@ def render(root: Path = ROOT) -> str:
                 if r.target.startswith("232") and (r.config or {}).get("cuda_graph") and r.status == "ok"]
     if on and rows_dir:
         a, b = rows_dir[-1], on[-1]
-        first, mid, n = parity(a, b)
-        verdict = "PASS" if first <= PARITY_TOL else "FAIL"
+        par = benchreport.parity(a, b)  # the bench's rule; it reads RunRecords as they are
         out += ["", "## Loss parity of the default CUDA graph (TP=2)", "",
                 f"`{a.run_dir.name}` (graph on, the default) against `{b.run_dir.name}` (CUDA_GRAPH=0), same "
-                f"host and code: largest relative loss difference over the first {PARITY_STEPS} steps "
-                f"{first:.2e}, median over {n} steps {mid:.2e}: **{verdict}** (tolerance {PARITY_TOL:.0e})."]
+                f"host and code, by the bench's parity rule (results/bench: steps 1-{benchreport.PARITY_EARLY_STEPS} "
+                f"within {benchreport.PARITY_EARLY_MAX_REL:.1%}, the median over all steps within "
+                f"{benchreport.PARITY_MEDIAN_REL:.1%}): largest difference over the first steps "
+                f"{par['early_max_rel']:.2e}, median over {par['steps']} steps {par['median_rel']:.2e}: "
+                f"**{'PASS' if par['pass'] else 'FAIL'}**."]
     for name, what in (("kill-transcript.txt", "SIGTERM to `make` while 232 trains (then `pgrep` and `nvidia-smi`)"),
                        ("busy-transcript.txt", "`make 101` while another process holds GPU 0")):
         if (DIR / name).exists():
