@@ -92,9 +92,17 @@ def _speedup(slow: dict | None, fast: dict | None) -> str:
     ran on different hosts (identical commands differ by 5-23% between hosts: no ratio is made)."""
     if not (_ok(slow) and _ok(fast)):
         return ""
-    if slow.get("hostname") and fast.get("hostname") and slow["hostname"] != fast["hostname"]:
-        return "≠host"
+    from megalab.results import provenance
+
+    ka, kb = provenance.comparable_key(slow), provenance.comparable_key(fast)
+    if ka and kb and ka != kb:  # one rule for every ratio: one host, one code and defaults
+        return tables.OTHER_HOST
     return f"{slow['step_ms_median'] / fast['step_ms_median']:.2f}x"
+
+
+def _comparable(slow: dict | None, fast: dict | None) -> bool:
+    """Both ended ok, and _speedup would give their ratio."""
+    return _speedup(slow, fast) not in ("", tables.OTHER_HOST)
 
 
 def _findings(cfg: dict, get) -> list[str]:
@@ -106,18 +114,23 @@ def _findings(cfg: dict, get) -> list[str]:
     for name in ab["cases"]:
         steps = [get(run) for n, lv, run in runs if n == name and lv in ab["steps"]]
         alts = [(lv[-1], get(run)) for n, lv, run in runs if n == name and lv not in ab["steps"]]
+        # only the ratios the table gives (_speedup): one host, one code and defaults
         gains = [(steps[i - 1]["step_ms_median"] / steps[i]["step_ms_median"], ab["steps"][i][-1])
-                 for i in range(1, len(steps)) if _ok(steps[i]) and _ok(steps[i - 1])]
+                 for i in range(1, len(steps)) if _comparable(steps[i - 1], steps[i])]
+        apart = [ab["steps"][i][-1] for i in range(1, len(steps))
+                 if _speedup(steps[i - 1], steps[i]) == tables.OTHER_HOST]
         if gains:
             g, lever = max(gains)
-            out.append(f"- {name}: the largest single gain is `{lever}` ({g:.2f}x over the step before it).")
+            out.append(f"- {name}: the largest single gain is `{lever}` ({g:.2f}x over the step before it)"
+                       + (f", of the steps whose runs share a host and code; not compared: {', '.join(apart)}"
+                          if apart else "") + ".")
         last = steps[-1]
         for alt, rec in alts:
             if rec is None or not _ok(last):
                 continue
             if rec["status"] == "oom":
                 out.append(f"- {name}: `{alt}` on top ran out of memory: not kept.")
-            elif _ok(rec):
+            elif _comparable(last, rec):
                 x = last["step_ms_median"] / rec["step_ms_median"]
                 verdict = "kept out of the default: within noise" if x < 1.02 else "pays"
                 out.append(f"- {name}: `{alt}` on top gives {x:.2f}x ({verdict}).")
@@ -138,6 +151,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
          *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent)]
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
+    if any(f"| {tables.OTHER_HOST} |" in line for line in L):
+        L += [tables.OTHER_HOST_NOTE, ""]
     L += _runs_section(cfg, recs, bench_dir)
     return "\n".join(L) + "\n"
 

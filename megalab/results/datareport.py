@@ -139,8 +139,11 @@ def _ratio(real: dict | None, mock: dict | None, v: int | None) -> str:
         return ""
     if v is None:
         return "vocabulary unknown"
-    if real.get("hostname") and mock.get("hostname") and real["hostname"] != mock["hostname"]:
-        return "≠host"  # runs of two hosts: no ratio (identical commands differ 5-23% between hosts)
+    from megalab.results import provenance
+
+    ka, kb = provenance.comparable_key(real), provenance.comparable_key(mock)
+    if ka and kb and ka != kb:
+        return tables.OTHER_HOST  # two hosts or two codes: no ratio (identical commands differ 5-23% between hosts)
     return f"{real['step_ms_median'] / mock['step_ms_median']:.2f}x"
 
 
