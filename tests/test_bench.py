@@ -154,7 +154,21 @@ def test_trace_summary_separates_gpu_busy_from_wall_time(tmp_path):
     s = bench.trace_summary(path)
     assert s["steps"] == [{"step": "ProfilerStep#1", "wall_ms": 1.0, "gpu_busy_ms": 0.35, "kernels": 3}]
     assert s["kernels"][0] == {"name": "gemm", "ms_per_step": 0.3, "calls_per_step": 2}
+    assert s["kinds"] == [{"kind": "GEMM", "ms_per_step": 0.3}, {"kind": "optimizer", "ms_per_step": 0.1}]
     assert "busy %" in bench.render_trace(s)
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "GEMM"),
+    ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN", "GEMM"),
+    ("pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits<128, 64>>", "attention"),
+    ("void at::native::(anonymous namespace)::fused_adam_kernel", "optimizer"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "elementwise / other"),
+])
+def test_kernel_kinds(name, kind):
+    assert bench.kernel_kind(name) == kind
 
 
 def test_expert_pairs_differ_only_by_the_grouped_gemm_lever():

@@ -179,3 +179,15 @@ def test_placing_a_plan_in_its_run_dir_decides_nothing_again(tmp_path, monkeypat
     assert not calls and placed.run_dir == tmp_path and placed.cuda_graph == p.cuda_graph
     # and it is what building with the run dir gives
     assert placed.argv == plan.build(catalog.get("101"), Options(master_port=29517), run_dir=tmp_path).argv
+
+
+def test_extra_args_batch_and_layout_flags_are_planned():
+    """--micro-batch-size in EXTRA_ARGS reaches Megatron last (it wins), so the plan, its checks and the
+    estimator use it too; a layout the target's GPUs cannot hold is a one-line error."""
+    p = plan.build(catalog.get("600"), _opts(extra_args="--micro-batch-size=2 --use-distributed-optimizer"))
+    assert (p.exp.mbs, p.exp.grad_accum, p.exp.zero2) == (2, 4, True)
+    assert p.argv[-2:] == ["--micro-batch-size=2", "--use-distributed-optimizer"]
+    with pytest.raises(launch.LaunchError, match=r"^EXTRA_ARGS: .*TP x PP x CP = 2; fix"):
+        plan.build(catalog.get("600"), _opts(extra_args="--tensor-model-parallel-size 2"))
+    with pytest.raises(launch.LaunchError, match=r"--global-batch-size needs an int"):
+        plan.build(catalog.get("600"), _opts(extra_args="--global-batch-size"))

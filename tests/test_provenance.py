@@ -203,3 +203,19 @@ def test_the_checkouts_path_is_not_a_decision(repo):
     rec["intent"]["argv"] = [a.replace(str(plan.ROOT), "/elsewhere/megalab") for a in rec["intent"]["argv"]]
     assert any(a.startswith("/elsewhere/megalab") for a in rec["intent"]["argv"])
     assert provenance.of(rec, repo).state == provenance.CURRENT
+
+
+def test_a_feature_file_counts_only_for_runs_that_use_it(repo):
+    """Changing context parallelism's attention leaves a CP=1 record current, a CP=2 record older."""
+    (repo / "megalab" / "runtime" / "cp_attention.py").write_text("v = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "cp")
+    old = _git(repo, "rev-parse", "HEAD")
+    (repo / "megalab" / "runtime" / "cp_attention.py").write_text("v = 2\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "cp faster")
+    provenance.code_state.cache_clear()
+    assert provenance.of(_rec(commit=old), repo).state == provenance.CURRENT  # _rec: CP=1
+    cp2 = _rec(commit=old)
+    cp2["config"]["cp"] = 2
+    assert provenance.of(cp2, repo).cell == "older (run code changed since (cp_attention.py))"

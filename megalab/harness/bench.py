@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import re
 import sys
 import time
 from collections import defaultdict
@@ -84,6 +85,27 @@ def _merge(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+# Kernel kinds, first match wins (names as CUDA, cuBLAS, cuDNN and PyTorch print them): where a step's
+# GPU time goes, in the groups that suggest a remedy (faster GEMMs, fused attention, a fused optimizer,
+# fused norms/elementwise, fewer copies, overlapped communication).
+KERNEL_KINDS = (
+    ("communication", re.compile(r"nccl", re.I)),
+    ("attention", re.compile(r"flash|fmha|cudnn.*(attn|sdpa)|attention|sdpa", re.I)),
+    ("GEMM", re.compile(r"gemm|cutlass|xmma|nvjet|sm\d+_.*(tn|nt|nn)|matmul", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach|fused_.*optim", re.I)),
+    ("norm", re.compile(r"layer_?norm|rms_?norm|batch_?norm|welford", re.I)),
+    ("loss / softmax", re.compile(r"softmax|cross_?entropy|log_?softmax|nll", re.I)),
+    ("copy / memset", re.compile(r"memcpy|memset|copy|cat_|concat|transpose", re.I)),
+)
+
+
+def kernel_kind(name: str, cat: str = "kernel") -> str:
+    """The KERNEL_KINDS group of a profiler GPU event (memcpy/memset events by their category)."""
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return "copy / memset"
+    return next((kind for kind, pat in KERNEL_KINDS if pat.search(name)), "elementwise / other")
+
+
 def trace_summary(path: Path, top: int = 15) -> dict:
     """Per profiled step: wall time, GPU-busy time (union of kernels), and the costliest kernels.
 
@@ -110,6 +132,11 @@ def trace_summary(path: Path, top: int = 15) -> dict:
         by_name[k["name"]][0] += k["dur"]
         by_name[k["name"]][1] += 1
     n = max(1, len(steps))
+    kinds: dict[str, float] = defaultdict(float)
+    for k in gpu:
+        kinds[kernel_kind(str(k.get("name", "")), k.get("cat", ""))] += k["dur"]
+    out["kinds"] = [{"kind": kind, "ms_per_step": round(dur / 1e3 / n, 2)}
+                    for kind, dur in sorted(kinds.items(), key=lambda kv: -kv[1])]
     for name, (dur, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
         out["kernels"].append({"name": name[:90], "ms_per_step": round(dur / 1e3 / n, 2), "calls_per_step": count // n})
     return out
@@ -119,7 +146,9 @@ def render_trace(summary: dict) -> str:
     steps = [[s["step"], s["wall_ms"], s["gpu_busy_ms"],
               f"{100 * s['gpu_busy_ms'] / s['wall_ms'] if s['wall_ms'] else 0:.0f}", s["kernels"]] for s in summary["steps"]]
     kernels = [[k["name"], k["ms_per_step"], k["calls_per_step"]] for k in summary["kernels"]]
+    kinds = [[k["kind"], k["ms_per_step"]] for k in summary.get("kinds", [])]
     return "\n".join([*markdown.table(["step", "wall ms", "GPU-busy ms", "busy %", "kernels"], steps), "",
+                      *markdown.table(["kernel kind (bench.KERNEL_KINDS)", "ms/step"], kinds), "",
                       *markdown.table(["kernel", "ms/step", "calls/step"], kernels)])
 
 

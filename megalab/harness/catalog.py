@@ -231,6 +231,40 @@ def effective_model(preset: dict[str, Any], args: tuple[str, ...] | list[str]) -
     return out
 
 
+# Megatron flags that change a target's batch or layout, as the Experiment field each overrides (a None
+# type is a switch). In EXTRA_ARGS they reach Megatron after the target's own (the last one wins), so the
+# plan, its checks and the estimator read the experiment with them applied: `effective_experiment`.
+LAYOUT_FLAGS = {
+    "--micro-batch-size": ("mbs", int), "--global-batch-size": ("gbs", int),
+    "--tensor-model-parallel-size": ("tp", int), "--pipeline-model-parallel-size": ("pp", int),
+    "--context-parallel-size": ("cp", int), "--sequence-parallel": ("sp", None),
+    "--use-distributed-optimizer": ("zero2", None),
+}
+
+
+def effective_experiment(exp: "Experiment", args: tuple[str, ...] | list[str]) -> "Experiment":
+    """The target with the batch/layout flags among `args` applied (validated again: a layout Megatron
+    would reject is a CatalogError). Raises CatalogError for a flag without its value."""
+    args = [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+    changes: dict[str, Any] = {}
+    for i, a in enumerate(args):
+        if a not in LAYOUT_FLAGS:
+            continue
+        field, kind = LAYOUT_FLAGS[a]
+        if kind is None:
+            changes[field] = True
+            continue
+        try:
+            changes[field] = kind(args[i + 1])
+        except (IndexError, ValueError):
+            raise CatalogError(f"{a} needs an int value in the extra args; fix: e.g. {a} {getattr(exp, field)}") from None
+    if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
+        return exp
+    out = dataclasses.replace(exp, **changes)
+    out.validate()
+    return out
+
+
 def _experiment_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(Experiment)}
 

@@ -310,6 +310,10 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
     """Resolve one run. `environ` supplies what the wrapper reads beyond the make variables
     (WANDB_API_KEY/WANDB_MODE, PYTHONPATH, the NCCL defaults a user may override)."""
     machine = machine or Machine()
+    try:  # EXTRA_ARGS' batch/layout flags: the plan, its checks and the estimator see what Megatron gets
+        exp = catalog.effective_experiment(exp, extra_args(exp, opts))
+    except catalog.CatalogError as e:
+        raise LaunchError(f"EXTRA_ARGS: {e}") from None
     if opts.master_port is None:  # one node: a free port; several: 6000 (the launcher resolves it first)
         opts = dataclasses.replace(opts, master_port=ports.master_port(None, opts.nnodes))
     impl = transformer_impl(opts, machine.te)

@@ -1101,7 +1101,9 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         key = args.gpu or os.environ.get("GPU")
         name = gpus.planning_name(key) if key else (gpus.holding(mem_gb) if mem_gb else None)
-        cfg = catalog.effective_model(exp.model_cfg, [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))])
+        extra = [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))]
+        cfg = catalog.effective_model(exp.model_cfg, extra)
+        exp = catalog.effective_experiment(exp, extra)  # its batch/layout flags, as the plan reads them
     except (ValueError, catalog.CatalogError) as e:
         print(f"megalab: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ A row of a results page stands for what `make <target>` gives today. A record an
 * its code is today's: the record's `versions.megalab_commit` is HEAD or an ancestor of it, and no
   commit since touched what decides how a run runs (CODE_PATHS: the code inside torchrun, the run
   plan, the launcher script). Judged with git; where git or the commit is unavailable: unknown.
+  A file only one feature's runs execute (FEATURE_FILES: context parallelism's attention, the MoE
+  experts) counts only for the records of runs that used that feature.
 
 Verdicts: CURRENT, OLDER (other code or other defaults, with the reason), UNKNOWN (git cannot say).
 """
@@ -29,13 +31,21 @@ CURRENT, OLDER, UNKNOWN = "current", "older", "unknown"
 # The launcher's side is judged by what it does, not by its files: the record's target is planned again
 # and its Megatron argv compared (replan_differs).
 CODE_PATHS = ("megalab/runtime",)
+# Files inside CODE_PATHS that only one feature's runs execute: a change there leaves every other run's
+# code as it was (the spec imports them, but calls them only for that feature). Keyed by file, the value
+# says whether a record's run used it, from its config.
+FEATURE_FILES = {
+    "megalab/runtime/cp_attention.py": lambda cfg: (cfg.get("cp") or 1) > 1,
+    "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.get("num_experts")),
+}
 DEFAULT_WARMUP = 3  # megalab/harness/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
 LEGEND = ("provenance: `today` = a schema-2 record run with today's defaults (FAST, CUDA_GRAPH, EXTRA_ARGS "
           "and WARMUP unset), whose target today's launcher plans to the same Megatron command (port and run "
           "dir aside), by the same code inside torchrun (git: no net change to " + ", ".join(CODE_PATHS)
-          + " since its megalab_commit); `older (why)` = other code or other defaults, e.g. "
+          + " since its megalab_commit, context-parallel attention and MoE experts counting only for runs that "
+          "use them); `older (why)` = other code or other defaults, e.g. "
           "`schema 1`: a record from before runs kept their resolved plan; `unknown` = git cannot say. "
           "`STRICT=1 make tables` refuses pages with rows that are not `today`.")
 
@@ -90,9 +100,15 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
         return None
 
 
+def unused_files(cfg: dict) -> frozenset[str]:
+    """The FEATURE_FILES a run with this config never executed."""
+    return frozenset(f for f, used in FEATURE_FILES.items() if not used(cfg or {}))
+
+
 @functools.lru_cache(maxsize=256)
-def code_state(commit: str | None, root: Path = ROOT) -> tuple[str, str]:
-    """(CURRENT | OLDER | UNKNOWN, why) for the code of a megalab commit against ROOT's HEAD."""
+def code_state(commit: str | None, root: Path = ROOT, unused: frozenset[str] = frozenset()) -> tuple[str, str]:
+    """(CURRENT | OLDER | UNKNOWN, why) for the code of a megalab commit against ROOT's HEAD; changes to
+    the `unused` files (a feature the run did not use) do not count."""
     if not commit:
         return OLDER, "no commit"
     head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
@@ -110,7 +126,7 @@ def code_state(commit: str | None, root: Path = ROOT) -> tuple[str, str]:
     diff = _git(root, "diff", "--name-only", commit, "HEAD", "--", *CODE_PATHS)
     if diff is None or diff.returncode != 0:
         return UNKNOWN, "git failed"
-    files = diff.stdout.split()
+    files = [f for f in diff.stdout.split() if f not in unused]
     return (OLDER, f"run code changed since ({', '.join(Path(f).name for f in files[:3])}"
                    f"{', ...' if len(files) > 3 else ''})") if files else (CURRENT, "")
 
@@ -173,7 +189,7 @@ def of(rec: RunRecord | dict, root: Path = ROOT) -> Provenance:
         why = replan_differs(r)
         if why:
             return Provenance(OLDER, why)
-    state, why = code_state(r.versions.get("megalab_commit"), Path(root))
+    state, why = code_state(r.versions.get("megalab_commit"), Path(root), unused_files(r.config))
     return Provenance(state, why)
 
 
@@ -181,7 +197,7 @@ def code_key(rec: RunRecord | dict, root: Path = ROOT) -> str:
     """Which code a record ran: 'current' for any commit with today's code, else its commit."""
     r = RunRecord.of(rec)
     commit = r.versions.get("megalab_commit")
-    return CURRENT if code_state(commit, Path(root))[0] == CURRENT else str(commit)
+    return CURRENT if code_state(commit, Path(root), unused_files(r.config))[0] == CURRENT else str(commit)
 
 
 def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
