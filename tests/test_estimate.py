@@ -262,9 +262,13 @@ def test_split_is_fixed_and_disjoint():
     for table in (steps, rows):
         sides = {}
         for r in table:
-            sides.setdefault(r["target"], set()).add(r["set"])
+            if r["set"] != E.OUT_OF_CATALOG:
+                sides.setdefault(r["target"], set()).add(r["set"])
         assert all(len(v) == 1 for v in sides.values())  # every run of a target on one side
-        assert {r["set"] for r in table} == {E.CALIBRATION, E.HELD_OUT}
+        assert {r["set"] for r in table} == set(E.SETS)
+        # out of the catalog = the holdout runs, and only they: configurations no constant has seen
+        assert all((r["set"] == E.OUT_OF_CATALOG) == (f"/{E.HOLDOUT_DIR.split('/', 1)[1]}/" in f"/{r['run']}")
+                   for r in table)
     assert E.split("101-gpt2xl-dp1-gbs1-bf16") == E.CALIBRATION  # sha1 % 3: fixed, never re-drawn
     held = [r for r in steps if r["set"] == E.HELD_OUT]
     assert len(held) >= 10
@@ -336,3 +340,13 @@ def test_cli_validate_writes_the_table(tmp_path, capsys):
 
 def test_cli_no_target_exits_2(capsys):
     assert E.cli(["plan"]) == 2
+
+
+@pytest.mark.parametrize("extra, modelled", [
+    ("--num-layers 12 --micro-batch-size=2 --use-distributed-optimizer", True),
+    ("--seq-length 2048 --max-position-embeddings 2048 --swiglu", True),
+    ("--num-layers 12 --recompute-granularity full", False),  # a flag the plan does not read
+    ("--cross-entropy-loss-fusion", False),
+])
+def test_records_with_only_planned_extra_args_are_modelled(extra, modelled):
+    assert (E.not_modelled({"config": {"extra_args": extra}}) is None) == modelled

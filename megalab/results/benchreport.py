@@ -148,7 +148,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     largest, search_lines = _search_section(cfg, recs)
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *_parity_section(cfg, get), *_experts_section(cfg, get),
-         *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent)]
+         *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent),
+         *_profiles_section(bench_dir)]
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
     if any(f"| {tables.OTHER_HOST} |" in line for line in L):
@@ -301,6 +302,33 @@ def _goals_section(cfg: dict, get, largest: dict) -> list[str]:
     else:
         rows.append([what, ">= 2x", "search incomplete", "-"])
     return ["## Goals", "", *markdown.table(["goal", "target", "measured", "verdict"], rows), ""]
+
+
+def _profiles_section(bench_dir: Path) -> list[str]:
+    """Where a step goes: each `make profile-<id>` run kept here with the trace summary made on the rig
+    (`python -m megalab.harness.bench trace <trace>` -> trace-summary.md beside its record)."""
+    from megalab.results.records import RunRecord
+
+    out = []
+    for d in sorted((bench_dir / "runs").glob("*/trace-summary.md")):
+        rec = RunRecord.of(json.loads((d.parent / "run.json").read_text()) | {"_dir": d.parent})
+        timers = rec.raw.get("timers_ms") or {}
+        shown = ("forward-compute", "backward-compute", "optimizer", "optimizer-inner-step",
+                 "optimizer-copy-main-to-model-params", "optimizer-copy-to-main-grad", "all-grads-sync")
+        out += [f"### {rec.target} on 1 x {rec.gpu_name}" if rec.num_gpus == 1 else
+                f"### {rec.target} on {rec.num_gpus} x {rec.gpu_name}", "",
+                f"Run [{d.parent.name}](runs/{d.parent.name}/run.json): median step {rec.step_ms_median:.0f} ms "
+                "profiled (timers synchronise, kernels launch one by one, no CUDA graph). Megatron's timers, median "
+                "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."
+                + ("" if all((d.parent / t).exists() for t in (rec.raw.get("files") or {}).get("traces", []))
+                   else " The trace itself was not kept (summarised on the rig, then deleted)."), "",
+                "The two profiled steps by the GPU kernels they ran (the summary the rig wrote; kinds by "
+                "`bench.KERNEL_KINDS`). GPU-busy well below wall time means the host (Python, launches) leads; "
+                "`elementwise / other` is what fusions remove (TE fuses bias+GeLU, bias+dropout+add and the "
+                "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
+                "separate kernels, `--no-gradient-accumulation-fusion`).", "",
+                *d.read_text().strip().splitlines(), ""]
+    return ["## Where a step goes (profiles)", "", *out] if out else []
 
 
 def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:

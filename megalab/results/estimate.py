@@ -679,12 +679,23 @@ def render(est: Estimate) -> str:
 
 # --------------------------------------------------------------------------- validation
 
-RECORD_DIRS = ("results/runs", "results/bench/runs")
+RECORD_DIRS = ("results/runs", "results/bench/runs", "results/holdout/runs")
 # The split of the records into a calibration set and a held-out set, fixed: a record is held out when
 # the SHA-1 of its target id (a bench variant such as 101-...gbs4 is a target of its own) is 0 modulo
 # HELD_OUT_EVERY. Every run of a target falls on one side. Only the calibration set may fit a constant.
 HELD_OUT_EVERY = 3
 CALIBRATION, HELD_OUT = "calibration", "held-out"
+# Configurations that were never catalog targets (other models, batch sizes and layouts, through EXTRA_ARGS'
+# model and layout flags), run after the allowances and the step-time constants were fixed: the clean
+# out-of-sample set. Nothing is calibrated on them.
+OUT_OF_CATALOG = "out-of-catalog"
+HOLDOUT_DIR = "results/holdout/runs"
+SETS = (CALIBRATION, HELD_OUT, OUT_OF_CATALOG)
+
+
+def set_of(records_dir: str, target: str) -> str:
+    """OUT_OF_CATALOG for the holdout runs, else split(target)."""
+    return OUT_OF_CATALOG if records_dir == HOLDOUT_DIR else split(target)
 
 
 def split(target: str) -> str:
@@ -821,9 +832,26 @@ def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str
 def not_modelled(rec: dict) -> str | None:
     """Why a run is outside what the estimator models (so it is not validated against it), or None."""
     cfg = rec.get("config") or {}
-    if cfg.get("extra_args"):
+    if cfg.get("extra_args") and not _only_planned_flags(cfg["extra_args"]):
         return f"extra Megatron flags ({cfg['extra_args']})"
     return None
+
+
+def _only_planned_flags(extra: str) -> bool:
+    """EXTRA_ARGS made only of flags the plan reads into the record (catalog.MODEL_FLAGS: the model
+    as built; catalog.LAYOUT_FLAGS: batch and layout), each with its value: the record is then a
+    configuration the estimator models, whatever the catalog says."""
+    try:
+        args = [p for a in shlex.split(extra) for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+    except ValueError:
+        return False
+    flags = {**catalog.MODEL_FLAGS, **catalog.LAYOUT_FLAGS}
+    i = 0
+    while i < len(args):
+        if args[i] not in flags:
+            return False
+        i += 1 if flags[args[i]][1] is None else 2
+    return True
 
 
 def _committed_records(root: Path):
@@ -854,7 +882,7 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
         err = (est.peak_gib - meas) / meas
         ok = (not est.fits) if oom else abs(err) <= 0.10
         rows.append({
-            "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status, "set": split(rec.target),
+            "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status, "set": set_of(d, rec.target),
             "spec": est.spec, "gpu": rec.gpu_name or "?", "gpus": est.gpus,
             "layout": _layout_text(est), "capacity_gib": est.gpu_mem_gib,
             "pred_gib": est.peak_gib, "meas_gib": meas, "err": None if oom else err,
@@ -880,7 +908,7 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
         est = estimate_record(rec.raw)
         old = estimate(_record_layout(rec.raw)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
                        model_cfg=_record_layout(rec.raw)[1])
-        rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": split(rec.target),
+        rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": set_of(d, rec.target),
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
                      "features": est.step, "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
                      "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1})
@@ -919,6 +947,10 @@ def _layout_text(est: Estimate) -> str:
     return " ".join(parts)
 
 
+def _where(run: str) -> str:
+    return "bench" if "/bench/" in run else ("holdout" if "/holdout/" in run else "runs")
+
+
 def _validation_cells(r: dict[str, Any]) -> list[str]:
     err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
     meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
@@ -926,7 +958,7 @@ def _validation_cells(r: dict[str, Any]) -> list[str]:
         verdict = "OOM, predicted" if r["ok"] else "MISS: OOM not predicted"
     else:
         verdict = "ok" if r["ok"] else "MISS (outside 10%)"
-    where = "bench" if "/bench/" in r["run"] else "runs"
+    where = _where(r["run"])
     return [f"{r['run'].split('/')[-1]} ({where})", r["spec"], f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}",
             r["layout"], f"{r['capacity_gib']:.1f}", f"{r['pred_gib']:.1f}", f"{r['meas_gib']:.1f}", err,
             f"{r['pred_alloc_mb']:.0f} / {meas_alloc}", "fits" if r["fits"] else "does not fit", verdict, r["note"]]
@@ -954,7 +986,7 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
         f"NCCL_CP_MIB={NCCL_CP_MIB} with CP), ALLOCATOR_SLACK={ALLOCATOR_SLACK:.0%}, and ring attention's "
         f"K/V chunks held by NCCL, RING_STRANDED_CHUNKS_PER_STEP={RING_STRANDED_CHUNKS_PER_STEP:g} per step per layer) "
         "against the nvidia-smi peak (max over GPUs) of every committed run record in results/runs "
-        "(runs) and results/bench/runs (bench). `alloc` puts the allocator-level prediction (busiest "
+        "(runs), results/bench/runs (bench) and results/holdout/runs (holdout). `alloc` puts the allocator-level prediction (busiest "
         "stage) beside Megatron's own `max allocated` (max over the ranks its log reports, and the last "
         "rank's TensorBoard series). Goal: within 10% where the run ran, and every out-of-memory run "
         "predicted not to fit.",
@@ -971,10 +1003,13 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
         "own), so every run of a target sits on one side. Memory: the allowances above (CUDA_CONTEXT_MIB, "
         "NCCL_*, ALLOCATOR_SLACK, RING_STRANDED_CHUNKS_PER_STEP) were set by hand before this split, from "
         "all the records, so the held-out memory error is not a clean out-of-sample figure; the step-time "
-        "model's constants are fitted on the calibration set only.",
+        "model's constants are fitted on the calibration set only. The out-of-catalog set is the clean "
+        f"out-of-sample figure for both: configurations never in the catalog ({HOLDOUT_DIR}: other layer "
+        "counts, widths, sequence lengths, batch sizes, query groups, ZeRO-2 at DP=1, each a catalog target "
+        "with EXTRA_ARGS' model and layout flags), run after the allowances and constants were fixed.",
         "",
     ]
-    for which in (CALIBRATION, HELD_OUT):
+    for which in SETS:
         errs = [r["err"] for r in ran if r["set"] == which]
         out.append(f"- memory, {which}: {error_summary(errs)}")
     out += [""]
@@ -1025,14 +1060,14 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
            + ": store them in steptime.py)."),
         "",
     ]
-    for which in (CALIBRATION, HELD_OUT):
+    for which in SETS:
         rows = [r for r in steps if r["set"] == which]
         out.append(f"- step time, {which}: {error_summary([r['err'] for r in rows])}; the old constant "
                    f"{DEFAULT_MFU:.0%} MFU guess on the same runs: "
                    f"{error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in rows])}")
     out += ["", *markdown.table(
         ["run", "set", "GPUs", "layout", "predicted ms", "measured ms", "error", f"{DEFAULT_MFU:.0%} MFU ms"],
-        ([f"{r['run'].split('/')[-1]} ({'bench' if '/bench/' in r['run'] else 'runs'})", r["set"],
+        ([f"{r['run'].split('/')[-1]} ({_where(r['run'])})", r["set"],
           f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}", r["layout"], f"{r['pred_ms']:.0f}",
           f"{r['meas_ms']:.0f}", f"{r['err']:+.1%}", f"{r['mfu_ms']:.0f}"] for r in steps),
         [None] * 4 + ["right"] * 4)]
@@ -1074,8 +1109,10 @@ def cli(argv: list[str] | None = None) -> int:
         rows = validation_rows(args.root)
         steps = step_rows(args.root)
         path = write_validation(args.root, rows, steps)
-        held = [r["err"] for r in steps if r["set"] == HELD_OUT]
-        print(f"megalab plan: step time on the held-out runs: {error_summary(held)}")
+        for which in (HELD_OUT, OUT_OF_CATALOG):
+            print(f"megalab plan: step time, {which} runs: {error_summary([r['err'] for r in steps if r['set'] == which])}")
+            print(f"megalab plan: memory, {which} runs: "
+                  f"{error_summary([r['err'] for r in rows if r['set'] == which and r['status'] == 'ok'])}")
         ran = [r for r in rows if r["status"] == "ok"]
         ooms = [r for r in rows if r["status"] == "oom"]
         worst = max(ran, key=lambda r: abs(r["err"]), default=None)

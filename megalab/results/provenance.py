@@ -201,20 +201,29 @@ def code_key(rec: RunRecord | dict, root: Path = ROOT) -> str:
 
 
 def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
-    """records.setup_key with the code read from git: runs at two commits with the same run code
-    (no CODE_PATHS change between them) are repeats of one measurement."""
-    return (rec.hostname, code_key(rec, root), *settings(rec))
+    """records.setup_key with the machine (host_key: every rig machine is called 'vm', so its first GPU's
+    UUID) and the code read from git: runs at two commits with the same run code (no CODE_PATHS change
+    between them) on one machine are repeats of one measurement."""
+    return (host_key(rec), code_key(rec, root), *settings(rec))
 
 
 def comparable_key(rec: RunRecord | dict, root: Path = ROOT) -> str | None:
     """Which runs' step times may be divided by each other: one host, and one code and defaults (both
     `today`, or the same commit). None for a record without a host (it cannot be told apart)."""
     r = RunRecord.of(rec)
+    host = host_key(r)
+    if host is None:
+        return None
+    code = "today" if of(r, root).state == CURRENT else str(r.versions.get("megalab_commit"))
+    return f"{host} @ {code}"
+
+
+def host_key(rec: RunRecord | dict) -> str | None:
+    """Which machine a record ran on (None without a host name)."""
+    r = RunRecord.of(rec)
     if r.hostname is None:
         return None
     # every rig machine is called "vm": the first GPU's UUID names the host where the record has it
     # (records from before it was kept fall back to the name, and their commit tells them apart)
     uuids = r.raw.get("gpu_uuids") or []
-    host = f"{r.hostname} {r.gpu_name or ''}".strip() + (f"/{uuids[0][:13]}" if uuids else "")
-    code = "today" if of(r, root).state == CURRENT else str(r.versions.get("megalab_commit"))
-    return f"{host} @ {code}"
+    return f"{r.hostname} {r.gpu_name or ''}".strip() + (f"/{uuids[0][:13]}" if uuids else "")
