@@ -155,3 +155,16 @@ def test_docs_run_megalab_through_the_venv_or_make(doc):
     bare = [l for l in doc.read_text(encoding="utf-8").splitlines()
             if re.search(r"(?<![/\w])python3? -m megalab", l)]
     assert not bare, f"{doc.name}: write .venv/bin/python -m megalab (or a make target): {bare[0]}"
+
+
+def test_a_python_that_recompiles_torch_in_every_process_is_called_out(tmp_path, monkeypatch):
+    """The GPU rig sets PYTHONDONTWRITEBYTECODE=1 over a torch with no __pycache__: import torch took
+    5.5 s instead of 2.6 s in every process of every launch."""
+    from megalab.harness import pyinfo
+
+    assert pyinfo.recompiles({"PYTHONDONTWRITEBYTECODE": "1"}, tmp_path)
+    (tmp_path / "__pycache__").mkdir()
+    assert not pyinfo.recompiles({"PYTHONDONTWRITEBYTECODE": "1"}, tmp_path)
+    assert not pyinfo.recompiles({}, tmp_path)
+    monkeypatch.setattr(pyinfo, "recompiles", lambda: True)
+    assert pyinfo.line("/x/python", "2.9.0").endswith("fix: unset PYTHONDONTWRITEBYTECODE")

@@ -354,6 +354,7 @@ def run(target: str, opts: Options | None = None, exp: Experiment | None = None)
 
 def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     """Preflight, and unless DRY_RUN, one launch: its run record and run dir (None for a dry run)."""
+    t0 = dt.datetime.now(dt.timezone.utc)  # the preflight's share of a launch goes in the record
     exp.validate()
     opts = check_options(opts)
     asked_port = opts.master_port  # resolved once, so the dry-run plan and the run plan agree
@@ -399,7 +400,8 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
 
     rec = record.build(plan=plan, returncode=outcome.returncode, interrupted=False, monitor=mon, inventory=inv,
                        started=started, ended=ended, hostname=socket.gethostname(),
-                       outputs=outputs_config(opts), outcome=outcome, busy_gpus=busy)
+                       outputs=outputs_config(opts), outcome=outcome, busy_gpus=busy,
+                       preflight_s=(started - t0).total_seconds())
     record.write(rec, run_dir / "run.json")
     if rec["status"] != "ok" and not opts.verbose:
         print(_tail(run_dir / "logs.txt"))

@@ -112,7 +112,7 @@ def busy_note(busy: list[dict]) -> str:
 
 
 def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, hostname, outputs=None,
-          outcome=None, busy_gpus=None) -> dict:
+          outcome=None, busy_gpus=None, preflight_s: float | None = None) -> dict:
     """The record of one launch of `plan` (megalab/harness/plan.py) into plan.run_dir.
 
     `outcome`: the supervisor's (supervise.Outcome); `busy_gpus`: what the preflight found busy
@@ -180,6 +180,8 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         "started": started.isoformat(timespec="seconds"),
         "ended": ended.isoformat(timespec="seconds"),
         "duration_s": round((ended - started).total_seconds(), 1),
+        # the launcher's checks before `started` (plan, Megatron's argument check, GPUs): part of a launch
+        "preflight_s": None if preflight_s is None else round(preflight_s, 1),
         "command": plan.command,
         "config": config,
         "intent": plan.to_dict(),

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from megalab.results import defaults, benchruns, gpus, logparse, markdown, tables
+from megalab.results import launchtime
 from megalab.results.records import RunRecord
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
@@ -149,7 +150,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *_parity_section(cfg, get), *_experts_section(cfg, get),
          *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent),
-         *_profiles_section(bench_dir)]
+         *_profiles_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
     if any(f"| {tables.OTHER_HOST} |" in line for line in L):

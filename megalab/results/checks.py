@@ -608,7 +608,8 @@ def render(results: list[Result]) -> str:
         f"{len(results)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN.",
         "",
         "Each claim is computed from the newest ok/oom record per target (memory: NVML peak per GPU, "
-        "the largest over the run's GPUs unless stated; time: median step). `published` is the same "
+        "the largest over the run's GPUs unless stated; time: median step, or the median of the runs' "
+        "medians where the target was repeated on one machine with the same code and settings). `published` is the same "
         "metric on the published rows where it names the tutorial or the two-GPU notes. NOT RUN: a "
         "target it reads is not in the catalog yet, has no record, or its record failed, or the records it "
         "compares ran on different hosts. `fails if` is generated from the expectation: every claim can "

@@ -77,6 +77,11 @@ class LogSummary:
     params: dict[tuple[int, int], int] = field(default_factory=dict)
     # iteration -> timer name -> ms (max over ranks), from the block after that iteration's line
     timers: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Megatron's start-up timers (before the first iteration): name -> ms (max over ranks), e.g.
+    # startup-library-setup (the entry point's imports), model-and-optimizer-setup
+    startup: dict[str, float] = field(default_factory=dict)
+    # Megatron's print_datetime markers: label -> the wall-clock time it printed (first of each label)
+    marks: dict[str, str] = field(default_factory=dict)
     finished: bool = False
     oom: bool = False
     oom_rank: int | None = None
@@ -298,12 +303,14 @@ def _on_iterations(st: _State, line: str, rank) -> bool:
 
 
 def _on_timer(st: _State, line: str, rank) -> bool:
-    """Timers; start-up blocks come before any iteration and are not kept."""
+    """Timers: per iteration after its line; the start-up blocks before any iteration go to `startup`."""
     m = _TIMER_RE.match(line)
     if not m:
         return False
     if st.last_iter is not None:
         st.s.timers.setdefault(st.last_iter, {})[m.group(1)] = float(m.group(3) or m.group(4))
+    else:
+        st.s.startup[m.group(1)] = float(m.group(3) or m.group(4))
     st.recognised = True
     return True
 
@@ -392,6 +399,7 @@ def _on_datetime(st: _State, line: str, rank) -> bool:
     m = _DATETIME_RE.search(line)
     if m:
         st.recognised = True
+        st.s.marks.setdefault(m.group(1).strip(), line[m.end():].strip())
         st.s.finished = st.s.finished or end_of_training(line)
     return bool(m)
 
