@@ -201,7 +201,46 @@ def _measure_cells(rec: dict | None, ctx: Context) -> dict[str, str]:
         "TFLOP/s/GPU": "" if tflops is None else _fixed(tflops, 0),
         "MFU": "" if mfu is None else f"{_fixed(mfu * 100, 1)}%",
         "hardware": "" if rec is None else fmt_hardware(rec),
+        "machine": "" if rec is None else _machine(rec),  # labelled m1, m2, ... by _frame
     }
+
+
+def _machine(rec: dict) -> str:
+    """The machine a record ran on: its host key (GPU UUID), or without a UUID the host name, GPU and count."""
+    r = RunRecord.of(rec)
+    key = provenance.host_key(r) or ""
+    return key if (r.raw.get("gpu_uuids") or not key) else f"{key} x{r.num_gpus}"
+
+
+def machine_labels(recs: list[dict]) -> dict[str, str]:
+    """host_key -> 'm1', 'm2', ... in the order the machines first ran a row of the page."""
+    first: dict[str, str] = {}
+    for r in sorted(recs, key=lambda r: r.get("started") or ""):
+        key = _machine(r)
+        if key and key not in first:
+            first[key] = f"m{len(first) + 1}"
+    return first
+
+
+def machine_note(recs: list[dict]) -> str | None:
+    """The legend of the machine column: each label's GPUs, GPU UUID and when its rows ran."""
+    labels = machine_labels(recs)
+    if not labels:
+        return None
+    parts = []
+    for key, label in labels.items():
+        mine = [RunRecord.of(r) for r in recs if _machine(r) == key]
+        times = sorted(r.started for r in mine if r.started)
+        uuids = mine[0].raw.get("gpu_uuids") or []
+        end = times[-1][11:16] if times and times[-1][:10] == times[0][:10] else (times[-1][:16].replace("T", " ") if times else "")
+        span = f"{times[0][:16].replace('T', ' ')}–{end}" if times else "?"
+        parts.append(f"{label} = {mine[0].num_gpus or '?'}x {short_gpu_name(mine[0].gpu_name or '?')} "
+                     + (f"(GPU {uuids[0][:13]}…, rows run {span} UTC)" if uuids else
+                        f"(no GPU UUID recorded: rows run {span} UTC, possibly on several machines of that name)"))
+    return ("machine: the physical machine of the row's record, by its first GPU's UUID (every rig machine "
+            "has the host name `vm`): " + "; ".join(parts) + ". Identical commands differ by 5-23% between "
+            "machines: compare step times within one machine (and code) only, as the efficiency columns "
+            "and `make check` do.")
 
 
 # --------------------------------------------------------------------------- chapter-specific columns
@@ -440,8 +479,8 @@ ANCHOR_RESULT = ["ref GB (pub.)", "ref GiB", "our GiB", "Δ GiB", "ref ms", "our
 TWOGPU_LAYOUT = ["Row", "make target", "idea", "GBS", "MBS"]
 TWOGPU_RESULT = ["ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB", "ref ms",
                  "our ms", "Δ ms", "our p10–p90 ms", "runs", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
-TAIL = ["hardware", "provenance", "status"]
-_LEFT = {"Row", "make target", "model", "idea", "hardware", "provenance", "status"}
+TAIL = ["hardware", "machine", "provenance", "status"]
+_LEFT = {"Row", "make target", "model", "idea", "hardware", "machine", "provenance", "status"}
 
 
 def columns(chapter: int) -> list[str]:
@@ -625,7 +664,10 @@ TWOGPU_FOOTNOTES = [
 
 def _frame(ctx: Context) -> pd.DataFrame:
     cols = columns(ctx.chapter)
-    return pd.DataFrame([_row(e, ctx) for e in ctx.exps], columns=cols, dtype=str)
+    df = pd.DataFrame([_row(e, ctx) for e in ctx.exps], columns=cols, dtype=str)
+    labels = machine_labels([ctx.records[t] for t in df["make target"] if t in ctx.records])
+    df["machine"] = df["machine"].map(lambda k: labels.get(k, ""))
+    return df
 
 
 def table_frame(chapter: int, records: dict[str, dict] | None = None,
@@ -666,6 +708,8 @@ def render_chapter(chapter: int, records: dict[str, dict] | None = None,
         notes = list(FOOTNOTES)
     notes += [TOKENS_NOTE] + [c.note for c in chapter_columns(chapter) if c.note]
     notes.append(provenance.LEGEND)
+    if note := machine_note(recs):
+        notes.append(note)
     if any(OTHER_HOST in str(v) for v in df.values.ravel()):
         notes.append(OTHER_HOST_NOTE)
     if any(r.get("_concurrent") for r in recs):
