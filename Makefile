@@ -29,7 +29,7 @@ quote = '$(subst ','\'',$(1))'
 TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
 
 
-.PHONY: help list setup test quickstart tables compare check clean batch $(TARGETS)
+.PHONY: help list setup test quickstart tables compare check clean batch campaign $(TARGETS)
 
 help:
 	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
@@ -51,6 +51,7 @@ help:
 #> bench-report            rebuild results/bench/README.md from the committed bench runs
 #> prepare-data            tokenize a corpus for DATA=... runs
 #> batch IDS="101 111"     several targets in a row, past failures
+#> campaign CHAPTER=1       a chapter's rows that fit here, REPEATS=3 times each, pass after pass (IDS=, BUDGET_S=)
 #> profile-<id>            a target with Megatron's timers and a torch profiler trace (Perfetto)
 #> resume-<id>             train ITERS/2, checkpoint, resume to ITERS, check the loss continues
 #> monitor-gpu             live GPU view (nvitop if installed, else nvidia-smi -l 1)
@@ -84,6 +85,10 @@ batch:
 	@[ -n "$$IDS" ] || { echo 'batch: set IDS, e.g. make batch IDS="101 111"' >&2; exit 2; }
 	@set -f; fails=0; n=0; for id in $$IDS; do n=$$((n+1)); $(PY) -m megalab run "$$id" || fails=$$((fails+1)); done; \
 	 echo "batch: $$fails of $$n run(s) did not end ok"
+
+# One measurement campaign on this machine (megalab/harness/campaign.py): CHAPTER= or IDS=, REPEATS=3, BUDGET_S=.
+campaign:
+	@$(PY) -m megalab campaign
 
 # ---- beyond one node: SLURM (megalab/harness/slurm.py). GPUS_PER_NODE (8) sets the nodes; SBATCH_ARGS
 # (e.g. '--partition=gpu --time=1:00:00') go to sbatch, SRUN_ARGS (e.g. pyxis' --container-image) to srun.

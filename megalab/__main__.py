@@ -1,6 +1,7 @@
 """`python -m megalab <command>`: what the Makefile calls.
 
   run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
+  campaign       every selected row REPEATS times on this machine, pass after pass (make campaign CHAPTER=1)
   show-command TARGET   the exact torchrun command of a target, nothing else (make show-command ID=...)
   python         the Python and torch make runs targets with (make which-python)
   variables      the make variables, their defaults and meaning (make help; --names: names only)
@@ -29,7 +30,7 @@ MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", 
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
                    "tables": "results.tables", "data-report": "results.datareport", "integrity": "results.integrity",
                    "variables": "harness.variables", "docker-run": "harness.docker", "python": "harness.pyinfo",
-                   "compare": "results.index"}
+                   "compare": "results.index", "campaign": "harness.campaign"}
 
 
 def _list() -> int:

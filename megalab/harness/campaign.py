@@ -1,0 +1,148 @@
+"""`make campaign`: one measurement campaign on this machine: the selected rows, REPEATS times each.
+
+A table row stands for what `make <target>` gives today, and one launch is one sample: identical
+commands differ by 5-23% between runs and machines. A campaign therefore runs every selected target
+REPEATS times (default 3) on this machine alone, pass after pass (101, 111, ..., then 101, 111, ...
+again), so that the machine's drift spreads over all rows instead of landing on one. Each launch is
+exactly `make <target>` (launch.launch: the same plan, checks, watchdog and record), so `make tables`
+then shows each row as the median of its runs with their range, and `make check` may compare rows
+(one machine, one code).
+
+    make campaign CHAPTER=1                  chapter 1's targets that fit the GPUs here, 3 times each
+    make campaign IDS="101 111" REPEATS=5    these targets, 5 times each
+    BUDGET_S=1200 make campaign CHAPTER=2    start no launch after 20 minutes (the summary says what is short)
+    DRY_RUN=1 make campaign CHAPTER=1        what would run, and what is skipped and why
+
+Targets that need more GPUs than this machine has are skipped (named, with the count). A target
+whose first launch ran out of memory is not launched again: its status is the result, and a repeat
+adds nothing. Ctrl-C (or a kill) ends the campaign with the run in flight (its record says `killed`).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+from megalab.harness import catalog
+from megalab.harness.catalog import CatalogError, Experiment
+from megalab.harness.variables import LaunchError, Options
+
+DEFAULT_REPEATS = 3
+
+
+def select(ids: list[str], chapter: int | None, gpus_here: int) -> tuple[list[Experiment], list[tuple[str, str]]]:
+    """(targets to run, in catalog order; skipped (id, why)). Raises LaunchError for no selection."""
+    if ids:
+        exps = [catalog.get(i) for i in ids]  # CatalogError names an unknown id and the fix
+    elif chapter is not None:
+        if chapter not in catalog.chapters():
+            raise LaunchError(f"campaign: no chapter {chapter}; fix: CHAPTER= one of "
+                              f"{', '.join(str(c) for c in sorted(catalog.chapters()))}")
+        exps = [e for e in catalog.catalog().values() if e.chapter == chapter]
+    else:
+        raise LaunchError('campaign: nothing selected; fix: CHAPTER=1 or IDS="101 111"')
+    run, skipped = [], []
+    for e in dict.fromkeys(exps):  # once each, in the order given
+        if e.gpus > gpus_here:
+            skipped.append((e.id, f"needs {e.gpus} GPUs, {gpus_here} here"))
+        else:
+            run.append(e)
+    return run, skipped
+
+
+def schedule(exps: list[Experiment], repeats: int) -> list[tuple[int, Experiment]]:
+    """(pass, target) in launch order: every target once per pass, passes one after another."""
+    return [(p, e) for p in range(1, repeats + 1) for e in exps]
+
+
+def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repeats: int) -> list[str]:
+    """One line per target: its launches' statuses and, over the ok ones, median step and range."""
+    lines = ["campaign   target: launches (statuses) -> median of the ok runs' median step [lowest-highest]"]
+    for target, recs in results.items():
+        statuses = [r.get("status", "?") for r in recs]
+        ms = [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]
+        what = (f"{statistics.median(ms):.0f} ms [{min(ms):.0f}-{max(ms):.0f}]" if ms else "no ok run")
+        short = "" if len(recs) >= repeats or "oom" in statuses else f"  (short of {repeats})"
+        lines.append(f"campaign   {target}: {len(recs)} ({', '.join(statuses)}) -> {what}{short}")
+    for target, why in skipped:
+        lines.append(f"campaign   {target}: skipped ({why})")
+    machines = {u for recs in results.values() for r in recs for u in (r.get("gpu_uuids") or [])[:1]}
+    if machines:
+        lines.append(f"campaign   machine: first GPU {', '.join(sorted(m[:13] for m in machines))} "
+                     "(one machine: its rows may be compared)")
+    return lines
+
+
+def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, opts: Options,
+        budget_s: float | None = None, launch=None, clock=time.monotonic) -> int:
+    """Launch the schedule; print the summary. 0 when every planned launch ran and ended ok or oom."""
+    if launch is None:
+        from megalab.harness.launch import launch
+    start = clock()
+    results: dict[str, list[dict]] = {e.id: [] for e in exps}
+    out_of_time = False
+    for p, exp in schedule(exps, repeats):
+        if any(r.get("status") == "oom" for r in results[exp.id]):
+            continue  # an out-of-memory row is its result; a repeat adds nothing
+        if budget_s is not None and clock() - start > budget_s:
+            out_of_time = True
+            break
+        print(f"campaign   pass {p}/{repeats}: {exp.id}", flush=True)
+        done = launch(exp, opts)
+        if done is not None:
+            results[exp.id].append(done[0])
+    for line in summary(results, skipped, repeats):
+        print(line)
+    if out_of_time:
+        print(f"campaign   BUDGET_S={budget_s:g} spent: no launch started after it")
+    bad = any(r.get("status") not in ("ok", "oom") for recs in results.values() for r in recs)
+    return 1 if bad or out_of_time else 0
+
+
+def _int_env(name: str, default: int | None, environ) -> int | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LaunchError(f"campaign: {name}={raw!r} is not a whole number; fix: e.g. {name}=3") from None
+    if value < 1:
+        raise LaunchError(f"campaign: {name}={value} must be at least 1; fix: e.g. {name}=3")
+    return value
+
+
+def cli(argv: list[str], environ=os.environ) -> int:
+    """make campaign: CHAPTER / IDS select, REPEATS (3), BUDGET_S (none), the run variables as for make <target>."""
+    if argv:
+        raise LaunchError("usage: make campaign CHAPTER=N | IDS=\"101 111\" [REPEATS=3] [BUDGET_S=seconds]")
+    from megalab.harness.monitor import gpu_inventory
+
+    ids = environ.get("IDS", "").split()
+    chapter = _int_env("CHAPTER", None, environ) if not ids else None
+    repeats = _int_env("REPEATS", DEFAULT_REPEATS, environ)
+    budget = _int_env("BUDGET_S", None, environ)
+    opts = Options.from_env()
+    gpus_here = gpu_inventory()["count"] or 0
+    exps, skipped = select(ids, chapter, gpus_here)
+    if opts.dry_run:
+        print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
+              f"(DRY_RUN=1: nothing starts)")
+        for e in exps:
+            print(f"campaign   {e.id} ({e.gpus} GPU(s))")
+        for target, why in skipped:
+            print(f"campaign   {target}: skipped ({why})")
+        return 0
+    if not exps:
+        raise LaunchError(f"campaign: none of the selected targets fits the {gpus_here} GPU(s) here "
+                          f"({'; '.join(f'{t}: {w}' for t, w in skipped)}); fix: run it on a machine with more GPUs")
+    return run(exps, skipped, repeats, opts, budget)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(cli(sys.argv[1:]))
+    except (CatalogError, LaunchError) as e:
+        print(f"megalab: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,59 @@
+"""make campaign (megalab/harness/campaign.py): selection, pass-after-pass order, OOM not repeated, budget."""
+import pytest
+
+from megalab.harness import campaign, catalog
+from megalab.harness.variables import LaunchError, Options
+
+
+def test_a_chapter_keeps_what_fits_and_names_what_does_not():
+    run, skipped = campaign.select([], 1, gpus_here=1)
+    assert [e.id for e in run] == [e.id for e in catalog.catalog().values() if e.chapter == 1 and e.gpus == 1]
+    assert ("104-gpt2xl-dp4-gbs4", "needs 4 GPUs, 1 here") in skipped
+
+
+def test_passes_come_one_after_another():
+    a, b = catalog.get("101"), catalog.get("111")
+    assert [(p, e.id[:3]) for p, e in campaign.schedule([a, b], 2)] == [(1, "101"), (1, "111"), (2, "101"), (2, "111")]
+
+
+def _fake(statuses):
+    calls = []
+
+    def launch(exp, opts):
+        calls.append(exp.id)
+        status = statuses.get(exp.id, "ok")
+        return {"status": status, "step_ms_median": 100.0 + len(calls), "gpu_uuids": ["GPU-abc"]}, None
+    return launch, calls
+
+
+def test_an_oom_row_is_launched_once(capsys):
+    launch, calls = _fake({"121-gpt2xl-dp1-gbs16-oom": "oom"})
+    exps = [catalog.get("101"), catalog.get("121")]
+    assert campaign.run(exps, [], 3, Options(), launch=launch) == 0
+    assert calls.count("121-gpt2xl-dp1-gbs16-oom") == 1 and calls.count("101-gpt2xl-dp1-gbs1-bf16") == 3
+    out = capsys.readouterr().out
+    assert "101-gpt2xl-dp1-gbs1-bf16: 3 (ok, ok, ok) -> " in out and "one machine" in out
+
+
+def test_the_budget_stops_new_launches_and_says_what_is_short(capsys):
+    launch, calls = _fake({})
+    ticks = iter([0, 0, 10, 20, 30, 40])
+    rc = campaign.run([catalog.get("101")], [], 3, Options(), budget_s=15, launch=launch, clock=lambda: next(ticks))
+    assert rc == 1 and len(calls) == 2
+    out = capsys.readouterr().out
+    assert "(short of 3)" in out and "BUDGET_S=15 spent" in out
+
+
+def test_a_failed_launch_makes_the_campaign_fail():
+    launch, _ = _fake({"101-gpt2xl-dp1-gbs1-bf16": "failed"})
+    assert campaign.run([catalog.get("101")], [], 1, Options(), launch=launch) == 1
+
+
+@pytest.mark.parametrize("env, match", [
+    ({}, "nothing selected; fix"),
+    ({"CHAPTER": "9"}, "no chapter 9; fix"),
+    ({"CHAPTER": "1", "REPEATS": "0"}, "REPEATS=0 must be at least 1; fix"),
+])
+def test_bad_input_is_one_line(env, match):
+    with pytest.raises(LaunchError, match=match):
+        campaign.cli([], environ=env)
