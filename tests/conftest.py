@@ -6,6 +6,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 os.environ.setdefault("PY", sys.executable)  # `make` in a test runs this interpreter, not whatever python3 is
+# Megatron-check verdicts (megalab/harness/validate.py) go to a fresh folder per test session, never ~/.cache
+import tempfile  # noqa: E402
+
+os.environ["MEGALAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="megalab-cache-")
 
 import socket  # noqa: E402
 

@@ -250,3 +250,28 @@ def test_record_keeps_the_catalogs_extra_flags_and_the_users(tmp_path):
     assert rec["schema"] == 2 and rec["intent"]["argv"] == p.argv and rec["command"] == p.command
     assert rec["intent"]["groups"]["EXTRA"][-2:] == ["--seed", "7"]
     assert rec["observed"] == logparse.parse_file(tmp_path / "logs.txt").megalab and rec["observed"]
+
+
+def test_megatrons_verdict_is_cached_and_a_rejection_never(tmp_path, monkeypatch):
+    """An identical check that passed is not run again (it costs a launch 4-10 s of imports); other flags
+    are checked afresh; a rejection raises every time."""
+    from megalab.harness import validate
+
+    calls = []
+
+    def fake(args, world):
+        calls.append(list(args))
+        if "--bad" in args:
+            raise validate.MegatronRejected("no")
+
+    monkeypatch.setattr(validate, "validate", fake)
+    env = {"MEGALAB_CACHE_DIR": str(tmp_path)}
+    assert validate.validate_cached(["--a", "1"], 2, env) is False
+    assert validate.validate_cached(["--a", "1"], 2, env) is True
+    assert validate.validate_cached(["--a", "1"], 4, env) is False  # another world size
+    assert validate.validate_cached(["--a", "2"], 2, env) is False  # other flags
+    for _ in range(2):
+        with pytest.raises(validate.MegatronRejected):
+            validate.validate_cached(["--bad"], 2, env)
+    assert len(calls) == 5
+    assert validate.cache_dir(env) == tmp_path / "megatron-check"

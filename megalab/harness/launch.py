@@ -221,14 +221,15 @@ def megatron_check(plan: RunPlan) -> str:
     if validate.megatron_available() is None:
         return skipped
     try:
-        validate.validate(plan.entry_args, exp.gpus)
+        cached = validate.validate_cached(plan.entry_args, exp.gpus)
     except ImportError:  # installed but not importable here (e.g. no torch): the node checks again
         return skipped
     except validate.MegatronRejected as e:
         raise LaunchError(f"Megatron rejects {exp.id} on {exp.gpus} GPUs: {e}; "
                           "fix the layout in configs/experiments/") from None
     return (f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus} and "
-            "gpt_config_from_args builds the model config: ok")
+            "gpt_config_from_args builds the model config: ok"
+            + (f" (the same check passed before; verdict cached in {validate.cache_dir()})" if cached else ""))
 
 
 def plan_lines(plan: RunPlan, inv: dict) -> str:

@@ -8,11 +8,14 @@ a launch turns a 40-second start-up failure into an immediate one-line error.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 
 class MegatronRejected(ValueError):
@@ -100,3 +103,60 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# ---- a verdict, once: Megatron's check costs a launch 4-10 s of imports (torch, megatron.training), which
+# the worker pays again; an identical check that passed before passes again. The key is everything the
+# verdict depends on: the flags, the world size, the versions of megatron-core and torch, whether a GPU
+# answers the device checks, and the megalab files the check runs (this one, _compat.py, the layer spec).
+_KEY_FILES = ("megalab/harness/validate.py", "megalab/_compat.py", "megalab/runtime/spec.py")
+
+
+def cache_dir(environ=os.environ) -> Path:
+    """MEGALAB_CACHE_DIR, else $XDG_CACHE_HOME/megalab, else ~/.cache/megalab; `megatron-check` inside."""
+    base = environ.get("MEGALAB_CACHE_DIR") or str(Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                                   / "megalab")
+    return Path(base) / "megatron-check"
+
+
+def verdict_key(args: list[str], world_size: int) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(__file__).resolve().parent.parent.parent
+
+    def ver(pkg):
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return None
+
+    code = hashlib.sha256()
+    for f in _KEY_FILES:
+        with contextlib.suppress(OSError):
+            code.update((root / f).read_bytes())
+    material = {"args": list(args), "world": world_size, "megatron": ver("megatron-core"), "torch": ver("torch"),
+                "gpu": _cuda_available_cheap(), "code": code.hexdigest()}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _cuda_available_cheap() -> bool:
+    """Whether a GPU answers the device checks, without importing torch (NVML through nvidia-smi's library)."""
+    try:
+        from megalab.harness.monitor import gpu_inventory
+
+        return bool(gpu_inventory()["count"])
+    except Exception:
+        return False
+
+
+def validate_cached(args: list[str], world_size: int, environ=os.environ) -> bool:
+    """validate(), skipped when an identical check passed before. True when the verdict came from the
+    cache. A rejection is never cached (it raises MegatronRejected every time)."""
+    marker = cache_dir(environ) / verdict_key(args, world_size)
+    if marker.exists():
+        return True
+    validate(args, world_size)
+    with contextlib.suppress(OSError):  # a read-only home only costs the next launch the check again
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"args": list(args), "world": world_size}) + "\n")
+    return False
