@@ -107,8 +107,8 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
 
 # ---- a verdict, once: Megatron's check costs a launch 4-10 s of imports (torch, megatron.training), which
 # the worker pays again; an identical check that passed before passes again. The key is everything the
-# verdict depends on: the flags, the world size, the versions of megatron-core and torch, whether a GPU
-# answers the device checks, and the megalab files the check runs (this one, _compat.py, the layer spec).
+# verdict depends on: the flags, the world size, the versions of megatron-core and torch, the GPUs that
+# answer the device checks, and the megalab files the check runs (this one, _compat.py, the layer spec).
 _KEY_FILES = ("megalab/harness/validate.py", "megalab/_compat.py", "megalab/runtime/spec.py")
 
 
@@ -135,18 +135,19 @@ def verdict_key(args: list[str], world_size: int) -> str:
         with contextlib.suppress(OSError):
             code.update((root / f).read_bytes())
     material = {"args": list(args), "world": world_size, "megatron": ver("megatron-core"), "torch": ver("torch"),
-                "gpu": _cuda_available_cheap(), "code": code.hexdigest()}
+                "gpus": _gpu_names(), "code": code.hexdigest()}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _cuda_available_cheap() -> bool:
-    """Whether a GPU answers the device checks, without importing torch (NVML through nvidia-smi's library)."""
+def _gpu_names() -> list[str]:
+    """The GPUs that answer Megatron's device checks (their generation matters), read through NVML
+    without importing torch; [] without GPUs (the checks then answer for Hopper)."""
     try:
         from megalab.harness.monitor import gpu_inventory
 
-        return bool(gpu_inventory()["count"])
+        return list(gpu_inventory().get("names") or [])
     except Exception:
-        return False
+        return []
 
 
 def validate_cached(args: list[str], world_size: int, environ=os.environ) -> bool:
