@@ -1,4 +1,6 @@
 """make campaign (megalab/harness/campaign.py): selection, pass-after-pass order, OOM not repeated, budget."""
+import dataclasses
+
 import pytest
 
 from megalab.harness import campaign, catalog
@@ -57,3 +59,11 @@ def test_a_failed_launch_makes_the_campaign_fail():
 def test_bad_input_is_one_line(env, match):
     with pytest.raises(LaunchError, match=match):
         campaign.cli([], environ=env)
+
+
+def test_a_launch_is_timed_from_committed_runs_else_the_estimate():
+    secs, source = campaign.launch_seconds(catalog.get("101"), Options(iters=25))
+    assert source.startswith("median of") and 20 < secs < 200
+    never_run = dataclasses.replace(catalog.get("612"), id="612-never-run")
+    secs, source = campaign.launch_seconds(never_run, Options(iters=25))
+    assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S

@@ -100,6 +100,28 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
     return 1 if bad or out_of_time else 0
 
 
+STARTUP_GUESS_S = 40.0  # a launch without training, where no record says better (results/bench: "Where a launch goes")
+
+
+def launch_seconds(exp: Experiment, opts: Options) -> tuple[float, str]:
+    """(seconds, source) one launch of exp is expected to take: the median `duration_s` of its committed
+    ok runs (results/runs), else the estimator's step time x ITERS plus STARTUP_GUESS_S."""
+    from megalab.harness.catalog import ROOT
+    from megalab.results.records import read_records
+
+    past = [r.raw["duration_s"] for r in read_records(ROOT / "results" / "runs", None)
+            if r.target == exp.id and r.status == "ok" and r.raw.get("duration_s")]
+    if past:
+        return statistics.median(past), f"median of {len(past)} committed run(s)"
+    try:
+        from megalab.results import estimate
+
+        step = estimate.estimate(exp).step_ms
+    except Exception:
+        return STARTUP_GUESS_S, "no record, no estimate"
+    return STARTUP_GUESS_S + step * opts.iters / 1e3, f"estimate: {step:.0f} ms x {opts.iters} + {STARTUP_GUESS_S:.0f} s"
+
+
 def _int_env(name: str, default: int | None, environ) -> int | None:
     raw = environ.get(name, "").strip()
     if not raw:
@@ -129,10 +151,16 @@ def cli(argv: list[str], environ=os.environ) -> int:
     if opts.dry_run:
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
               f"(DRY_RUN=1: nothing starts)")
+        total = 0.0
         for e in exps:
-            print(f"campaign   {e.id} ({e.gpus} GPU(s))")
+            secs, source = launch_seconds(e, opts)
+            total += secs * repeats
+            print(f"campaign   {e.id} ({e.gpus} GPU(s)): about {secs:.0f} s a launch ({source})")
         for target, why in skipped:
             print(f"campaign   {target}: skipped ({why})")
+        if exps:
+            print(f"campaign   about {total / 60:.0f} min for {len(exps) * repeats} launches (an OOM row runs "
+                  "once; the launcher's checks come on top)")
         return 0
     if not exps:
         raise LaunchError(f"campaign: none of the selected targets fits the {gpus_here} GPU(s) here "
