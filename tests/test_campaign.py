@@ -67,3 +67,15 @@ def test_a_launch_is_timed_from_committed_runs_else_the_estimate():
     never_run = dataclasses.replace(catalog.get("612"), id="612-never-run")
     secs, source = campaign.launch_seconds(never_run, Options(iters=25))
     assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S
+
+
+def test_a_refused_launch_ends_the_campaign_after_saying_what_ran(capsys):
+    launch, calls = _fake({})
+
+    def refusing(exp, opts):
+        if calls:
+            raise LaunchError("GPU 0 is busy; fix: wait")
+        return launch(exp, opts)
+    with pytest.raises(LaunchError, match="busy"):
+        campaign.run([catalog.get("101")], [], 3, Options(), launch=refusing)
+    assert "101-gpt2xl-dp1-gbs1-bf16: 1 (ok)" in capsys.readouterr().out

@@ -89,7 +89,12 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
             out_of_time = True
             break
         print(f"campaign   pass {p}/{repeats}: {exp.id}", flush=True)
-        done = launch(exp, opts)
+        try:
+            done = launch(exp, opts)
+        except LaunchError:  # refused before it started (busy GPUs, ...): say what ran, then the error
+            for line in summary(results, skipped, repeats):
+                print(line)
+            raise
         if done is not None:
             results[exp.id].append(done[0])
     for line in summary(results, skipped, repeats):
