@@ -211,24 +211,36 @@ MODEL_FLAGS = {
 }
 
 
-def effective_model(preset: dict[str, Any], args: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """The preset with the model flags among `args` (argv items, e.g. a target's extra args plus
-    EXTRA_ARGS) applied; `--flag=value` is read too. Raises CatalogError for a flag without its value."""
-    out = dict(preset)
-    args = [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
-    for i, a in enumerate(args):
-        if a not in MODEL_FLAGS:
+def argv_items(args: tuple[str, ...] | list[str]) -> list[str]:
+    """argv items with `--flag=value` read as `--flag value`, as argparse does."""
+    return [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+
+
+def read_flags(args: tuple[str, ...] | list[str], table: dict[str, tuple[str, Any]], missing) -> dict[str, Any]:
+    """The values `args` give the keys of `table` (flag -> (key, value type, or None for a switch)); the
+    last one wins, as in Megatron's argparse. A flag without its value raises CatalogError(missing(flag,
+    key, type))."""
+    items = argv_items(args)
+    out: dict[str, Any] = {}
+    for i, a in enumerate(items):
+        if a not in table:
             continue
-        key, kind = MODEL_FLAGS[a]
+        key, kind = table[a]
         if kind is None:
             out[key] = True
             continue
         try:
-            out[key] = kind(args[i + 1])
+            out[key] = kind(items[i + 1])
         except (IndexError, ValueError):
-            raise CatalogError(f"{a} needs a {kind.__name__} value in the extra args; fix: e.g. {a} "
-                               f"{preset.get(key, 8)}") from None
+            raise CatalogError(missing(a, key, kind)) from None
     return out
+
+
+def effective_model(preset: dict[str, Any], args: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """The preset with the model flags among `args` (argv items, e.g. a target's extra args plus
+    EXTRA_ARGS) applied; `--flag=value` is read too. Raises CatalogError for a flag without its value."""
+    return {**preset, **read_flags(args, MODEL_FLAGS, lambda a, key, kind: (
+        f"{a} needs a {kind.__name__} value in the extra args; fix: e.g. {a} {preset.get(key, 8)}"))}
 
 
 # Megatron flags that change a target's batch or layout, as the Experiment field each overrides (a None
@@ -245,19 +257,8 @@ LAYOUT_FLAGS = {
 def effective_experiment(exp: "Experiment", args: tuple[str, ...] | list[str]) -> "Experiment":
     """The target with the batch/layout flags among `args` applied (validated again: a layout Megatron
     would reject is a CatalogError). Raises CatalogError for a flag without its value."""
-    args = [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
-    changes: dict[str, Any] = {}
-    for i, a in enumerate(args):
-        if a not in LAYOUT_FLAGS:
-            continue
-        field, kind = LAYOUT_FLAGS[a]
-        if kind is None:
-            changes[field] = True
-            continue
-        try:
-            changes[field] = kind(args[i + 1])
-        except (IndexError, ValueError):
-            raise CatalogError(f"{a} needs an int value in the extra args; fix: e.g. {a} {getattr(exp, field)}") from None
+    changes = read_flags(args, LAYOUT_FLAGS, lambda a, field, kind: (
+        f"{a} needs an int value in the extra args; fix: e.g. {a} {getattr(exp, field)}"))
     if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
         return exp
     out = dataclasses.replace(exp, **changes)

@@ -842,7 +842,7 @@ def _only_planned_flags(extra: str) -> bool:
     as built; catalog.LAYOUT_FLAGS: batch and layout), each with its value: the record is then a
     configuration the estimator models, whatever the catalog says."""
     try:
-        args = [p for a in shlex.split(extra) for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
+        args = catalog.argv_items(shlex.split(extra))
     except ValueError:
         return False
     flags = {**catalog.MODEL_FLAGS, **catalog.LAYOUT_FLAGS}
