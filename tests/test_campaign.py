@@ -62,10 +62,11 @@ def test_bad_input_is_one_line(env, match):
 
 
 def test_a_launch_is_timed_from_committed_runs_else_the_estimate():
-    secs, source = campaign.launch_seconds(catalog.get("101"), Options(iters=25))
+    durations = campaign.committed_durations()
+    secs, source = campaign.launch_seconds(catalog.get("101"), Options(iters=25), durations)
     assert source.startswith("median of") and 20 < secs < 200
     never_run = dataclasses.replace(catalog.get("612"), id="612-never-run")
-    secs, source = campaign.launch_seconds(never_run, Options(iters=25))
+    secs, source = campaign.launch_seconds(never_run, Options(iters=25), durations)
     assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S
 
 

@@ -266,12 +266,13 @@ def test_megatrons_verdict_is_cached_and_a_rejection_never(tmp_path, monkeypatch
 
     monkeypatch.setattr(validate, "validate", fake)
     env = {"MEGALAB_CACHE_DIR": str(tmp_path)}
-    assert validate.validate_cached(["--a", "1"], 2, env) is False
-    assert validate.validate_cached(["--a", "1"], 2, env) is True
-    assert validate.validate_cached(["--a", "1"], 4, env) is False  # another world size
-    assert validate.validate_cached(["--a", "2"], 2, env) is False  # other flags
+    assert validate.validate_cached(["--a", "1"], 2, [], env) is False
+    assert validate.validate_cached(["--a", "1"], 2, [], env) is True
+    assert validate.validate_cached(["--a", "1"], 4, [], env) is False  # another world size
+    assert validate.validate_cached(["--a", "2"], 2, [], env) is False  # other flags
+    assert validate.validate_cached(["--a", "2"], 2, ["NVIDIA A100-SXM4-80GB"], env) is False  # another GPU
     for _ in range(2):
         with pytest.raises(validate.MegatronRejected):
-            validate.validate_cached(["--bad"], 2, env)
-    assert len(calls) == 5
+            validate.validate_cached(["--bad"], 2, [], env)
+    assert len(calls) == 6
     assert validate.cache_dir(env) == tmp_path / "megatron-check"

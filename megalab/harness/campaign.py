@@ -108,14 +108,22 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
 STARTUP_GUESS_S = 40.0  # a launch without training, where no record says better (results/bench: "Where a launch goes")
 
 
-def launch_seconds(exp: Experiment, opts: Options) -> tuple[float, str]:
-    """(seconds, source) one launch of exp is expected to take: the median `duration_s` of its committed
-    ok runs (results/runs), else the estimator's step time x ITERS plus STARTUP_GUESS_S."""
+def committed_durations() -> dict[str, list[float]]:
+    """target -> the `duration_s` of its committed ok runs (results/runs), read once for a whole campaign."""
     from megalab.harness.catalog import ROOT
     from megalab.results.records import read_records
 
-    past = [r.raw["duration_s"] for r in read_records(ROOT / "results" / "runs", None)
-            if r.target == exp.id and r.status == "ok" and r.raw.get("duration_s")]
+    out: dict[str, list[float]] = {}
+    for r in read_records(ROOT / "results" / "runs", None):
+        if r.status == "ok" and r.raw.get("duration_s"):
+            out.setdefault(r.target, []).append(r.raw["duration_s"])
+    return out
+
+
+def launch_seconds(exp: Experiment, opts: Options, durations: dict[str, list[float]]) -> tuple[float, str]:
+    """(seconds, source) one launch of exp is expected to take: the median of its committed ok runs'
+    durations (`committed_durations`), else the estimator's step time x ITERS plus STARTUP_GUESS_S."""
+    past = durations.get(exp.id)
     if past:
         return statistics.median(past), f"median of {len(past)} committed run(s)"
     try:
@@ -156,9 +164,9 @@ def cli(argv: list[str], environ=os.environ) -> int:
     if opts.dry_run:
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
               f"(DRY_RUN=1: nothing starts)")
-        total = 0.0
+        total, durations = 0.0, committed_durations()
         for e in exps:
-            secs, source = launch_seconds(e, opts)
+            secs, source = launch_seconds(e, opts, durations)
             total += secs * repeats
             print(f"campaign   {e.id} ({e.gpus} GPU(s)): about {secs:.0f} s a launch ({source})")
         for target, why in skipped:

@@ -221,7 +221,8 @@ def megatron_check(plan: RunPlan) -> str:
     if validate.megatron_available() is None:
         return skipped
     try:
-        cached = validate.validate_cached(plan.entry_args, exp.gpus)
+        cached = validate.validate_cached(plan.entry_args, exp.gpus,
+                                          [plan.machine.gpu_name] * (plan.machine.gpus or 0))
     except ImportError:  # installed but not importable here (e.g. no torch): the node checks again
         return skipped
     except validate.MegatronRejected as e:

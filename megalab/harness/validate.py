@@ -119,7 +119,7 @@ def cache_dir(environ=os.environ) -> Path:
     return Path(base) / "megatron-check"
 
 
-def verdict_key(args: list[str], world_size: int) -> str:
+def verdict_key(args: list[str], world_size: int, gpu_names: list[str]) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     root = Path(__file__).resolve().parent.parent.parent
@@ -135,25 +135,16 @@ def verdict_key(args: list[str], world_size: int) -> str:
         with contextlib.suppress(OSError):
             code.update((root / f).read_bytes())
     material = {"args": list(args), "world": world_size, "megatron": ver("megatron-core"), "torch": ver("torch"),
-                "gpus": _gpu_names(), "code": code.hexdigest()}
+                "gpus": list(gpu_names), "code": code.hexdigest()}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _gpu_names() -> list[str]:
-    """The GPUs that answer Megatron's device checks (their generation matters), read through NVML
-    without importing torch; [] without GPUs (the checks then answer for Hopper)."""
-    try:
-        from megalab.harness.monitor import gpu_inventory
-
-        return list(gpu_inventory().get("names") or [])
-    except Exception:
-        return []
-
-
-def validate_cached(args: list[str], world_size: int, environ=os.environ) -> bool:
+def validate_cached(args: list[str], world_size: int, gpu_names: list[str], environ=os.environ) -> bool:
     """validate(), skipped when an identical check passed before. True when the verdict came from the
-    cache. A rejection is never cached (it raises MegatronRejected every time)."""
-    marker = cache_dir(environ) / verdict_key(args, world_size)
+    cache. A rejection is never cached (it raises MegatronRejected every time). `gpu_names`: the GPUs
+    found here (the launcher's inventory; [] without one), whose generation answers Megatron's device
+    checks."""
+    marker = cache_dir(environ) / verdict_key(args, world_size, gpu_names)
     if marker.exists():
         return True
     validate(args, world_size)

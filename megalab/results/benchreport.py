@@ -150,7 +150,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *_parity_section(cfg, get), *_experts_section(cfg, get),
          *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent),
-         *_profiles_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
+         *_profiles_section(bench_dir, recs), *launchtime.section(bench_dir.parent.parent)]
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
     if any(f"| {tables.OTHER_HOST} |" in line for line in L):
@@ -305,19 +305,21 @@ def _goals_section(cfg: dict, get, largest: dict) -> list[str]:
     return ["## Goals", "", *markdown.table(["goal", "target", "measured", "verdict"], rows), ""]
 
 
-def _profiles_section(bench_dir: Path) -> list[str]:
+def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
     """Where a step goes: each `make profile-<id>` run kept here with the trace summary made on the rig
     (`python -m megalab.harness.bench trace <trace>` -> trace-summary.md beside its record)."""
     from megalab.results.records import RunRecord
 
     out = []
-    for d in sorted((bench_dir / "runs").glob("*/trace-summary.md")):
-        rec = RunRecord.of(json.loads((d.parent / "run.json").read_text()) | {"_dir": d.parent})
+    for raw in sorted(recs.values(), key=lambda r: r["_dir"].name):
+        d = raw["_dir"] / "trace-summary.md"
+        if raw["_dir"].parent != bench_dir / "runs" or not d.exists():
+            continue
+        rec = RunRecord.of(raw)
         timers = rec.raw.get("timers_ms") or {}
         shown = ("forward-compute", "backward-compute", "optimizer", "optimizer-inner-step",
                  "optimizer-copy-main-to-model-params", "optimizer-copy-to-main-grad", "all-grads-sync")
-        out += [f"### {rec.target} on 1 x {rec.gpu_name}" if rec.num_gpus == 1 else
-                f"### {rec.target} on {rec.num_gpus} x {rec.gpu_name}", "",
+        out += [f"### {rec.target} on {rec.num_gpus} x {rec.gpu_name}", "",
                 f"Run [{d.parent.name}](runs/{d.parent.name}/run.json): median step {rec.step_ms_median:.0f} ms "
                 "profiled (timers synchronise, kernels launch one by one, no CUDA graph). Megatron's timers, median "
                 "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."

@@ -50,16 +50,19 @@ def render(root: Path = ROOT) -> str:
 
 
 def graph_parity(runs: list, table_runs: list) -> list[str]:
-    """For each integrity run, its twin with the other CUDA-graph setting: the newest ok table record of
-    the same target on the same host and code (provenance.comparable_key). Loss parity by the bench's
-    rule, and what the graph changed in step time and memory: the evidence behind graphs.py's policy."""
+    """For each ok integrity run, its twin with the other CUDA-graph setting: the newest ok table record
+    of the same target on the same machine (provenance.host_key) with the same code inside torchrun
+    (provenance.code_key). Loss parity by the bench's rule, and what the graph changed in step time and
+    memory: the evidence behind graphs.py's policy."""
     from megalab.results import provenance
 
     rows = []
     for r in runs:
+        if r.status != "ok":
+            continue
         graph = bool((r.config or {}).get("cuda_graph"))
-        key = (provenance.host_key(r), provenance.code_key(r))  # same machine, same code inside torchrun
-        twins = [t for t in table_runs if t.target == r.target and t.status == "ok" and r.status == "ok"
+        key = (provenance.host_key(r), provenance.code_key(r))
+        twins = [t for t in table_runs if t.target == r.target and t.status == "ok"
                  and bool((t.config or {}).get("cuda_graph")) != graph
                  and (provenance.host_key(t), provenance.code_key(t)) == key]
         if not twins:
