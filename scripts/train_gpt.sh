@@ -184,9 +184,11 @@ fi
 if [ "$TE_IMPL" = transformer_engine ]; then
     IMPL_ARGS=(--transformer-impl transformer_engine)
 else
-    # Without TE/apex: torch norms, no fused softmax, no fused wgrad accumulation.
-    IMPL_ARGS=(--transformer-impl local --no-persist-layer-norm
-               --no-gradient-accumulation-fusion --no-masked-softmax-fusion)
+    # Without TE/apex: torch norms, no fused softmax. The wgrad GEMM adds into the fp32 main_grad only
+    # with the fused_wgrad lever (megalab/runtime/fastpath.py stands in for apex's kernel).
+    IMPL_ARGS=(--transformer-impl local --no-persist-layer-norm)
+    [[ ",${MEGALAB_FAST:-}," == *,fused_wgrad,* ]] || IMPL_ARGS+=(--no-gradient-accumulation-fusion)
+    IMPL_ARGS+=(--no-masked-softmax-fusion)
     [ "$SPEC" = megalab ] && IMPL_ARGS+=(--spec megalab.runtime.spec megalab_layer_spec)
 fi
 

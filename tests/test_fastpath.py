@@ -73,8 +73,94 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     monkeypatch.setattr(clip, "l2_norm_impl", clip.l2_norm_impl)
     monkeypatch.setattr(clip, "multi_tensor_scale_impl", clip.multi_tensor_scale_impl)
     monkeypatch.setattr(optmod, "multi_tensor_scale_impl", optmod.multi_tensor_scale_impl)
+    _keep_megatrons_wgrad_lookup(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
-    # neither TE nor apex here: all three are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale"]
+    # neither TE nor apex here: all four are fallbacks; the attention order is a GPU-only patch
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
+
+
+# ---- fused_wgrad: megalab's stand-in for apex's fused_weight_gradient_mlp_cuda ---------------------------
+
+def _keep_megatrons_wgrad_lookup(monkeypatch):
+    """Undo install_wgrad_fusion after the test: Megatron's layers module and sys.modules as they were."""
+    import sys
+
+    from megatron.core.tensor_parallel import layers
+
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", layers._grad_accum_fusion_available)
+    monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", None, raising=False)
+    monkeypatch.delitem(sys.modules, "fused_weight_gradient_mlp_cuda", raising=False)
+    return layers
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_wgrad_accum_fp32_adds_the_weight_gradient_into_main_grad(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(96, 40, generator=g).bfloat16()   # [tokens, in]
+    dy = torch.randn(96, 24, generator=g).bfloat16()  # [tokens, out]
+    main = torch.randn(24, 40, generator=g)           # fp32 [out, in], already holding a micro-batch's sum
+    want = main.double() + dy.double().t() @ x.double()
+    fastpath.wgrad_gemm_accum_fp32(x, dy, main)
+    assert main.dtype == torch.float32
+    torch.testing.assert_close(main.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_wgrad_accum_fp16_keeps_main_grad_in_the_inputs_type():
+    x, dy = torch.ones(8, 4).bfloat16(), torch.ones(8, 3).bfloat16()
+    main = torch.zeros(3, 4).bfloat16()
+    fastpath.wgrad_gemm_accum_fp16(x, dy, main)
+    assert main.dtype == torch.bfloat16 and torch.equal(main, torch.full((3, 4), 8.0).bfloat16())
+
+
+def test_megatrons_linear_accumulates_through_the_stand_in(monkeypatch):
+    """Megatron's own linear autograd with gradient_accumulation_fusion=True, served by the stand-in:
+    main_grad gets the same sum as Megatron's unfused path (a bf16 weight.grad added afterwards), closer
+    to the exact sum because the gradient is never rounded to bf16 on the way."""
+    ensure_typing_override()
+    layers = _keep_megatrons_wgrad_lookup(monkeypatch)
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
+    assert fastpath.install_wgrad_fusion() is True
+    assert layers._grad_accum_fusion_available is True
+    import sys
+
+    assert sys.modules["fused_weight_gradient_mlp_cuda"].wgrad_gemm_accum_fp32 is fastpath.wgrad_gemm_accum_fp32
+
+    g = torch.Generator().manual_seed(7)
+    x0 = torch.randn(64, 2, 48, generator=g).bfloat16()
+    w0 = torch.randn(32, 48, generator=g).bfloat16()
+    dy = torch.randn(64, 2, 32, generator=g).bfloat16()
+    start = torch.randn(32, 48, generator=g)
+    exact = start.double() + dy.reshape(-1, 32).double().t() @ x0.reshape(-1, 48).double()
+
+    def run(fused):
+        x = x0.clone().requires_grad_(True)
+        w = torch.nn.Parameter(w0.clone())
+        w.main_grad = start.clone()
+        out = layers.linear_with_grad_accumulation_and_async_allreduce(
+            x, w, None, gradient_accumulation_fusion=fused, allreduce_dgrad=False, sequence_parallel=False)
+        out.backward(dy)
+        if not fused:  # what Megatron's DDP hook does with the bf16 weight.grad
+            w.main_grad.add_(w.grad)
+        else:
+            assert w.grad is None  # nothing left for the hook to add
+        return w.main_grad, x.grad
+
+    fused_grad, fused_dx = run(True)
+    plain_grad, plain_dx = run(False)
+    torch.testing.assert_close(fused_dx, plain_dx, rtol=0, atol=0)  # the input gradient is untouched
+    torch.testing.assert_close(fused_grad, plain_grad, rtol=2e-2, atol=2e-2)  # plain rounds each sum to bf16
+    assert (fused_grad.double() - exact).abs().max() <= (plain_grad.double() - exact).abs().max()
+
+
+def test_install_wgrad_fusion_leaves_apexs_extension_alone(monkeypatch):
+    import sys
+    import types
+
+    layers = _keep_megatrons_wgrad_lookup(monkeypatch)
+    apex_ext = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", apex_ext)
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
+    assert fastpath.install_wgrad_fusion() is False
+    assert sys.modules["fused_weight_gradient_mlp_cuda"] is apex_ext

@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from types import MappingProxyType
 
-from megalab.harness import catalog, ports
+from megalab.harness import catalog, ports, variables
 from megalab.harness.catalog import ROOT, Experiment
 from megalab.harness.variables import LaunchError, Options
 from megalab.results import gpus as gpus_table
@@ -28,9 +28,9 @@ WRAPPER = ROOT / "scripts" / "train_gpt.sh"
 ENTRY = ROOT / "megalab" / "runtime" / "pretrain_gpt.py"
 RUN_DIR_PLACEHOLDER = "RUN_DIR"  # a dry run has no run dir yet: its paths show this
 
-# The optimizer-side fast path is exact (tests/test_fastpath.py) and never slower, so it is on by
-# default for megalab's spec; Megatron's stock local spec stays stock, as a fair baseline.
-DEFAULT_FAST = "fused_adam,foreach_norm,foreach_scale"
+# On by default for megalab's spec (why: variables.DEFAULT_FAST); Megatron's stock local spec stays
+# stock, as a fair baseline.
+DEFAULT_FAST = ",".join(variables.DEFAULT_FAST)
 
 # Preset switches whose Megatron flags need Transformer Engine kernels. Without TE, Megatron's local
 # MoE experts are SequentialMLP whatever --moe-grouped-gemm says (the flag only trips a CUDA
@@ -143,6 +143,8 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
         raise LaunchError(f"FAST={value}: {str(e).split(': ', 1)[1]}") from None
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
         names = [n for n in names if n not in levers.SPEC_LEVERS]
+    if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers
+        names = [n for n in names if n in levers.SPEC_LEVERS]
     return tuple(names)
 
 
@@ -289,7 +291,8 @@ class RunPlan:
     def placed(self, run_dir: Path, environ=os.environ) -> "RunPlan":
         """The same decisions with the run directory the launcher just made: only the argv items that
         name paths change (checkpoints, TensorBoard, profiler traces), nothing is decided again."""
-        groups = _argv_groups(self.exp, self.opts, self.impl, self.cuda_graph, self.gpus_per_node, run_dir, environ)
+        groups = _argv_groups(self.exp, self.opts, self.impl, self.fast, self.cuda_graph, self.gpus_per_node,
+                              run_dir, environ)
         return dataclasses.replace(self, run_dir=run_dir, groups=MappingProxyType(groups))
 
     def to_dict(self) -> dict:
@@ -320,7 +323,7 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
     fast = fast_levers(opts, impl, exp)
     graph, why = cuda_graph(exp, opts, impl, machine, fast)
     per_node = gpus_per_node(exp, opts)
-    groups = _argv_groups(exp, opts, impl, graph, per_node, run_dir, environ)
+    groups = _argv_groups(exp, opts, impl, fast, graph, per_node, run_dir, environ)
     entry = str(Path(opts.megatron_lm) / "pretrain_gpt.py") if opts.megatron_lm else str(ENTRY)
     env = {k: environ.get(k) or v for k, v in CHILD_ENV_DEFAULTS.items()}
     env["PYTHONPATH"] = ":".join(p for p in (str(ROOT), opts.megatron_lm, environ.get("PYTHONPATH", "")) if p)
@@ -336,7 +339,7 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
                    groups=MappingProxyType(groups), entry=entry, env=MappingProxyType(env))
 
 
-def _argv_groups(exp: Experiment, opts: Options, impl: str, graph: bool, per_node: int,
+def _argv_groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], graph: bool, per_node: int,
                  run_dir: Path | None, environ) -> dict[str, tuple[str, ...]]:
     """scripts/train_gpt.sh's arrays, one for one (same names, same order, same conditions)."""
     m = exp.model_cfg
@@ -427,8 +430,10 @@ def _argv_groups(exp: Experiment, opts: Options, impl: str, graph: bool, per_nod
     if impl == "transformer_engine":
         a["IMPL"] = ["--transformer-impl", "transformer_engine"]
     else:
-        a["IMPL"] = ["--transformer-impl", "local", "--no-persist-layer-norm",
-                     "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"]
+        a["IMPL"] = ["--transformer-impl", "local", "--no-persist-layer-norm"]
+        if levers.FUSED_WGRAD not in fast:  # the wgrad GEMM adds into main_grad: megalab's stand-in for apex
+            a["IMPL"] += ["--no-gradient-accumulation-fusion"]
+        a["IMPL"] += ["--no-masked-softmax-fusion"]
         if opts.spec == "megalab":
             a["IMPL"] += ["--spec", "megalab.runtime.spec", "megalab_layer_spec"]
     if graph:

@@ -30,8 +30,10 @@ class Variable:
 
 
 # FAST's default under SPEC=megalab: the optimizer-side fast path is exact (tests/test_fastpath.py) and
-# never slower; Megatron's stock local spec stays stock. plan.py and results/provenance.py read it here.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale")
+# never slower; fused_wgrad sums the same weight gradients without rounding each to bf16 first (loss
+# parity in results/integrity). Megatron's stock local spec stays stock. plan.py and
+# results/provenance.py read it here.
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad")
 
 
 V = Variable

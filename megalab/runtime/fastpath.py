@@ -7,12 +7,17 @@ that touch every parameter:
     device-to-host copy of each result (a sync per parameter tensor);
   - gradient scaling / main-to-model copies: `local_multi_tensor_scale`, a temporary per tensor.
 Each patch below replaces one of them with PyTorch's fused or foreach kernel. A fourth,
+`fused_wgrad`, stands in for apex's `fused_weight_gradient_mlp_cuda`, the kernel Megatron's linear
+layers call for `--gradient-accumulation-fusion`: the weight-gradient GEMM adds straight into the
+fp32 main_grad (torch.addmm with out_dtype=float32, one cuBLAS call) instead of writing a bf16
+gradient that a separate fp32 `add` kernel per parameter then accumulates (580 adds, 10.6 ms a step
+of row 111 in results/bench, "Where a step goes"). A fifth,
 `cudnn_sdpa`, puts cuDNN's fused attention first in PyTorch's SDPA backend order (PyTorch
 prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). They are opt-in
 (MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
 
-A fifth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
+A sixth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
 then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
 SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
 default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
@@ -42,6 +47,58 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
         return
     torch._foreach_copy_(dst, src)
     torch._foreach_mul_(dst, scale)
+
+
+def wgrad_gemm_accum_fp32(total_input, grad_output, main_grad):
+    """Drop-in for apex's fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32.
+
+    main_grad (fp32, [out, in]) += grad_output^T @ total_input, with 2-D bf16/fp16 inputs [tokens, out]
+    and [tokens, in], as Megatron's LinearWithGradAccumulationAndAsyncCommunication passes them. On
+    CUDA one GEMM accumulates in fp32 and adds into main_grad in its epilogue: the bf16 gradient is
+    never rounded or written. Elsewhere (CPU, or a torch without addmm's out_dtype) the same sum in
+    two steps, in fp32.
+    """
+    if main_grad.is_cuda and _ADDMM_OUT_DTYPE[0]:
+        try:
+            torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
+            return
+        except (RuntimeError, TypeError):  # a torch whose addmm.dtype_out wants self in the input dtype
+            _ADDMM_OUT_DTYPE[0] = False
+    main_grad.addmm_(grad_output.t().float(), total_input.float())
+
+
+def wgrad_gemm_accum_fp16(total_input, grad_output, main_grad):
+    """Drop-in for apex's wgrad_gemm_accum_fp16: main_grad in the inputs' 16-bit type."""
+    main_grad.addmm_(grad_output.t(), total_input)
+
+
+_ADDMM_OUT_DTYPE = [True]  # cleared at the first torch that refuses an fp32 `self` (then: unfused, exact)
+
+
+def install_wgrad_fusion() -> bool:
+    """Give Megatron a `fused_weight_gradient_mlp_cuda` module backed by the two functions above.
+
+    Megatron looks the module up twice: once when megatron.core.tensor_parallel.layers is imported
+    (setting `_grad_accum_fusion_available`), and lazily in megatron.core.utils for the deferred
+    embedding wgrad. Both are served: the module goes into sys.modules and into layers' globals.
+    Returns False (and changes nothing) where a real extension (apex) is already there.
+    """
+    import sys
+    import types
+
+    from megatron.core.tensor_parallel import layers
+
+    name = "fused_weight_gradient_mlp_cuda"
+    if layers._grad_accum_fusion_available and not getattr(sys.modules.get(name), "MEGALAB", False):
+        return False  # apex's own extension imported: it is the real fused kernel
+    mod = types.ModuleType(name, "megalab's torch stand-in for apex's extension")
+    mod.MEGALAB = True
+    mod.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
+    mod.wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp16
+    sys.modules[name] = mod
+    layers.fused_weight_gradient_mlp_cuda = mod
+    layers._grad_accum_fusion_available = True
+    return True
 
 
 def _device():
@@ -91,6 +148,8 @@ def apply(names: list[str]) -> list[str]:
         if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
             optmod.multi_tensor_scale_impl = foreach_scale
         applied.append("foreach_scale")
+    if "fused_wgrad" in names and install_wgrad_fusion():
+        applied.append("fused_wgrad")  # the launcher passes --gradient-accumulation-fusion with it
     if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
         applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied
