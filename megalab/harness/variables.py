@@ -30,10 +30,9 @@ class Variable:
 
 
 # FAST's default under SPEC=megalab: the optimizer-side fast path is exact (tests/test_fastpath.py) and
-# never slower; fused_wgrad sums the same weight gradients without rounding each to bf16 first (loss
-# parity in results/integrity). Megatron's stock local spec stays stock. plan.py and
-# results/provenance.py read it here.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad")
+# never slower; Megatron's stock local spec stays stock. plan.py and results/provenance.py read it here.
+# fused_wgrad stays opt-in: on 111 it measured no faster (results/bench, "Where a step goes").
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale")
 
 
 V = Variable
