@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import bench, launch, plan
+from megalab.harness import bench, catalog, launch, plan
 from megalab.results import benchreport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,3 +180,24 @@ def test_expert_pairs_differ_only_by_the_grouped_gemm_lever():
         assert fastpath.GROUPED_GEMM not in a.fast.split(",")
         assert b.fast.split(",") == a.fast.split(",") + [fastpath.GROUPED_GEMM]
         assert b.experiment().num_experts  # a MoE row
+
+
+# ---- levers tried against the default (benchreport.trials_section) ----------------------------------------
+
+def test_a_trial_pays_only_when_every_run_with_the_lever_beats_every_run_without():
+    v = benchreport._trial_verdict
+    assert v([400, 401], [410, 412]) == "pays"
+    assert v([420, 430], [410, 412]) == "slower"
+    assert v([405, 413, 409], [400, 402, 408, 417]).startswith("within noise")  # 111's runs: overlapping
+    assert v([82], [86, 92, 93]).startswith("no verdict")  # a ratio of 0.89 from one run is no finding
+
+
+def test_wgrad_shapes_follow_the_targets_model():
+    tokens, shapes = bench.wgrad_shapes("111-gpt2xl-dp1-fit-80GB")
+    assert tokens == 15 * 1024
+    assert shapes[0] == ("qkv", 3 * 1600, 1600, 48) and shapes[-1] == ("output", 50304, 1600, 1)
+    tokens, shapes = bench.wgrad_shapes("600-llama1b-1gpu-gbs8")  # grouped-query attention, SwiGLU
+    m = catalog.get("600-llama1b-1gpu-gbs8").model_cfg
+    h, g, heads, ffn = m["hidden_size"], m["num_query_groups"], m["num_attention_heads"], m["ffn_hidden_size"]
+    assert dict((n, (o, i)) for n, o, i, _ in shapes) == {
+        "qkv": (h + 2 * h * g // heads, h), "proj": (h, h), "fc1": (2 * ffn, h), "fc2": (h, ffn), "output": (50304, h)}

@@ -59,6 +59,8 @@ CASES = {
     "extra args, quoted": ("101", _opts(extra_args="--seed 7 --data-cache-path '/a b' \"c'd\" '$(x)' '`y`'"),
                            plan.Machine(), None),
     "megatron-lm": ("101", _opts(megatron_lm="/src/Megatron-LM"), plan.Machine(), None),
+    "fused wgrad": ("111", _opts(fast="fused_adam,fused_wgrad"), plan.Machine(), None),
+    "fused wgrad, spec local": ("111", _opts(fast="fused_wgrad", spec="local"), plan.Machine(), None),
     "exit early": ("001", _opts(exit_interval=10, save=True, save_interval=10), plan.Machine(), "/o/r"),
 }
 
@@ -191,3 +193,22 @@ def test_extra_args_batch_and_layout_flags_are_planned():
         plan.build(catalog.get("600"), _opts(extra_args="--tensor-model-parallel-size 2"))
     with pytest.raises(launch.LaunchError, match=r"--global-batch-size needs an int"):
         plan.build(catalog.get("600"), _opts(extra_args="--global-batch-size"))
+
+
+def test_fused_wgrad_turns_megatrons_gradient_accumulation_fusion_on():
+    """--no-gradient-accumulation-fusion goes exactly when megalab's stand-in for apex's kernel is installed."""
+    default = plan.build(catalog.get("111"), _opts())
+    fused = plan.build(catalog.get("111"), _opts(fast="fused_adam,foreach_norm,foreach_scale,fused_wgrad"))
+    assert "--no-gradient-accumulation-fusion" in default.argv and "fused_wgrad" not in default.fast
+    assert "--no-gradient-accumulation-fusion" not in fused.argv and fused.env["MEGALAB_FAST"].endswith("fused_wgrad")
+    te = plan.build(catalog.get("111"), _opts(fast="fused_wgrad"), TE)  # TE brings its own: no levers at all
+    assert te.fast == () and "--no-gradient-accumulation-fusion" not in te.argv
+
+
+def test_megatron_lms_own_entry_gets_no_patch_levers():
+    """Megatron-LM's pretrain_gpt.py never calls fastpath.apply: the plan must not claim (or depend on) patches;
+    the spec's own levers stay, as megalab's spec reads them from MEGALAB_FAST."""
+    p = plan.build(catalog.get("111"), _opts(megatron_lm="/src/Megatron-LM", fast="all"))
+    assert p.fast == () and "--no-gradient-accumulation-fusion" in p.argv
+    moe = plan.build(catalog.get("522"), _opts(megatron_lm="/src/Megatron-LM"))
+    assert moe.fast == ("grouped_gemm",)

@@ -69,6 +69,75 @@ def matmul_tflops(n: int = 8192, iters: int = 50, warmup: int = 10) -> dict:
             "gpu_name": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
+# --------------------------------------------------------------------------- weight-gradient accumulation
+def wgrad_shapes(target: str) -> tuple[int, list[tuple[str, int, int, int]]]:
+    """(tokens per micro-batch, [(name, out, in, how many per step)]): the linear layers of a catalog
+    target whose weight gradients Megatron accumulates into main_grad (TP=1 shapes)."""
+    from megalab.harness import catalog
+
+    exp = catalog.get(target)
+    m = exp.model_cfg
+    h, L = m["hidden_size"], m["num_layers"]
+    ffn = m.get("ffn_hidden_size") or 4 * h
+    heads, groups = m["num_attention_heads"], m.get("num_query_groups") or m["num_attention_heads"]
+    qkv = h + 2 * h * groups // heads
+    fc1 = 2 * ffn if m.get("swiglu") else ffn
+    vocab = -(-50257 // 128) * 128  # GPT-2 BPE, padded as Megatron pads it (make-vocab-size-divisible-by 128)
+    return exp.mbs * m["seq_length"], [("qkv", qkv, h, L), ("proj", h, h, L), ("fc1", fc1, h, L),
+                                        ("fc2", h, ffn, L), ("output", vocab, h, 1)]
+
+
+def wgrad_accum(target: str, reps: int = 20) -> list[dict]:
+    """Megatron's unfused path (a bf16 wgrad GEMM, then main_grad.add_) against fastpath.fused_wgrad's
+    (one addmm into the fp32 main_grad), per linear shape of `target`, with the fused result's largest
+    error against an fp64 reference on 256 tokens."""
+    import time
+
+    import torch
+
+    from megalab.runtime import fastpath
+
+    require_gpu()
+    tokens, shapes = wgrad_shapes(target)
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps * 1e3
+
+    out = []
+    for name, o, i, count in shapes:
+        x = torch.randn(tokens, i, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(tokens, o, device="cuda", dtype=torch.bfloat16)
+        main = torch.zeros(o, i, device="cuda")
+        unfused = timed(lambda: main.add_(dy.t() @ x))
+        fused = timed(lambda: fastpath.wgrad_gemm_accum_fp32(x, dy, main))
+        main.zero_()
+        fastpath.wgrad_gemm_accum_fp32(x[:256], dy[:256], main)
+        err = (main.double() - dy[:256].double().t() @ x[:256].double()).abs().max().item()
+        out.append({"name": name, "out": o, "in": i, "per_step": count, "unfused_ms": round(unfused, 3),
+                    "fused_ms": round(fused, 3), "max_abs_err": err, "fused_path": fastpath._ADDMM_OUT_DTYPE[0]})
+    return out
+
+
+def render_wgrad(target: str, rows: list[dict]) -> str:
+    import torch
+
+    lines = [f"{target}: torch {torch.__version__} on {torch.cuda.get_device_name()}",
+             "| linear | out x in | per micro-batch | unfused ms | fused ms | max abs err vs fp64 | addmm out_dtype |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['name']} | {r['out']}x{r['in']} | {r['per_step']} | {r['unfused_ms']} | {r['fused_ms']} | "
+              f"{r['max_abs_err']:.1e} | {r['fused_path']} |" for r in rows]
+    tot = {k: sum(r[k] * r["per_step"] for r in rows) for k in ("unfused_ms", "fused_ms")}
+    lines.append(f"per micro-batch: unfused {tot['unfused_ms']:.1f} ms, fused {tot['fused_ms']:.1f} ms")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- trace reading
 def _merge(intervals: list[tuple[float, float]]) -> float:
     """Total length of a union of [start, end) intervals."""
@@ -249,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m megalab.harness.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("matmul")
+    w = sub.add_parser("wgrad", help="time fused_wgrad against Megatron's unfused accumulation, per linear shape")
+    w.add_argument("target")
     t = sub.add_parser("trace")
     t.add_argument("file", type=Path)
     r = sub.add_parser("run")
@@ -275,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             print(benchreport.write(BENCH_DIR))
         elif args.cmd == "matmul":
             print(json.dumps(matmul_tflops()))
+        elif args.cmd == "wgrad":
+            print(render_wgrad(args.target, wgrad_accum(args.target)))
         elif args.cmd == "trace":
             print(render_trace(trace_summary(args.file)))
     except BenchError as e:

@@ -31,7 +31,7 @@ class Variable:
 
 # FAST's default under SPEC=megalab: the optimizer-side fast path is exact (tests/test_fastpath.py) and
 # never slower; Megatron's stock local spec stays stock. plan.py and results/provenance.py read it here.
-# fused_wgrad stays opt-in: on 111 it measured no faster (results/bench, "Where a step goes").
+# fused_wgrad stays opt-in: on 111 it measured no faster (results/bench, "Levers tried against the default").
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from megalab.results import defaults, benchruns, gpus, logparse, markdown, tables
 from megalab.results import launchtime
+from megalab.harness.catalog import ROOT
 from megalab.results.records import RunRecord
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
@@ -148,7 +149,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     mm = json.loads(mm_path.read_text()) if mm_path.exists() else None
     largest, search_lines = _search_section(cfg, recs)
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
-         *_ablation_section(cfg, get), *_parity_section(cfg, get), *_experts_section(cfg, get),
+         *_ablation_section(cfg, get), *trials_section(cfg, bench_dir), *_parity_section(cfg, get),
+         *_experts_section(cfg, get),
          *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent),
          *_profiles_section(bench_dir, recs), *launchtime.section(bench_dir.parent.parent)]
     if any(r["_concurrent"] for r in recs.values()):
@@ -230,6 +232,83 @@ def _ablation_section(cfg: dict, get) -> list[str]:
             "they pay.", "", *markdown.table(["case", "levers", "ms", "GiB", "vs previous step"], rows),
             "", "Levers:", "", *(f"- `{k}`: {v['about']}" for k, v in cfg["levers"].items()), "",
             *_findings(cfg, get)]
+
+
+def _trial_verdict(on: list[float], off: list[float]) -> str:
+    """'pays' only if every run with the lever beat every run without it (and 'slower' the other way
+    round), with two runs or more on each side: one command's launches spread by several percent, and a
+    machine drifts over a session, so a ratio of medians alone would call noise a gain."""
+    if min(len(on), len(off)) < 2:
+        return "no verdict: one run on a side"
+    if max(on) < min(off):
+        return "pays"
+    if min(on) > max(off):
+        return "slower"
+    return "within noise (the runs overlap)"
+
+
+def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
+    """Each trial lever against today's default, per target: the runs with the default's levers and the
+    runs with the lever added, on the machine and code where both sides ran (the most runs with the
+    lever). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
+    the loss parity of the first pair (the bench's rule)."""
+    from megalab.harness import variables
+    from megalab.results import provenance
+    from megalab.results.records import read_records
+
+    default = set(variables.DEFAULT_FAST)
+    runs = [r for d in (root / "results" / "runs", bench_dir / "runs") for r in read_records(d, None)]
+    rows = []
+    for trial in cfg.get("trials", []):
+        lever = cfg["levers"][trial["lever"]]["fast"]
+        for target in trial["targets"]:
+            sides: dict[tuple, dict[bool, list]] = {}
+            for r in runs:
+                fast = set(((r.raw.get("intent") or {}).get("fastpath") or "").split(","))
+                if r.target != target or r.status != "ok" or not r.step_ms_median or fast not in (default, default | {lever}):
+                    continue
+                if (r.config or {}).get("spec") != "megalab" or (r.config or {}).get("extra_args"):
+                    continue
+                key = (provenance.host_key(r), provenance.code_key(r, root))
+                sides.setdefault(key, {True: [], False: []})[lever in fast].append(r)
+            both = [s for s in sides.values() if s[True] and s[False]]
+            if not both:
+                rows.append([f"`{trial['lever']}`", target, *[""] * 6, "not compared: no machine and code with both"])
+                continue
+            s = max(both, key=lambda x: (len(x[True]), len(x[False])))
+            on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
+            med = {k: _median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
+            x = med[True] / med[False]
+            par = parity(on[0].raw | {"_dir": on[0].run_dir}, off[0].raw | {"_dir": off[0].run_dir})
+            verdict = _trial_verdict([r.step_ms_median for r in on], [r.step_ms_median for r in off])
+            rows.append([f"`{trial['lever']}`", target, _spread(off), _spread(on), f"{x:.3f}",
+                         f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
+                         f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
+                         "PASS" if par["pass"] else "FAIL", verdict])
+    if not rows:
+        return []
+    return ["## Levers tried against the default", "",
+            "A lever added to today's default fast path (FAST=default,lever) against the default itself, per target: "
+            "plain `make <target>` launches on one machine with one code, the default's side taken from the table "
+            "rows' records there. ms: the median of the runs' median steps (lowest-highest, runs). Parity: the first "
+            f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}). "
+            "Verdict: `pays` where every run with the lever beat every run without it, two runs or more a side "
+            "(a ratio of medians alone would call the machine's drift a gain). A lever joins the default only "
+            "where it pays." + (" The kernels alone, outside a step: [fused-wgrad-microbench.txt](fused-wgrad-microbench.txt) "
+                                "(`python -m megalab.harness.bench wgrad <target>`)." if (bench_dir / "fused-wgrad-microbench.txt").exists() else ""), "",
+            *markdown.table(["lever", "target", "default ms", "with the lever ms", "with / without",
+                             "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _spread(recs: list) -> str:
+    ms = [r.step_ms_median for r in recs]
+    return f"{_median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f}, {len(ms)})" if len(ms) > 1 else f"{ms[0]:.0f} (1)"
 
 
 def _parity_row(pair: dict, a_run, b_run, get) -> list:
@@ -329,7 +408,8 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 "`bench.KERNEL_KINDS`). GPU-busy well below wall time means the host (Python, launches) leads; "
                 "`elementwise / other` is what fusions remove (TE fuses bias+GeLU, bias+dropout+add and the "
                 "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
-                "separate kernels, `--no-gradient-accumulation-fusion`).", "",
+                "separate kernels, `--no-gradient-accumulation-fusion`, unless `FAST=...,fused_wgrad`: see "
+                "\"Levers tried against the default\").", "",
                 *d.read_text().strip().splitlines(), ""]
     return ["## Where a step goes (profiles)", "", *out] if out else []
 
