@@ -201,3 +201,16 @@ def test_wgrad_shapes_follow_the_targets_model():
     h, g, heads, ffn = m["hidden_size"], m["num_query_groups"], m["num_attention_heads"], m["ffn_hidden_size"]
     assert dict((n, (o, i)) for n, o, i, _ in shapes) == {
         "qkv": (h + 2 * h * g // heads, h), "proj": (h, h), "fc1": (2 * ffn, h), "fc2": (h, ffn), "output": (50304, h)}
+
+
+def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
+    """111's trial row: three runs with the lever, six without, all on the one machine and code of the trial;
+    the verdict the page gives is the one the rule gives for those runs."""
+    from megalab.results import benchruns
+
+    rows = [ln for ln in benchreport.trials_section(benchruns.load_config(), benchruns.BENCH_DIR)
+            if ln.startswith("| `fused_wgrad` | 111-")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[2].endswith(", 6)") and cells[3].endswith(", 3)")
+    assert cells[-1].startswith("within noise") and cells[-2] == "PASS"

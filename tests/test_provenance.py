@@ -83,12 +83,24 @@ def test_schema_1_is_older_without_asking_git(tmp_path):
     ({"intent": {"fastpath": "fused_adam,foreach_norm,foreach_scale", "cuda_graph_reason": "CUDA_GRAPH=1"}},
      "CUDA_GRAPH=1"),
     ({"config": {"extra_args": "--foo"}}, "EXTRA_ARGS"),
-    ({"warmup_iters": 5}, "WARMUP=5"),
+    ({"warmup_iters": 5, "iters_logged": 25}, "WARMUP=5"),  # a record from before the setting was kept
+    ({"config": {"warmup": 0}}, "WARMUP=0"),
 ])
 def test_other_defaults_are_older(repo, change, why):
     head = _git(repo, "rev-parse", "HEAD")
     assert provenance.of(_rec(commit=head), repo).state == provenance.CURRENT
     assert provenance.of(_rec(commit=head, **change), repo).cell == f"older ({why})"
+
+
+@pytest.mark.parametrize("rec", [
+    {"status": "oom", "warmup_iters": 0, "iters_logged": 0, "step_ms_median": None},  # no step to drop
+    {"status": "oom", "warmup_iters": 0, "iters_logged": 0, "config": {"warmup": 3}},
+    {"warmup_iters": 1, "iters_logged": 3},  # fewer steps than WARMUP: all kept, and that is no setting
+])
+def test_a_run_with_no_steps_to_drop_is_not_a_warmup_change(repo, rec):
+    """warmup_iters counts the steps dropped: an OOM before the first step drops none under the default."""
+    head = _git(repo, "rev-parse", "HEAD")
+    assert provenance.of(_rec(commit=head, **rec), repo).state == provenance.CURRENT
 
 
 def test_moe_default_adds_grouped_gemm():

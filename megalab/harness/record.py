@@ -142,7 +142,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
     config = dataclasses.asdict(exp) | {
         # the model as built: the preset with EXTRA_ARGS' model flags applied (the estimator reads it)
         "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": effective_model(exp, opts),
-        "iters": opts.iters, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
+        "iters": opts.iters, "warmup": opts.warmup, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": plan.spec, "nnodes": opts.nnodes,
         "node_rank": opts.node_rank,
         # the catalog's own extra flags, and the user's EXTRA_ARGS (the bench and the estimator key on it)
@@ -255,7 +255,8 @@ def refresh(run_dir: Path) -> dict:
     cfg = rec.get("config") or {}
     used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
     # the log cannot tell a user's interrupt or the watchdog: keep what the launcher recorded
-    meas = measured(run_dir / rec["files"]["log"], rec.get("warmup_iters") or 3, rec.get("returncode"),
+    warmup = cfg.get("warmup", rec.get("warmup_iters") or 3)  # the WARMUP setting; older records: what was dropped
+    meas = measured(run_dir / rec["files"]["log"], warmup, rec.get("returncode"),
                     rec.get("status") == "incomplete", used, rec.get("peak_tflops"),
                     one_node=cfg.get("nnodes", 1) == 1, ended_by=rec.get("ended_by"),
                     end_detail=rec.get("end_detail") or "", busy=bool(rec.get("busy_gpus")))

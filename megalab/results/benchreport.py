@@ -6,6 +6,7 @@ test checks the committed page is what the records give.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from megalab.results import defaults, benchruns, gpus, logparse, markdown, tables
@@ -249,8 +250,8 @@ def _trial_verdict(on: list[float], off: list[float]) -> str:
 
 def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     """Each trial lever against today's default, per target: the runs with the default's levers and the
-    runs with the lever added, on the machine and code where both sides ran (the most runs with the
-    lever). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
+    runs with the lever added, on the machine, code and CUDA-graph setting where both sides ran (the
+    most runs with the lever). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
     the loss parity of the first pair (the bench's rule)."""
     from megalab.harness import variables
     from megalab.results import provenance
@@ -269,7 +270,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                     continue
                 if (r.config or {}).get("spec") != "megalab" or (r.config or {}).get("extra_args"):
                     continue
-                key = (provenance.host_key(r), provenance.code_key(r, root))
+                key = (provenance.host_key(r), provenance.code_key(r, root), bool((r.config or {}).get("cuda_graph")))
                 sides.setdefault(key, {True: [], False: []})[lever in fast].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
             if not both:
@@ -277,7 +278,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 continue
             s = max(both, key=lambda x: (len(x[True]), len(x[False])))
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
-            med = {k: _median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
+            med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
             par = parity(on[0].raw | {"_dir": on[0].run_dir}, off[0].raw | {"_dir": off[0].run_dir})
             verdict = _trial_verdict([r.step_ms_median for r in on], [r.step_ms_median for r in off])
@@ -300,15 +301,9 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                              "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-
-
 def _spread(recs: list) -> str:
     ms = [r.step_ms_median for r in recs]
-    return f"{_median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f}, {len(ms)})" if len(ms) > 1 else f"{ms[0]:.0f} (1)"
+    return f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f}, {len(ms)})" if len(ms) > 1 else f"{ms[0]:.0f} (1)"
 
 
 def _parity_row(pair: dict, a_run, b_run, get) -> list:

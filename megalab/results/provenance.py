@@ -87,7 +87,9 @@ def settings_differ(rec: RunRecord) -> str:
         return intent["cuda_graph_reason"]  # the user chose; the default is the auto policy
     if cfg.get("extra_args"):
         return "EXTRA_ARGS"
-    warmup = rec.raw.get("warmup_iters")
+    warmup = cfg.get("warmup")  # the WARMUP setting (records before it was kept: the steps dropped, which
+    if warmup is None and (rec.raw.get("iters_logged") or 0) > DEFAULT_WARMUP:  # tell only where there were more)
+        warmup = rec.raw.get("warmup_iters")
     if warmup is not None and warmup != DEFAULT_WARMUP:
         return f"WARMUP={warmup}"
     return ""
