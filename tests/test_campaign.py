@@ -80,3 +80,13 @@ def test_a_refused_launch_ends_the_campaign_after_saying_what_ran(capsys):
     with pytest.raises(LaunchError, match="busy"):
         campaign.run([catalog.get("101")], [], 3, Options(), launch=refusing)
     assert "101-gpt2xl-dp1-gbs1-bf16: 1 (ok)" in capsys.readouterr().out
+
+
+def test_the_summary_says_how_far_the_machine_drifted_between_passes():
+    """This session's H100 campaign: 101 86 -> 93 ms and 113 405 -> 425 ms from the first pass to the last."""
+    res = {"101": [{"status": "ok", "step_ms_median": 86.0}, {"status": "ok", "step_ms_median": 93.0}],
+           "113": [{"status": "ok", "step_ms_median": 405.0}, {"status": "ok", "step_ms_median": 425.0}],
+           "301": [{"status": "oom"}]}
+    drift = [ln for ln in campaign.summary(res, [], 2) if "drift" in ln]
+    assert drift == ["campaign   drift: last launch against the first, median over 2 targets +6.5% (from +4.9% to +8.1%)"]
+    assert not [ln for ln in campaign.summary({"101": res["101"][:1]}, [], 1) if "drift" in ln]  # one pass: nothing

@@ -3,7 +3,8 @@
 A table row stands for what `make <target>` gives today, and one launch is one sample: identical
 commands differ by 5-23% between runs and machines. A campaign therefore runs every selected target
 REPEATS times (default 3) on this machine alone, pass after pass (101, 111, ..., then 101, 111, ...
-again), so that the machine's drift spreads over all rows instead of landing on one. Each launch is
+again), so that the machine's drift spreads over all rows instead of landing on one; the summary
+says how large that drift was (last launch of each target against its first). Each launch is
 exactly `make <target>` (launch.launch: the same plan, checks, watchdog and record), so `make tables`
 then shows each row as the median of its runs with their range, and `make check` may compare rows
 (one machine, one code).
@@ -67,6 +68,11 @@ def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repe
         lines.append(f"campaign   {target}: {len(recs)} ({', '.join(statuses)}) -> {what}{short}")
     for target, why in skipped:
         lines.append(f"campaign   {target}: skipped ({why})")
+    drift = [ms[-1] / ms[0] - 1 for recs in results.values()
+             if len(ms := [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]) > 1]
+    if drift:  # passes run one after another: a shift common to every target is the machine's, not the rows'
+        lines.append(f"campaign   drift: last launch against the first, median over {len(drift)} targets "
+                     f"{statistics.median(drift):+.1%} (from {min(drift):+.1%} to {max(drift):+.1%})")
     machines = {u for recs in results.values() for r in recs for u in (r.get("gpu_uuids") or [])[:1]}
     if machines:
         lines.append(f"campaign   machine: first GPU {', '.join(sorted(m[:13] for m in machines))} "
