@@ -244,8 +244,9 @@ def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, 
     real_popen = subprocess.Popen
 
     def fake_popen(args, **kw):  # the training run itself: a stand-in that prints one line
-        if list(args)[0] == "torchrun":  # the plan's argv, run without a shell
-            args = ["bash", "-c", "echo 'megalab: stand-in for torchrun'"]
+        args = list(args)
+        if "torchrun" in args:  # the plan's argv (behind supervise's deathsig shim), run without a shell
+            args = [*args[:args.index("torchrun")], "bash", "-c", "echo 'megalab: stand-in for torchrun'"]
         return real_popen(args, **kw)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)

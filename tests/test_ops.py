@@ -162,8 +162,10 @@ def fake_gpu_run(monkeypatch):
     real_popen = subprocess.Popen
 
     def fake_popen(args, **kw):
-        if list(args)[0] == "torchrun":  # the plan's argv, run without a shell
-            args = [sys.executable, "-c", STAND_IN, *args[1:]]
+        args = list(args)
+        if "torchrun" in args:  # the plan's argv (behind supervise's deathsig shim), run without a shell
+            i = args.index("torchrun")
+            args = [*args[:i], sys.executable, "-c", STAND_IN, *args[i + 1:]]
         return real_popen(args, **kw)
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)

@@ -210,3 +210,36 @@ def test_sigterm_to_the_launcher_writes_a_killed_record_and_exits_143(tmp_path):
     assert rec["status"] == "killed" and rec["ended_by"] == "killed" and "SIGTERM" in rec["end_detail"]
     assert "log        " in out  # the tail, as for any run that did not end ok
     assert _none_survive(_pids(pids))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_does_not_outlive_a_sigkilled_launcher(tmp_path):
+    """kill -9 of the launcher leaves it no chance to end the run: the kernel must (deathsig.py)."""
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    code = ("import os, sys; from pathlib import Path; from megalab.harness import supervise; "
+            f"supervise.supervise([sys.executable, {str(FAKE / 'hang_silent.py')!r}], log_path=Path({str(tmp_path / 'logs.txt')!r}), "
+            f"env={{**os.environ, 'FAKE_PIDS': {str(pids)!r}}}, limits=supervise.Limits(silent_s=600, startup_s=600))")
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        assert _wait_for(lambda: _pids(pids), 20), "the fake run never started"
+        run = _pids(pids)
+        assert all(supervise.alive(p) for p in run)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(5)
+        assert _none_survive(run, within=5)
+    finally:
+        launcher.kill()
+        for p in _pids(pids):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_command_that_cannot_start_fails_in_its_log_with_the_fix(tmp_path):
+    out = supervise.supervise(["no-such-torchrun-here", "--nproc_per_node", "1"], log_path=tmp_path / "logs.txt",
+                              env=dict(os.environ), limits=QUICK)
+    log = (tmp_path / "logs.txt").read_text()
+    assert out.returncode == 127 and log.count("\n") == 1
+    assert "cannot start no-such-torchrun-here" in log and "fix:" in log

@@ -5,7 +5,8 @@ reaches all of it. While it runs, SIGINT/SIGTERM/SIGHUP to the launcher end the 
 launcher then writes its record), and a watchdog ends a run that went silent or that is still
 alive long after Megatron's end-of-training line. Ending is SIGTERM, a grace period, then SIGKILL,
 to the group and to any descendant that escaped it (setsid), found through /proc: by parentage,
-and by a token put in the command's environment that every descendant inherits.
+and by a token put in the command's environment that every descendant inherits. If the launcher is
+killed outright (SIGKILL), the kernel ends the command instead (deathsig.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -130,6 +132,15 @@ def terminate(proc: subprocess.Popen, token: str | None, grace_s: float, hurry=l
         pass
 
 
+DEATHSIG = Path(__file__).with_name("deathsig.py")
+
+
+def dies_with_us(argv: list[str]) -> list[str]:
+    """argv behind deathsig.py: the command gets SIGTERM from the kernel if this process dies, even by
+    SIGKILL, when nothing here can end it (Linux; elsewhere the shim only execs)."""
+    return [sys.executable, "-S", str(DEATHSIG), str(os.getpid()), "--", *argv]
+
+
 def _reader(stream, q: queue.Queue) -> None:
     for line in iter(stream.readline, b""):
         q.put(line)
@@ -150,7 +161,7 @@ def supervise(argv: list[str], *, env: dict[str, str], log_path: Path,
         previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, env={**env, TOKEN_VAR: token}, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(dies_with_us(argv), env={**env, TOKEN_VAR: token}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         reason, detail = None, ""
         try:
