@@ -107,7 +107,7 @@ def profiled(exp: Experiment, opts: Options) -> tuple[Experiment, Options]:
 def preflight(plan: RunPlan) -> list[str]:
     """Human-readable lines: what will run and why the layout is valid."""
     exp, opts, impl = plan.exp, plan.opts, plan.impl
-    m = planner.effective_model(exp, opts)  # the preset with EXTRA_ARGS' model flags applied
+    m = plan.model  # the preset with EXTRA_ARGS' model flags applied
     found = "unknown" if plan.machine.gpus is None else str(plan.machine.gpus)
     graph = f"{'on' if plan.cuda_graph else 'off'} ({plan.cuda_graph_reason})"
     lines = [
@@ -240,7 +240,7 @@ def plan_lines(plan: RunPlan, inv: dict) -> str:
     opts = plan.opts
     try:  # the machine's GPU: the one found, else the planning GPU (GPU=, GPU_MEM_GB)
         est = estimate.estimate(plan.exp, gpu_mem_gib=plan.machine.gpu_memory_gib, spec=opts.spec,
-                                gpu_name=plan.machine.gpu_name, model_cfg=planner.effective_model(plan.exp, opts),
+                                gpu_name=plan.machine.gpu_name, model_cfg=dict(plan.model),
                                 fused_adam="fused_adam" in plan.fast, grouped_gemm="grouped_gemm" in plan.fast,
                                 cuda_graph=plan.cuda_graph)
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice

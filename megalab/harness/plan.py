@@ -169,10 +169,12 @@ def dropped_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> list[str
     return [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if exp.model_cfg.get(key) and flag not in subs]
 
 
-def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast: tuple[str, ...]) -> tuple[bool, str]:
+def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast: tuple[str, ...],
+               model: dict) -> tuple[bool, str]:
     """CUDA_GRAPH=1 / 0 / auto -> (on, why), by megalab/harness/graphs.py's policy. A bool (the
     bench's levers) reads as 1 / 0. auto needs the memory plan: the estimator's peak without the
-    graph, against the GPU_MEM_GB cap or the GPU's own memory."""
+    graph, against the GPU_MEM_GB cap or the GPU's own memory, for `model` (effective_model: the model
+    the run builds)."""
     from megalab.harness import graphs
 
     requested = {True: "1", False: "0"}.get(opts.cuda_graph, opts.cuda_graph)
@@ -188,7 +190,7 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
             capacity = min(capacity, estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)))
         try:
             peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name,
-                                     model_cfg=effective_model(exp, opts), fused_adam="fused_adam" in fast,
+                                     model_cfg=model, fused_adam="fused_adam" in fast,
                                      grouped_gemm=levers.GROUPED_GEMM in fast).peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
@@ -260,6 +262,7 @@ class RunPlan:
     impl: str  # transformer_engine | local
     spec: str | None  # megalab | local under impl local; None with TE
     fast: tuple[str, ...]
+    model: MappingProxyType  # the model this run builds: the preset with EXTRA_ARGS' model flags (resolved once)
     substituted_flags: MappingProxyType
     dropped_flags: tuple[str, ...]
     cuda_graph: bool
@@ -321,7 +324,8 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
         opts = dataclasses.replace(opts, master_port=ports.master_port(None, opts.nnodes))
     impl = transformer_impl(opts, machine.te)
     fast = fast_levers(opts, impl, exp)
-    graph, why = cuda_graph(exp, opts, impl, machine, fast)
+    model = effective_model(exp, opts)
+    graph, why = cuda_graph(exp, opts, impl, machine, fast, model)
     per_node = gpus_per_node(exp, opts)
     groups = _argv_groups(exp, opts, impl, fast, graph, per_node, run_dir, environ)
     entry = str(Path(opts.megatron_lm) / "pretrain_gpt.py") if opts.megatron_lm else str(ENTRY)
@@ -333,7 +337,7 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
     if opts.wandb and not environ.get("WANDB_API_KEY"):
         env["WANDB_MODE"] = wandb_mode(environ)  # no key: log offline into the run dir, never prompt
     return RunPlan(exp=exp, opts=opts, machine=machine, impl=impl, spec=opts.spec if impl == "local" else None,
-                   fast=fast, substituted_flags=MappingProxyType(substituted_flags(exp, impl, fast)),
+                   fast=fast, model=MappingProxyType(model), substituted_flags=MappingProxyType(substituted_flags(exp, impl, fast)),
                    dropped_flags=tuple(dropped_flags(exp, impl, fast)), cuda_graph=graph, cuda_graph_reason=why,
                    gpus_per_node=per_node, master_port=opts.master_port, run_dir=run_dir,
                    groups=MappingProxyType(groups), entry=entry, env=MappingProxyType(env))

@@ -137,11 +137,9 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
                     end_detail=outcome.detail if outcome else "", busy=bool(busy), summary=summary)
     if busy:
         meas["notes"].append(busy_note(busy))
-    from megalab.harness.plan import effective_model
-
     config = dataclasses.asdict(exp) | {
         # the model as built: the preset with EXTRA_ARGS' model flags applied (the estimator reads it)
-        "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": effective_model(exp, opts),
+        "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": dict(plan.model),
         "iters": opts.iters, "warmup": opts.warmup, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
         "spec": plan.spec, "nnodes": opts.nnodes,
         "node_rank": opts.node_rank,
