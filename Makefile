@@ -51,7 +51,7 @@ help:
 #> bench-report            rebuild results/bench/README.md from the committed bench runs
 #> prepare-data            tokenize a corpus for DATA=... runs
 #> batch IDS="101 111"     several targets in a row, past failures
-#> campaign CHAPTER=1       a chapter's rows that fit here, REPEATS=3 times each, pass after pass (IDS=, BUDGET_S=)
+#> campaign CHAPTER=1       a chapter's rows that fit here, REPEATS=3 times each, pass after pass (IDS=, STALE=1, BUDGET_S=)
 #> profile-<id>            a target with Megatron's timers and a torch profiler trace (Perfetto)
 #> resume-<id>             train ITERS/2, checkpoint, resume to ITERS, check the loss continues
 #> monitor-gpu             live GPU view (nvitop if installed, else nvidia-smi -l 1)
@@ -86,7 +86,7 @@ batch:
 	@set -f; fails=0; n=0; for id in $$IDS; do n=$$((n+1)); $(PY) -m megalab run "$$id" || fails=$$((fails+1)); done; \
 	 echo "batch: $$fails of $$n run(s) did not end ok"
 
-# One measurement campaign on this machine (megalab/harness/campaign.py): CHAPTER= or IDS=, REPEATS=3, BUDGET_S=.
+# One measurement campaign on this machine (megalab/harness/campaign.py): CHAPTER=, IDS= or STALE=1, REPEATS=3, BUDGET_S=.
 campaign:
 	@$(PY) -m megalab campaign
 

@@ -90,3 +90,30 @@ def test_the_summary_says_how_far_the_machine_drifted_between_passes():
     drift = [ln for ln in campaign.summary(res, [], 2) if "drift" in ln]
     assert drift == ["campaign   drift: last launch against the first, median over 2 targets +6.5% (from +4.9% to +8.1%)"]
     assert not [ln for ln in campaign.summary({"101": res["101"][:1]}, [], 1) if "drift" in ln]  # one pass: nothing
+
+
+def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
+    a, b, c, d = (catalog.get(i) for i in ("101", "111", "121", "301"))
+    today = {a.id: (3, False), b.id: (2, False), d.id: (0, True)}  # c: nothing of today's code
+    assert [e.id[:3] for e in campaign.stale([a, b, c, d], 3, today)] == ["111", "121"]
+    assert [e.id[:3] for e in campaign.stale([a, b, c, d], 2, today)] == ["121"]
+
+
+def test_todays_runs_count_the_committed_campaign():
+    """This session's H100 campaign: three ok runs of 101 with today's code, and 301's out-of-memory run."""
+    today = campaign.todays_runs()
+    assert today[catalog.get("101").id] == (3, False)
+    assert today[catalog.get("301").id][1] is True
+    assert catalog.get("002").id not in today  # a 2x H200 row from older code
+
+
+def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, capsys):
+    from megalab.harness import monitor
+
+    monkeypatch.setattr(monitor, "gpu_inventory", lambda: {"count": 1, "names": ["NVIDIA H100"], "memory_mib": [81559]})
+    monkeypatch.setenv("DRY_RUN", "1")  # Options.from_env reads the process environment: nothing may start
+    assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
+    out = capsys.readouterr().out
+    assert "112-gpt2xl-dp1-fit-80GB-GA4 (1 GPU(s))" in out  # 2 runs of today's code: short of 3
+    assert "101-gpt2xl-dp1-gbs1-bf16" not in out  # 3 runs: done, neither run nor named as skipped
+    assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out

@@ -11,6 +11,7 @@ then shows each row as the median of its runs with their range, and `make check`
 
     make campaign CHAPTER=1                  chapter 1's targets that fit the GPUs here, 3 times each
     make campaign IDS="101 111" REPEATS=5    these targets, 5 times each
+    make campaign STALE=1 [CHAPTER=2]        the rows short of REPEATS ok runs of today's code and defaults
     BUDGET_S=1200 make campaign CHAPTER=2    start no launch after 20 minutes (the summary says what is short)
     DRY_RUN=1 make campaign CHAPTER=1        what would run, and what is skipped and why
 
@@ -32,8 +33,11 @@ from megalab.harness.variables import LaunchError, Options
 DEFAULT_REPEATS = 3
 
 
-def select(ids: list[str], chapter: int | None, gpus_here: int) -> tuple[list[Experiment], list[tuple[str, str]]]:
-    """(targets to run, in catalog order; skipped (id, why)). Raises LaunchError for no selection."""
+def select(ids: list[str], chapter: int | None, gpus_here: int, every: bool = False,
+           keep=None) -> tuple[list[Experiment], list[tuple[str, str]]]:
+    """(targets to run, in catalog order; skipped (id, why)). `every`: the whole catalog when neither ids
+    nor a chapter is given; `keep`: a filter applied before the GPU count (STALE=1's). Raises
+    LaunchError for no selection."""
     if ids:
         exps = [catalog.get(i) for i in ids]  # CatalogError names an unknown id and the fix
     elif chapter is not None:
@@ -41,8 +45,12 @@ def select(ids: list[str], chapter: int | None, gpus_here: int) -> tuple[list[Ex
             raise LaunchError(f"campaign: no chapter {chapter}; fix: CHAPTER= one of "
                               f"{', '.join(str(c) for c in sorted(catalog.chapters()))}")
         exps = [e for e in catalog.catalog().values() if e.chapter == chapter]
+    elif every:
+        exps = list(catalog.catalog().values())
     else:
-        raise LaunchError('campaign: nothing selected; fix: CHAPTER=1 or IDS="101 111"')
+        raise LaunchError('campaign: nothing selected; fix: CHAPTER=1, IDS="101 111" or STALE=1')
+    if keep is not None:
+        exps = keep(exps)
     run, skipped = [], []
     for e in dict.fromkeys(exps):  # once each, in the order given
         if e.gpus > gpus_here:
@@ -50,6 +58,33 @@ def select(ids: list[str], chapter: int | None, gpus_here: int) -> tuple[list[Ex
         else:
             run.append(e)
     return run, skipped
+
+
+def todays_runs(root=None) -> dict[str, tuple[int, bool]]:
+    """target -> (its ok runs whose provenance is `today`, on the machine with the most of them; whether
+    a `today` run ran out of memory): what a table row stands on now (megalab/results/provenance.py)."""
+    from megalab.harness.catalog import ROOT
+    from megalab.results import provenance
+    from megalab.results.records import read_records
+
+    root = root or ROOT
+    per: dict[str, dict] = {}
+    oom: set[str] = set()
+    for r in read_records(root / "results" / "runs", None):
+        if r.status not in ("ok", "oom") or provenance.of(r, root).state != provenance.CURRENT:
+            continue
+        if r.status == "oom":
+            oom.add(r.target)
+        else:
+            hosts = per.setdefault(r.target, {})
+            hosts[provenance.host_key(r)] = hosts.get(provenance.host_key(r), 0) + 1
+    return {t: (max(per.get(t, {None: 0}).values()), t in oom) for t in set(per) | oom}
+
+
+def stale(exps: list[Experiment], repeats: int, today: dict[str, tuple[int, bool]]) -> list[Experiment]:
+    """The targets whose row lacks `repeats` ok runs of today's code on one machine (an out-of-memory
+    run of today's code completes a row: it is the result)."""
+    return [e for e in exps if not today.get(e.id, (0, False))[1] and today.get(e.id, (0, False))[0] < repeats]
 
 
 def schedule(exps: list[Experiment], repeats: int) -> list[tuple[int, Experiment]]:
@@ -155,18 +190,32 @@ def _int_env(name: str, default: int | None, environ) -> int | None:
 
 
 def cli(argv: list[str], environ=os.environ) -> int:
-    """make campaign: CHAPTER / IDS select, REPEATS (3), BUDGET_S (none), the run variables as for make <target>."""
+    """make campaign: CHAPTER / IDS / STALE select, REPEATS (3), BUDGET_S (none), the run variables as for make <target>."""
     if argv:
-        raise LaunchError("usage: make campaign CHAPTER=N | IDS=\"101 111\" [REPEATS=3] [BUDGET_S=seconds]")
+        raise LaunchError("usage: make campaign CHAPTER=N | IDS=\"101 111\" | STALE=1 [REPEATS=3] [BUDGET_S=seconds]")
     from megalab.harness.monitor import gpu_inventory
 
     ids = environ.get("IDS", "").split()
     chapter = _int_env("CHAPTER", None, environ) if not ids else None
     repeats = _int_env("REPEATS", DEFAULT_REPEATS, environ)
     budget = _int_env("BUDGET_S", None, environ)
+    only_stale = environ.get("STALE", "").strip().lower() not in ("", "0", "false", "no")
     opts = Options.from_env()
     gpus_here = gpu_inventory()["count"] or 0
-    exps, skipped = select(ids, chapter, gpus_here)
+    counted: list[int] = []
+
+    def short_of_repeats(exps: list[Experiment]) -> list[Experiment]:
+        short = stale(exps, repeats, todays_runs())
+        counted.extend((len(exps), len(short)))
+        return short
+
+    exps, skipped = select(ids, chapter, gpus_here, every=only_stale, keep=short_of_repeats if only_stale else None)
+    if only_stale:
+        print(f"campaign   STALE=1: {counted[1]} of {counted[0]} target(s) short of {repeats} ok run(s) of today's "
+              "code and defaults (a `today` out-of-memory run completes a row)")
+        if not exps and not skipped:
+            print("campaign   nothing to do")
+            return 0
     if opts.dry_run:
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
               f"(DRY_RUN=1: nothing starts)")
