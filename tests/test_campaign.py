@@ -54,6 +54,8 @@ def test_a_failed_launch_makes_the_campaign_fail():
 @pytest.mark.parametrize("env, match", [
     ({}, "nothing selected; fix"),
     ({"CHAPTER": "9"}, "no chapter 9; fix"),
+    ({"CHAPTER": "-1"}, "CHAPTER=-1 must be at least 0; fix"),
+    ({"GPUS": "2", "CHAPTER": "0"}, "GPUS= plans for GPUs that are not here, so it needs DRY_RUN=1; fix"),
     ({"CHAPTER": "1", "REPEATS": "0"}, "REPEATS=0 must be at least 1; fix"),
 ])
 def test_bad_input_is_one_line(env, match):
@@ -117,3 +119,19 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     assert "112-gpt2xl-dp1-fit-80GB-GA4 (1 GPU(s))" in out  # 2 runs of today's code: short of 3
     assert "101-gpt2xl-dp1-gbs1-bf16" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
+
+
+def test_chapter_0_is_a_chapter(monkeypatch, capsys):
+    """The two-GPU tour is chapter 0: `make campaign CHAPTER=0` must select it (it once said 'at least 1')."""
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert campaign.cli([], environ={"CHAPTER": "0", "GPUS": "2", "REPEATS": "1"}) == 0
+    out = capsys.readouterr().out
+    assert "002-gpt2large-dp2-gbs64 (2 GPU(s))" in out and "x 1 pass(es) on the 2 GPU(s) here" in out
+
+
+def test_a_dry_run_counts_an_out_of_memory_row_once(monkeypatch, capsys):
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert campaign.cli([], environ={"IDS": "301 300", "GPUS": "1"}) == 0
+    out = capsys.readouterr().out
+    assert "301-cp1-gpt2-1.2B-gbs8-len4096-oom (1 GPU(s)): about" in out and "runs once" in out
+    assert "for 4 launches" in out  # 300 three times, 301 once

@@ -14,6 +14,7 @@ then shows each row as the median of its runs with their range, and `make check`
     make campaign STALE=1 [CHAPTER=2]        the rows short of REPEATS ok runs of today's code and defaults
     BUDGET_S=1200 make campaign CHAPTER=2    start no launch after 20 minutes (the summary says what is short)
     DRY_RUN=1 make campaign CHAPTER=1        what would run, and what is skipped and why
+    DRY_RUN=1 GPUS=2 make campaign STALE=1   the same, planned for 2 GPUs from a machine without them
 
 Targets that need more GPUs than this machine has are skipped (named, with the count). A target
 whose first launch ran out of memory is not launched again: its status is the result, and a repeat
@@ -149,15 +150,19 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
 STARTUP_GUESS_S = 40.0  # a launch without training, where no record says better (results/bench: "Where a launch goes")
 
 
+OOM = "oom"  # the key under which committed_durations keeps the out-of-memory runs' durations
+
+
 def committed_durations() -> dict[str, list[float]]:
-    """target -> the `duration_s` of its committed ok runs (results/runs), read once for a whole campaign."""
+    """target -> the `duration_s` of its committed ok runs (results/runs), and (OOM, target) -> those of
+    its out-of-memory runs; read once for a whole campaign."""
     from megalab.harness.catalog import ROOT
     from megalab.results.records import read_records
 
-    out: dict[str, list[float]] = {}
+    out: dict = {}
     for r in read_records(ROOT / "results" / "runs", None):
-        if r.status == "ok" and r.raw.get("duration_s"):
-            out.setdefault(r.target, []).append(r.raw["duration_s"])
+        if r.status in ("ok", "oom") and r.raw.get("duration_s"):
+            out.setdefault(r.target if r.status == "ok" else (OOM, r.target), []).append(r.raw["duration_s"])
     return out
 
 
@@ -167,16 +172,21 @@ def launch_seconds(exp: Experiment, opts: Options, durations: dict[str, list[flo
     past = durations.get(exp.id)
     if past:
         return statistics.median(past), f"median of {len(past)} committed run(s)"
+    if past_oom := durations.get((OOM, exp.id)):
+        return statistics.median(past_oom), f"out of memory: median of {len(past_oom)} committed run(s); runs once"
     try:
         from megalab.results import estimate
 
-        step = estimate.estimate(exp).step_ms
+        est = estimate.estimate(exp)
     except Exception:
         return STARTUP_GUESS_S, "no record, no estimate"
+    if not est.fits:  # it ends at the first step: start-up only, and the campaign launches it once
+        return STARTUP_GUESS_S, "estimate: out of memory at the first step; runs once"
+    step = est.step_ms
     return STARTUP_GUESS_S + step * opts.iters / 1e3, f"estimate: {step:.0f} ms x {opts.iters} + {STARTUP_GUESS_S:.0f} s"
 
 
-def _int_env(name: str, default: int | None, environ) -> int | None:
+def _int_env(name: str, default: int | None, environ, least: int = 1) -> int | None:
     raw = environ.get(name, "").strip()
     if not raw:
         return default
@@ -184,8 +194,8 @@ def _int_env(name: str, default: int | None, environ) -> int | None:
         value = int(raw)
     except ValueError:
         raise LaunchError(f"campaign: {name}={raw!r} is not a whole number; fix: e.g. {name}=3") from None
-    if value < 1:
-        raise LaunchError(f"campaign: {name}={value} must be at least 1; fix: e.g. {name}=3")
+    if value < least:
+        raise LaunchError(f"campaign: {name}={value} must be at least {least}; fix: e.g. {name}=3")
     return value
 
 
@@ -196,12 +206,17 @@ def cli(argv: list[str], environ=os.environ) -> int:
     from megalab.harness.monitor import gpu_inventory
 
     ids = environ.get("IDS", "").split()
-    chapter = _int_env("CHAPTER", None, environ) if not ids else None
+    chapter = _int_env("CHAPTER", None, environ, least=0) if not ids else None  # chapter 0: the two-GPU tour
     repeats = _int_env("REPEATS", DEFAULT_REPEATS, environ)
     budget = _int_env("BUDGET_S", None, environ)
     only_stale = environ.get("STALE", "").strip().lower() not in ("", "0", "false", "no")
     opts = Options.from_env()
     gpus_here = gpu_inventory()["count"] or 0
+    if environ.get("GPUS", "").strip():
+        if not opts.dry_run:
+            raise LaunchError("campaign: GPUS= plans for GPUs that are not here, so it needs DRY_RUN=1; fix: "
+                              "DRY_RUN=1 GPUS=2 make campaign ..., or drop GPUS= to run on the GPUs found")
+        gpus_here = _int_env("GPUS", None, environ)
     counted: list[int] = []
 
     def short_of_repeats(exps: list[Experiment]) -> list[Experiment]:
@@ -219,15 +234,16 @@ def cli(argv: list[str], environ=os.environ) -> int:
     if opts.dry_run:
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
               f"(DRY_RUN=1: nothing starts)")
-        total, durations = 0.0, committed_durations()
+        total, launches, durations = 0.0, 0, committed_durations()
         for e in exps:
             secs, source = launch_seconds(e, opts, durations)
-            total += secs * repeats
+            n = 1 if source.endswith("runs once") else repeats
+            total, launches = total + secs * n, launches + n
             print(f"campaign   {e.id} ({e.gpus} GPU(s)): about {secs:.0f} s a launch ({source})")
         for target, why in skipped:
             print(f"campaign   {target}: skipped ({why})")
         if exps:
-            print(f"campaign   about {total / 60:.0f} min for {len(exps) * repeats} launches (an OOM row runs "
+            print(f"campaign   about {total / 60:.0f} min for {launches} launches (an OOM row runs "
                   "once; the launcher's checks come on top)")
         return 0
     if not exps:
