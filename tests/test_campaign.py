@@ -8,7 +8,7 @@ from megalab.harness.variables import LaunchError, Options
 
 
 def test_a_chapter_keeps_what_fits_and_names_what_does_not():
-    run, skipped = campaign.select([], 1, gpus_here=1)
+    run, skipped = campaign.by_gpus(campaign.choose([], 1), gpus_here=1)
     assert [e.id for e in run] == [e.id for e in catalog.catalog().values() if e.chapter == 1 and e.gpus == 1]
     assert ("104-gpt2xl-dp4-gbs4", "needs 4 GPUs, 1 here") in skipped
 
@@ -65,11 +65,11 @@ def test_bad_input_is_one_line(env, match):
 
 def test_a_launch_is_timed_from_committed_runs_else_the_estimate():
     durations = campaign.committed_durations()
-    secs, source = campaign.launch_seconds(catalog.get("101"), Options(iters=25), durations)
-    assert source.startswith("median of") and 20 < secs < 200
+    secs, source, once = campaign.launch_seconds(catalog.get("101"), Options(iters=25), durations)
+    assert source.startswith("median of") and 20 < secs < 200 and not once
     never_run = dataclasses.replace(catalog.get("612"), id="612-never-run")
-    secs, source = campaign.launch_seconds(never_run, Options(iters=25), durations)
-    assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S
+    secs, source, once = campaign.launch_seconds(never_run, Options(iters=25), durations)
+    assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S and not once
 
 
 def test_a_refused_launch_ends_the_campaign_after_saying_what_ran(capsys):

@@ -34,11 +34,9 @@ from megalab.harness.variables import LaunchError, Options
 DEFAULT_REPEATS = 3
 
 
-def select(ids: list[str], chapter: int | None, gpus_here: int, every: bool = False,
-           keep=None) -> tuple[list[Experiment], list[tuple[str, str]]]:
-    """(targets to run, in catalog order; skipped (id, why)). `every`: the whole catalog when neither ids
-    nor a chapter is given; `keep`: a filter applied before the GPU count (STALE=1's). Raises
-    LaunchError for no selection."""
+def choose(ids: list[str], chapter: int | None, every: bool = False) -> list[Experiment]:
+    """The targets named (IDS), of a chapter, or (`every`, for STALE=1) the whole catalog, in that order
+    and once each. Raises LaunchError (or CatalogError) for no or an unknown selection."""
     if ids:
         exps = [catalog.get(i) for i in ids]  # CatalogError names an unknown id and the fix
     elif chapter is not None:
@@ -50,10 +48,13 @@ def select(ids: list[str], chapter: int | None, gpus_here: int, every: bool = Fa
         exps = list(catalog.catalog().values())
     else:
         raise LaunchError('campaign: nothing selected; fix: CHAPTER=1, IDS="101 111" or STALE=1')
-    if keep is not None:
-        exps = keep(exps)
+    return list(dict.fromkeys(exps))  # once each, in the order given
+
+
+def by_gpus(exps: list[Experiment], gpus_here: int) -> tuple[list[Experiment], list[tuple[str, str]]]:
+    """(the targets that fit the GPUs here, the others with why)."""
     run, skipped = [], []
-    for e in dict.fromkeys(exps):  # once each, in the order given
+    for e in exps:
         if e.gpus > gpus_here:
             skipped.append((e.id, f"needs {e.gpus} GPUs, {gpus_here} here"))
         else:
@@ -166,24 +167,27 @@ def committed_durations() -> dict[str, list[float]]:
     return out
 
 
-def launch_seconds(exp: Experiment, opts: Options, durations: dict[str, list[float]]) -> tuple[float, str]:
-    """(seconds, source) one launch of exp is expected to take: the median of its committed ok runs'
-    durations (`committed_durations`), else the estimator's step time x ITERS plus STARTUP_GUESS_S."""
+def launch_seconds(exp: Experiment, opts: Options, durations: dict) -> tuple[float, str, bool]:
+    """(seconds, source, runs once) for one launch of exp: the median of its committed ok runs'
+    durations (`committed_durations`), else of its out-of-memory runs', else the estimator's step time
+    x ITERS plus STARTUP_GUESS_S (start-up alone where it predicts out of memory). `runs once`: an
+    out-of-memory row, which the campaign launches once."""
     past = durations.get(exp.id)
     if past:
-        return statistics.median(past), f"median of {len(past)} committed run(s)"
+        return statistics.median(past), f"median of {len(past)} committed run(s)", False
     if past_oom := durations.get((OOM, exp.id)):
-        return statistics.median(past_oom), f"out of memory: median of {len(past_oom)} committed run(s); runs once"
+        return statistics.median(past_oom), f"out of memory: median of {len(past_oom)} committed run(s); runs once", True
     try:
         from megalab.results import estimate
 
         est = estimate.estimate(exp)
     except Exception:
-        return STARTUP_GUESS_S, "no record, no estimate"
+        return STARTUP_GUESS_S, "no record, no estimate", False
     if not est.fits:  # it ends at the first step: start-up only, and the campaign launches it once
-        return STARTUP_GUESS_S, "estimate: out of memory at the first step; runs once"
+        return STARTUP_GUESS_S, "estimate: out of memory at the first step; runs once", True
     step = est.step_ms
-    return STARTUP_GUESS_S + step * opts.iters / 1e3, f"estimate: {step:.0f} ms x {opts.iters} + {STARTUP_GUESS_S:.0f} s"
+    return (STARTUP_GUESS_S + step * opts.iters / 1e3,
+            f"estimate: {step:.0f} ms x {opts.iters} + {STARTUP_GUESS_S:.0f} s", False)
 
 
 def _int_env(name: str, default: int | None, environ, least: int = 1) -> int | None:
@@ -217,27 +221,23 @@ def cli(argv: list[str], environ=os.environ) -> int:
             raise LaunchError("campaign: GPUS= plans for GPUs that are not here, so it needs DRY_RUN=1; fix: "
                               "DRY_RUN=1 GPUS=2 make campaign ..., or drop GPUS= to run on the GPUs found")
         gpus_here = _int_env("GPUS", None, environ)
-    counted: list[int] = []
-
-    def short_of_repeats(exps: list[Experiment]) -> list[Experiment]:
-        short = stale(exps, repeats, todays_runs())
-        counted.extend((len(exps), len(short)))
-        return short
-
-    exps, skipped = select(ids, chapter, gpus_here, every=only_stale, keep=short_of_repeats if only_stale else None)
-    if only_stale:
-        print(f"campaign   STALE=1: {counted[1]} of {counted[0]} target(s) short of {repeats} ok run(s) of today's "
+    chosen = choose(ids, chapter, every=only_stale)
+    if only_stale:  # before the GPU count: the skipped list then names only rows that need a run
+        short = stale(chosen, repeats, todays_runs())
+        print(f"campaign   STALE=1: {len(short)} of {len(chosen)} target(s) short of {repeats} ok run(s) of today's "
               "code and defaults (a `today` out-of-memory run completes a row)")
-        if not exps and not skipped:
+        if not short:
             print("campaign   nothing to do")
             return 0
+        chosen = short
+    exps, skipped = by_gpus(chosen, gpus_here)
     if opts.dry_run:
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
               f"(DRY_RUN=1: nothing starts)")
         total, launches, durations = 0.0, 0, committed_durations()
         for e in exps:
-            secs, source = launch_seconds(e, opts, durations)
-            n = 1 if source.endswith("runs once") else repeats
+            secs, source, once = launch_seconds(e, opts, durations)
+            n = 1 if once else repeats
             total, launches = total + secs * n, launches + n
             print(f"campaign   {e.id} ({e.gpus} GPU(s)): about {secs:.0f} s a launch ({source})")
         for target, why in skipped:
