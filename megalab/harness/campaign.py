@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 
 from megalab.harness import catalog
 from megalab.harness.catalog import CatalogError, Experiment
@@ -70,7 +71,7 @@ def todays_runs(root=None) -> dict[str, tuple[int, bool]]:
     from megalab.results.records import read_records
 
     root = root or ROOT
-    per: dict[str, dict] = {}
+    ok: dict[str, Counter] = {}  # target -> machine -> ok runs
     oom: set[str] = set()
     for r in read_records(root / "results" / "runs", None):
         if r.status not in ("ok", "oom") or provenance.of(r, root).state != provenance.CURRENT:
@@ -78,15 +79,18 @@ def todays_runs(root=None) -> dict[str, tuple[int, bool]]:
         if r.status == "oom":
             oom.add(r.target)
         else:
-            hosts = per.setdefault(r.target, {})
-            hosts[provenance.host_key(r)] = hosts.get(provenance.host_key(r), 0) + 1
-    return {t: (max(per.get(t, {None: 0}).values()), t in oom) for t in set(per) | oom}
+            ok.setdefault(r.target, Counter())[provenance.host_key(r)] += 1
+    return {t: (max(ok[t].values()) if t in ok else 0, t in oom) for t in set(ok) | oom}
 
 
 def stale(exps: list[Experiment], repeats: int, today: dict[str, tuple[int, bool]]) -> list[Experiment]:
     """The targets whose row lacks `repeats` ok runs of today's code on one machine (an out-of-memory
     run of today's code completes a row: it is the result)."""
-    return [e for e in exps if not today.get(e.id, (0, False))[1] and today.get(e.id, (0, False))[0] < repeats]
+    def short(e: Experiment) -> bool:
+        runs, oom = today.get(e.id, (0, False))
+        return not oom and runs < repeats
+
+    return [e for e in exps if short(e)]
 
 
 def schedule(exps: list[Experiment], repeats: int) -> list[tuple[int, Experiment]]:
@@ -97,16 +101,17 @@ def schedule(exps: list[Experiment], repeats: int) -> list[tuple[int, Experiment
 def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repeats: int) -> list[str]:
     """One line per target: its launches' statuses and, over the ok ones, median step and range."""
     lines = ["campaign   target: launches (statuses) -> median of the ok runs' median step [lowest-highest]"]
+    ok_ms = {target: [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]
+             for target, recs in results.items()}  # in launch order
     for target, recs in results.items():
         statuses = [r.get("status", "?") for r in recs]
-        ms = [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]
+        ms = ok_ms[target]
         what = (f"{statistics.median(ms):.0f} ms [{min(ms):.0f}-{max(ms):.0f}]" if ms else "no ok run")
         short = "" if len(recs) >= repeats or "oom" in statuses else f"  (short of {repeats})"
         lines.append(f"campaign   {target}: {len(recs)} ({', '.join(statuses)}) -> {what}{short}")
     for target, why in skipped:
         lines.append(f"campaign   {target}: skipped ({why})")
-    drift = [ms[-1] / ms[0] - 1 for recs in results.values()
-             if len(ms := [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]) > 1]
+    drift = [ms[-1] / ms[0] - 1 for ms in ok_ms.values() if len(ms) > 1]
     if drift:  # passes run one after another: a shift common to every target is the machine's, not the rows'
         lines.append(f"campaign   drift: last launch against the first, median over {len(drift)} targets "
                      f"{statistics.median(drift):+.1%} (from {min(drift):+.1%} to {max(drift):+.1%})")

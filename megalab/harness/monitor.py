@@ -97,14 +97,11 @@ def gpu_inventory() -> dict:
         return {"count": 0, "names": [], "memory_mib": [], "driver": None, "why": str(e).strip()}
     idx = visible_gpu_indices(nvml)
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in idx]
-    names = [nvml.nvmlDeviceGetName(h) for h in handles]
-    names = [n.decode() if isinstance(n, bytes) else n for n in names]
-    driver = nvml.nvmlSystemGetDriverVersion()
     return {
         "count": len(idx),
-        "names": names,
+        "names": [_text(nvml.nvmlDeviceGetName(h)) for h in handles],
         "memory_mib": [nvml.nvmlDeviceGetMemoryInfo(h).total // 2**20 for h in handles],
-        "driver": driver.decode() if isinstance(driver, bytes) else driver,
+        "driver": _text(nvml.nvmlSystemGetDriverVersion()),
         # which physical GPUs: the rig's machines all call themselves "vm", so the host name alone
         # cannot tell two hosts apart; the GPUs' UUIDs can
         "uuids": [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles],

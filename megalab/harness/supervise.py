@@ -27,7 +27,8 @@ from megalab.results.logparse import end_of_training, parse_iteration_line
 TOKEN_VAR = "MEGALAB_RUN_TOKEN"  # marks every process of one supervised run (inherited environment)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TICK_S = 0.2  # how often the loop looks at signals and deadlines when the log is quiet
-# Megatron's print_datetime() at the end of training (and of an --exit-interval stop)
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Watchdog limits, seconds (make variables WATCHDOG_SILENT_S, WATCHDOG_STARTUP_S, EXIT_GRACE_S)."""

@@ -9,10 +9,9 @@ import json
 import statistics
 from pathlib import Path
 
-from megalab.results import defaults, benchruns, gpus, logparse, markdown, tables
-from megalab.results import launchtime
 from megalab.harness.catalog import ROOT
-from megalab.results.records import RunRecord
+from megalab.results import benchruns, defaults, gpus, launchtime, logparse, markdown, tables
+from megalab.results.records import RunRecord, read_records
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
 # initial weights, same data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far
@@ -255,7 +254,6 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     the loss parity of the first pair (the bench's rule)."""
     from megalab.harness import variables
     from megalab.results import provenance
-    from megalab.results.records import read_records
 
     default = set(variables.DEFAULT_FAST)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs") for r in read_records(d, None)]
@@ -382,8 +380,6 @@ def _goals_section(cfg: dict, get, largest: dict) -> list[str]:
 def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
     """Where a step goes: each `make profile-<id>` run kept here with the trace summary made on the rig
     (`python -m megalab.harness.bench trace <trace>` -> trace-summary.md beside its record)."""
-    from megalab.results.records import RunRecord
-
     out = []
     for raw in sorted(recs.values(), key=lambda r: r["_dir"].name):
         d = raw["_dir"] / "trace-summary.md"

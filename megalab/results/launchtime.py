@@ -1,7 +1,7 @@
 """Where a launch goes: the wall time of one `make <target>`, phase by phase, from its record and log.
 
 A table row times the median *step*; a user waits for the whole *launch*. On the rig a 25-iteration
-run of 101 trains for 5 s of a 55 s launch. The phases come from what every run already leaves:
+run of 101 trains for about 5 s of a launch several times longer (the section's table says how long). The phases come from what every run already leaves:
 the record's `preflight_s`, `started` and `ended` (the launcher) and Megatron's print_datetime
 markers in the log (the entry point's start, its imports, Megatron's initialisation, the first and
 last training step). Nothing is timed twice; a phase whose markers are missing stays empty.
@@ -86,8 +86,9 @@ def section(root: Path) -> list[str]:
             "`duration_s` (started to ended, the preflight not included).", "",
             *markdown.table(["target", "runs", "GPUs", "preflight", *(name for name, *_ in PHASES), "launch"], body),
             "",
-            "On the rig the imports are the largest phase of a short run: its Python sets PYTHONDONTWRITEBYTECODE=1 "
+            "On the rig the imports were the largest phase of a short run: its Python sets PYTHONDONTWRITEBYTECODE=1 "
             "over a torch installed without bytecode, so every process (the launcher's Megatron check and each "
             "worker) compiles torch from source ([import-torch-transcript.txt](import-torch-transcript.txt): "
             "`import torch` 5.5 s each time, 2.5-2.8 s once the cache is written). The preflight's python line "
-            "now says so (megalab/harness/pyinfo.py `recompiles`); the rig sessions unset it from here on.", ""]
+            "now says so (megalab/harness/pyinfo.py `recompiles`); the rig sessions unset it since 2026-11-23, and the "
+            "imports column above is of those runs.", ""]

@@ -391,7 +391,11 @@ def _on_megalab(st: _State, line: str, rank) -> bool:
 def end_of_training(line: str) -> bool:
     """A print_datetime line that says training is over (the launcher's exit watchdog reads it too)."""
     m = _DATETIME_RE.search(line)
-    return bool(m and _END_MARKERS.match(m.group(1).strip()))
+    return bool(m) and _ends_training(m.group(1).strip())
+
+
+def _ends_training(label: str) -> bool:
+    return bool(_END_MARKERS.match(label))
 
 
 def _on_datetime(st: _State, line: str, rank) -> bool:
@@ -399,8 +403,9 @@ def _on_datetime(st: _State, line: str, rank) -> bool:
     m = _DATETIME_RE.search(line)
     if m:
         st.recognised = True
-        st.s.marks.setdefault(m.group(1).strip(), line[m.end():].strip())
-        st.s.finished = st.s.finished or end_of_training(line)
+        label = m.group(1).strip()
+        st.s.marks.setdefault(label, line[m.end():].strip())
+        st.s.finished = st.s.finished or _ends_training(label)
     return bool(m)
 
 

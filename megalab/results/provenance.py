@@ -87,8 +87,10 @@ def settings_differ(rec: RunRecord) -> str:
         return intent["cuda_graph_reason"]  # the user chose; the default is the auto policy
     if cfg.get("extra_args"):
         return "EXTRA_ARGS"
-    warmup = cfg.get("warmup")  # the WARMUP setting (records before it was kept: the steps dropped, which
-    if warmup is None and (rec.raw.get("iters_logged") or 0) > DEFAULT_WARMUP:  # tell only where there were more)
+    # The WARMUP setting. Records from before it was kept have only the steps dropped, which tell the
+    # setting only where the run logged more steps than that (an OOM at step 1 dropped none).
+    warmup = cfg.get("warmup")
+    if warmup is None and (rec.raw.get("iters_logged") or 0) > DEFAULT_WARMUP:
         warmup = rec.raw.get("warmup_iters")
     if warmup is not None and warmup != DEFAULT_WARMUP:
         return f"WARMUP={warmup}"
