@@ -203,6 +203,37 @@ def test_wgrad_shapes_follow_the_targets_model():
         "qkv": (h + 2 * h * g // heads, h), "proj": (h, h), "fc1": (2 * ffn, h), "fc2": (h, ffn), "output": (50304, h)}
 
 
+CP_COMPUTE = """
+import json, torch.distributed as dist
+from megalab.harness import bench
+from megalab.runtime import cp_attention
+calls = []
+block = cp_attention.block_forward
+cp_attention.block_forward = lambda *a: calls.append(1) or block(*a)
+rows = bench.cp_compute("302", cps=(1, 2, 4, 7), reps=1, device="cpu", shapes=(1, 2, 32, 8))
+cp_attention.block_forward = block
+print(json.dumps({"rows": rows, "calls": len(calls), "restored": cp_attention.dist is dist
+                  and cp_attention._sendrecv.__name__ == "_sendrecv"}))
+"""
+
+
+def test_cp_compute_runs_cp_ring_blocks_per_rank_without_a_process_group():
+    """The CP microbenchmark on CPU (tiny shapes): one rank of a CP group runs CP block calls forward and
+    backward, with the transfers as local copies; the module's dist and _sendrecv are put back after. In a
+    process of its own: torch's CPU thread pool, once started here, would deadlock the forked gloo ranks of
+    test_cp_attention."""
+    assert bench.cp_shapes("302-cp2-gpt2-1.2B-gbs8-len4096") == (8, 16, 4096, 96, 2)
+    done = subprocess.run([sys.executable, "-c", CP_COMPUTE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    rows = got["rows"]
+    assert [r["cp"] for r in rows] == [1, 2, 4]  # 32 tokens do not split into 2 x 7 chunks
+    assert rows[1]["tokens_per_rank"] == 16 and all(r["ring_fwd_bwd_ms"] > 0 for r in rows)
+    assert rows[0]["max_abs_diff_vs_flash"] < 1e-5  # CP=1: the ring is plain causal attention
+    assert got["calls"] == 6 * (1 + 2 + 4) + 1  # CP blocks in each of 6 forward passes, one more against SDPA at CP=1
+    assert got["restored"]
+
+
 def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
     """111's trial row: three runs with the lever, six without, all on the one machine and code of the trial;
     the verdict the page gives is the one the rule gives for those runs."""

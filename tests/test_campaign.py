@@ -109,16 +109,40 @@ def test_todays_runs_count_the_committed_campaign():
     assert catalog.get("002").id not in today  # a 2x H200 row from older code
 
 
-def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, capsys):
+H100_RUN_BY_THE_CAMPAIGN = "GPU-09f9c24c-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+
+
+def _on_machine(monkeypatch, uuid: str) -> None:
+    import socket
+
     from megalab.harness import monitor
 
-    monkeypatch.setattr(monitor, "gpu_inventory", lambda: {"count": 1, "names": ["NVIDIA H100"], "memory_mib": [81559]})
+    monkeypatch.setattr(monitor, "gpu_inventory", lambda: {"count": 1, "names": ["NVIDIA H100 80GB HBM3"],
+                                                           "memory_mib": [81559], "uuids": [uuid]})
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm")  # every rig machine's name
     monkeypatch.setenv("DRY_RUN", "1")  # Options.from_env reads the process environment: nothing may start
+
+
+def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, capsys):
+    _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-)" in out
     assert "112-gpt2xl-dp1-fit-80GB-GA4 (1 GPU(s))" in out  # 2 runs of today's code: short of 3
     assert "101-gpt2xl-dp1-gbs1-bf16" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
+
+
+def test_stale_counts_the_runs_of_this_machine(monkeypatch, capsys):
+    """Another H100: the chapter's rows are re-run here, so that its speedups and checks compare runs of one
+    machine; today's out-of-memory row (301) stays done: memory does not depend on the machine's speed."""
+    _on_machine(monkeypatch, "GPU-11111111-2222-3333-4444-555555555555")
+    assert campaign.cli([], environ={"STALE": "1", "IDS": "101 112 301"}) == 0
+    out = capsys.readouterr().out
+    assert "2 of 3 target(s) short of 3" in out and "on this machine (vm NVIDIA H100 80GB HBM3/GPU-11111111-)" in out
+    assert "101-gpt2xl-dp1-gbs1-bf16 (1 GPU(s))" in out and "301-" not in out
+    assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-11111111-") == {
+        catalog.get("301").id: (0, True)}
 
 
 def test_chapter_0_is_a_chapter(monkeypatch, capsys):

@@ -20,3 +20,18 @@ def test_a_row_is_met_only_at_or_below_the_reference_time_and_memory():
             continue
         ratio, gib, ref_gib = float(r[7]), float(r[6]), float(r[3])
         assert r[-1].startswith("met") == (ratio <= 1.0 and gib <= ref_gib), r
+
+
+def test_a_verdict_needs_the_references_gpu_kind():
+    from megalab.results.records import RunRecord
+
+    def run(gpu, cap=None):
+        return RunRecord.of({"target": "x", "gpu_name": gpu, "config": {"gpu_mem_gb": cap}})
+
+    t0, r1, r8 = (catalog.get(i) for i in ("001", "101", "122"))  # T0 (2x H200 set), R1 (1 GPU), R8 (2 GPUs)
+    h100, h200, h200_80 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", ("NVIDIA H200", "80")
+    assert defaults.like_reference(run(h200), t0) and not defaults.like_reference(run(*h200_80), t0)
+    assert not defaults.like_reference(run(h100), t0)
+    assert defaults.like_reference(run(h100), r1) and not defaults.like_reference(run(*h200_80), r1)
+    assert defaults.like_reference(run(*h200_80), r8) and not defaults.like_reference(run(h200), r8)
+    assert defaults.like_reference(run(h100), r8)

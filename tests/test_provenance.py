@@ -198,6 +198,41 @@ def test_checks_compare_runs_of_one_host_only():
     assert checks.evaluate(claim, recs, known).status == checks.PASS
 
 
+def test_checks_read_one_machine_that_has_every_target(tmp_path):
+    """Newest records on two machines: the claim reads the machine that ran both (and says so); with no
+    such machine it stays NOT RUN, and of two such machines the newer runs win."""
+    from megalab.results import checks
+
+    claim = next(c for c in checks.load_claims() if c.id == "ch0-dp-step-flat")  # ratio b / a in 0.9-1.1
+    a, b = claim.reads
+    known = catalog.catalog()
+    runs = tmp_path / "results" / "runs"
+    for name, target, host, ms, day in (("a-old", a, "hostA", 100.0, 1), ("b-A", b, "hostA", 105.0, 2),
+                                        ("a-new", a, "hostB", 100.0, 3), ("b-C", b, "hostC", 150.0, 4)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text(json.dumps(_rec(target, commit="c1", step_ms_median=ms, hostname=host,
+                                                          started=f"2026-01-0{day}T10:00:00+00:00", config={})))
+    newest = records.load_records(runs)
+    groups = checks.machine_groups(tmp_path, records.setup_key)
+    assert set(groups) == {"hostA NVIDIA H100 80GB HBM3 @ c1", "hostB NVIDIA H100 80GB HBM3 @ c1",
+                           "hostC NVIDIA H100 80GB HBM3 @ c1"}
+    res = checks.evaluate(claim, newest, known, groups)
+    assert res.status == checks.PASS and "(runs on hostA NVIDIA H100 80GB HBM3 @ c1)" in res.measured
+    assert checks.evaluate(claim, newest, known).status == checks.NOT_RUN  # without the groups: as before
+    # hostA's b is 1.5x: the check reads hostA's runs, so it FAILs there, it does not pick a passing machine
+    groups["hostA NVIDIA H100 80GB HBM3 @ c1"][b]["step_ms_median"] = 150.0
+    assert checks.evaluate(claim, newest, known, groups).status == checks.FAIL
+    del groups["hostA NVIDIA H100 80GB HBM3 @ c1"]
+    res = checks.evaluate(claim, newest, known, groups)
+    assert res.status == checks.NOT_RUN and "different hosts" in res.why
+    # two machines with both targets: the newer runs win
+    groups["hostD @ c1"] = {a: dict(newest[a], started="2026-02-01T10:00:00+00:00"),
+                            b: dict(newest[a], target=b, started="2026-02-01T10:00:00+00:00")}
+    groups["hostE @ c1"] = {a: dict(newest[a], started="2026-01-05T10:00:00+00:00"),
+                            b: dict(newest[a], target=b, step_ms_median=500.0, started="2026-01-05T10:00:00+00:00")}
+    assert "(runs on hostD @ c1)" in checks.evaluate(claim, newest, known, groups).measured
+
+
 def test_bench_and_data_ratios_only_between_runs_of_one_host():
     from megalab.results import benchreport, datareport
 

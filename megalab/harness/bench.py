@@ -3,6 +3,8 @@
     python -m megalab.harness.bench run            the whole benchmark (configs/bench.yaml) -> results/bench/
     python -m megalab.harness.bench matmul         the bf16 8192^3 matmul ceiling only
     python -m megalab.harness.bench trace FILE     where a step's time goes, from a torch profiler trace
+    python -m megalab.harness.bench wgrad TARGET   fused_wgrad's kernels against Megatron's unfused accumulation
+    python -m megalab.harness.bench cp TARGET      one rank's ring-attention compute against 1/CP of one flash call
     python -m megalab.harness.bench report         rebuild results/bench/README.md from the committed runs
 
 Every case is an ordinary megalab launch (`launch.run`): same wrapper, same monitor, same record,
@@ -139,6 +141,124 @@ def render_wgrad(target: str, rows: list[dict]) -> str:
 
 
 # --------------------------------------------------------------------------- trace reading
+# --------------------------------------------------------------------------- context-parallel attention compute
+def cp_shapes(target: str) -> tuple[int, int, int, int, int]:
+    """(micro-batch, heads, sequence, head dim, CP) of a catalog target's attention."""
+    from megalab.harness import catalog
+
+    exp = catalog.get(target)
+    m = exp.model_cfg
+    heads = m["num_attention_heads"]
+    return exp.mbs, heads, m["seq_length"], m["hidden_size"] // heads, exp.cp
+
+
+def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10, device: str = "cuda",
+               shapes: tuple[int, int, int, int] | None = None) -> list[dict]:
+    """One rank's attention work in megalab's ring (runtime/cp_attention.py, forward and backward) with
+    the ring's transfers replaced by local copies, against 1/CP of one flash-attention call over the whole
+    sequence: what a fused CP kernel could do at best per rank. One GPU cannot show the communication;
+    this measures what the ring costs besides it (CP block calls on ever smaller blocks, fp32 merges,
+    the K/V stacking and gradient buffers). Every rank of the load-balanced layout does the same work."""
+    import types
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from megalab.runtime import cp_attention
+
+    import contextlib
+
+    if device == "cuda":
+        require_gpu()
+    b, n, seq, d = shapes or cp_shapes(target)[:4]  # shapes: small ones for the CPU test
+    scale = d ** -0.5
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+    def timed(fn) -> float:
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        for _ in range(2):
+            fn()
+        sync()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / reps * 1e3
+
+    def leaf(s: int):
+        return [torch.randn(b, n, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
+
+    def fwd_bwd(attn, q, k, v):
+        out = attn(q, k, v)
+        out.backward(torch.ones_like(out))
+
+    q, k, v = leaf(seq)
+    def flash():  # the kernel the ring's blocks call
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if device == "cuda" else contextlib.nullcontext()
+
+    with flash():
+        whole_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale))
+        whole_fb = timed(lambda: fwd_bwd(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True, scale=scale),
+                                         q, k, v))
+    del q, k, v
+    saved = cp_attention.dist, cp_attention._sendrecv
+    out = []
+    try:
+        cp_attention._sendrecv = lambda t, group, rank, cp: (t.clone(), [])  # the received chunk: a local copy
+        for cp in cps:
+            if seq % (2 * cp):
+                continue
+            cp_attention.dist = types.SimpleNamespace(get_world_size=lambda g, cp=cp: cp, get_rank=lambda g: 0)
+            q, k, v = leaf(seq // cp)
+            ring = lambda *a: cp_attention.ring_attention(*a, None, scale)  # noqa: E731
+            ring_f = timed(lambda: ring(q, k, v))
+            ring_fb = timed(lambda: fwd_bwd(ring, q, k, v))
+            row = {"cp": cp, "tokens_per_rank": seq // cp, "ideal_fwd_ms": round(whole_f / cp, 3),
+                   "ring_fwd_ms": round(ring_f, 3), "ideal_fwd_bwd_ms": round(whole_fb / cp, 3),
+                   "ring_fwd_bwd_ms": round(ring_fb, 3)}
+            if cp == 1:  # one rank holds everything: the ring is plain causal attention, output and dq alike
+                row["max_abs_diff_vs_flash"] = _ring_vs_flash(ring, q, k, v, scale, flash)
+            out.append(row)
+            del q, k, v
+    finally:
+        cp_attention.dist, cp_attention._sendrecv = saved
+    return out
+
+
+def _ring_vs_flash(ring, q, k, v, scale: float, flash) -> float:
+    """Largest |difference| of output and query gradient between the ring (CP=1) and one SDPA call."""
+    import torch.nn.functional as F
+
+    got = []
+    for attn in (ring, lambda *a: F.scaled_dot_product_attention(*a, is_causal=True, scale=scale)):
+        q.grad = None
+        with flash():
+            o = attn(q, k, v)
+            o.backward(o.detach())  # a data-dependent upstream gradient
+        got.append((o.detach().float(), q.grad.float()))
+    return max((a - b).abs().max().item() for a, b in zip(*got))
+
+
+def render_cp(target: str, rows: list[dict]) -> str:
+    import torch
+
+    b, n, seq, d, cp = cp_shapes(target)
+    lines = [f"{target}: micro-batch {b}, {n} heads of {d}, sequence {seq} (its CP: {cp}); torch {torch.__version__} "
+             f"on {torch.cuda.get_device_name()}",
+             "One rank's attention per layer: megalab's ring (transfers replaced by local copies) against 1/CP of one "
+             "flash-attention call over the whole sequence.",
+             "| CP | tokens per rank | ideal fwd ms | ring fwd ms | ring / ideal | ideal fwd+bwd ms | ring fwd+bwd ms "
+             "| ring / ideal |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['cp']} | {r['tokens_per_rank']} | {r['ideal_fwd_ms']} | {r['ring_fwd_ms']} | "
+              f"{r['ring_fwd_ms'] / r['ideal_fwd_ms']:.2f} | {r['ideal_fwd_bwd_ms']} | {r['ring_fwd_bwd_ms']} | "
+              f"{r['ring_fwd_bwd_ms'] / r['ideal_fwd_bwd_ms']:.2f} |" for r in rows]
+    lines += [f"CP=1 (the ring as plain causal attention) against one SDPA call: largest |difference| of output and "
+              f"query gradient {r['max_abs_diff_vs_flash']:.1e}" for r in rows if "max_abs_diff_vs_flash" in r]
+    return "\n".join(lines)
+
+
 def _merge(intervals: list[tuple[float, float]]) -> float:
     """Total length of a union of [start, end) intervals."""
     total, cur_s, cur_e = 0.0, None, None
@@ -320,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("matmul")
     w = sub.add_parser("wgrad", help="time fused_wgrad against Megatron's unfused accumulation, per linear shape")
     w.add_argument("target")
+    c = sub.add_parser("cp", help="one rank's ring-attention compute against 1/CP of one flash call, per CP")
+    c.add_argument("target")
     t = sub.add_parser("trace")
     t.add_argument("file", type=Path)
     r = sub.add_parser("run")
@@ -348,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(matmul_tflops()))
         elif args.cmd == "wgrad":
             print(render_wgrad(args.target, wgrad_accum(args.target)))
+        elif args.cmd == "cp":
+            print(render_cp(args.target, cp_compute(args.target)))
         elif args.cmd == "trace":
             print(render_trace(trace_summary(args.file)))
     except BenchError as e:

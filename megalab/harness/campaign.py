@@ -12,6 +12,7 @@ then shows each row as the median of its runs with their range, and `make check`
     make campaign CHAPTER=1                  chapter 1's targets that fit the GPUs here, 3 times each
     make campaign IDS="101 111" REPEATS=5    these targets, 5 times each
     make campaign STALE=1 [CHAPTER=2]        the rows short of REPEATS ok runs of today's code and defaults
+                                             on this machine (a chapter's rows compare on one machine)
     BUDGET_S=1200 make campaign CHAPTER=2    start no launch after 20 minutes (the summary says what is short)
     DRY_RUN=1 make campaign CHAPTER=1        what would run, and what is skipped and why
     DRY_RUN=1 GPUS=2 make campaign STALE=1   the same, planned for 2 GPUs from a machine without them
@@ -63,9 +64,10 @@ def by_gpus(exps: list[Experiment], gpus_here: int) -> tuple[list[Experiment], l
     return run, skipped
 
 
-def todays_runs(root=None) -> dict[str, tuple[int, bool]]:
-    """target -> (its ok runs whose provenance is `today`, on the machine with the most of them; whether
-    a `today` run ran out of memory): what a table row stands on now (megalab/results/provenance.py)."""
+def todays_runs(root=None, machine: str | None = None) -> dict[str, tuple[int, bool]]:
+    """target -> (its ok runs whose provenance is `today`, on `machine` (provenance.host_key) or, without
+    one, on the machine with the most of them; whether a `today` run ran out of memory, on any machine):
+    what a table row stands on now (megalab/results/provenance.py)."""
     from megalab.harness.catalog import ROOT
     from megalab.results import provenance
     from megalab.results.records import read_records
@@ -78,14 +80,27 @@ def todays_runs(root=None) -> dict[str, tuple[int, bool]]:
             continue
         if r.status == "oom":
             oom.add(r.target)
-        else:
+        elif machine is None or provenance.host_key(r) == machine:
             ok.setdefault(r.target, Counter())[provenance.host_key(r)] += 1
     return {t: (max(ok[t].values()) if t in ok else 0, t in oom) for t in set(ok) | oom}
 
 
+def this_machine(inventory: dict) -> str | None:
+    """This machine as provenance.host_key names a record's (host name, first GPU, its UUID); None
+    without GPUs."""
+    import socket
+
+    from megalab.results import provenance
+
+    if not inventory.get("count"):
+        return None
+    return provenance.host_key({"hostname": socket.gethostname(), "gpu_name": inventory["names"][0],
+                                "gpu_uuids": inventory.get("uuids") or []})
+
+
 def stale(exps: list[Experiment], repeats: int, today: dict[str, tuple[int, bool]]) -> list[Experiment]:
-    """The targets whose row lacks `repeats` ok runs of today's code on one machine (an out-of-memory
-    run of today's code completes a row: it is the result)."""
+    """The targets whose row lacks `repeats` ok runs of today's code (todays_runs: on this machine) (an
+    out-of-memory run of today's code completes a row: it is the result)."""
     def short(e: Experiment) -> bool:
         runs, oom = today.get(e.id, (0, False))
         return not oom and runs < repeats
@@ -220,17 +235,20 @@ def cli(argv: list[str], environ=os.environ) -> int:
     budget = _int_env("BUDGET_S", None, environ)
     only_stale = environ.get("STALE", "").strip().lower() not in ("", "0", "false", "no")
     opts = Options.from_env()
-    gpus_here = gpu_inventory()["count"] or 0
+    inventory = gpu_inventory()
+    gpus_here, machine = inventory["count"] or 0, this_machine(inventory)
     if environ.get("GPUS", "").strip():
         if not opts.dry_run:
             raise LaunchError("campaign: GPUS= plans for GPUs that are not here, so it needs DRY_RUN=1; fix: "
                               "DRY_RUN=1 GPUS=2 make campaign ..., or drop GPUS= to run on the GPUs found")
-        gpus_here = _int_env("GPUS", None, environ)
+        gpus_here, machine = _int_env("GPUS", None, environ), None
     chosen = choose(ids, chapter, every=only_stale)
     if only_stale:  # before the GPU count: the skipped list then names only rows that need a run
-        short = stale(chosen, repeats, todays_runs())
+        # on this machine: the rows a chapter compares (speedups, `make check`) must share one machine
+        short = stale(chosen, repeats, todays_runs(machine=machine))
+        where = f"on this machine ({machine})" if machine else "on any one machine (none here to count on)"
         print(f"campaign   STALE=1: {len(short)} of {len(chosen)} target(s) short of {repeats} ok run(s) of today's "
-              "code and defaults (a `today` out-of-memory run completes a row)")
+              f"code and defaults {where} (a `today` out-of-memory run completes a row)")
         if not short:
             print("campaign   nothing to do")
             return 0

@@ -36,6 +36,17 @@ def _reference(exp, anchor, twogpu) -> tuple[float, float] | None:
     return None
 
 
+def like_reference(r: RunRecord, exp) -> bool:
+    """Whether a run is on the GPU kind its reference used: T rows on H200s (uncapped: the 2x H200 set);
+    R rows on H100s, or for 2-GPU R rows on H200s capped to 80 GB (the rig has no 2x H100)."""
+    name, cap = r.gpu_name or "", (r.config or {}).get("gpu_mem_gb")
+    if (exp.ref or "").startswith("T"):
+        return "H200" in name and not cap
+    if "H100" in name:
+        return True
+    return exp.gpus > 1 and "H200" in name and cap is not None and float(cap) <= 80
+
+
 def rows(root=ROOT) -> list[list[str]]:
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
     recs: dict[str, list] = {}
@@ -52,6 +63,7 @@ def rows(root=ROOT) -> list[list[str]]:
         mine = sorted(recs.get(exp.id, []), key=lambda r: r.started or "")
         before = [r for r in mine if r.schema == 1]
         now = [r for r in mine if provenance.of(r, root).state == provenance.CURRENT]
+        now = [r for r in now if like_reference(r, exp)] or now  # a run on the reference's GPU kind first
         b, n = (before[-1] if before else None), (now[-1] if now else None)
         if n is not None:  # the newest run, with its repeats (same host, code, settings): their median
             n = RunRecord.of(n.raw | ({"_runs": runs} if (runs := repeats(n, now, lambda r: provenance.setup_key(r, root)))
@@ -67,6 +79,8 @@ def rows(root=ROOT) -> list[list[str]]:
         ratio = n.step_ms / ref_ms
         fast, lean = ratio <= 1.0, math.isnan(ref_gib) or gib <= ref_gib
         verdict = "met" if fast and lean else ("faster, more memory" if fast else "slower")
+        if not like_reference(n, exp):
+            verdict = "no verdict: not the reference's GPU kind"
         cap = (n.config or {}).get("gpu_mem_gb")
         hw = f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (f", capped {cap} GB" if cap else "")
         spread = f" ({n.runs['n']} runs, {n.runs['lo_ms']:.0f}–{n.runs['hi_ms']:.0f})" if n.runs else ""
@@ -89,7 +103,10 @@ def section(root=ROOT) -> list[str]:
             "the same host with the same code, the median of the runs' medians with the number of runs and their "
             "range. Memory in GiB (the 8x H100 "
             "reference converted as on the chapter pages). A ratio compares like hardware only: R rows were "
-            "published on H100s, T rows on 2x H200; the 2-GPU R rows ran on 2x H200 capped to 80 GB.", "",
+            "published on H100s, T rows on 2x H200; the 2-GPU R rows ran on 2x H200 capped to 80 GB. Of today's "
+            "runs a row shows those on the reference's GPU kind (`defaults.like_reference`) where there are any "
+            "(a chapter re-measured on one machine may hold a row's runs on another kind too); a row measured "
+            "on another kind only gets no verdict.", "",
             f"{met} of {measured} rows measured now are at or below the reference's time at no more memory; "
             f"{len(body) - measured} of {len(body)} are not run with today's defaults yet.", "",
             *markdown.table(HEADER, body), ""]

@@ -7,6 +7,7 @@ graph-off twin (issue 17: first steps within 0.1%).
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,13 @@ from megalab.results import benchreport, gpus, markdown
 from megalab.results.records import read_records
 
 DIR = ROOT / "results" / "integrity"
+# The terminal transcripts: file, what it shows, and where its excerpt starts (a regex; None: the last lines).
+TRANSCRIPTS = (
+    ("kill-transcript.txt", "SIGTERM to `make` while 232 trains (then `pgrep` and `nvidia-smi`)", None),
+    ("sigkill-transcript.txt", "`kill -9` of the launcher while 001 trains (then `pgrep` and `nvidia-smi` for 80 s)",
+     r"GPU compute apps: \[\d"),
+    ("busy-transcript.txt", "`make 101` while another process holds GPU 0", None),
+)
 PAGE = DIR / "README.md"
 
 
@@ -41,11 +49,12 @@ def render(root: Path = ROOT) -> str:
     out += markdown.table(["target", "GPUs", "CUDA graph", "status", "ended by", "shutdown clean", "step ms", "started",
                            "run dir"], rows)
     out += graph_parity(runs, list(read_records(root / "results/runs", None)))
-    for name, what in (("kill-transcript.txt", "SIGTERM to `make` while 232 trains (then `pgrep` and `nvidia-smi`)"),
-                       ("busy-transcript.txt", "`make 101` while another process holds GPU 0")):
+    for name, what, start in TRANSCRIPTS:
         if (DIR / name).exists():
-            tail = [ln for ln in (DIR / name).read_text(errors="replace").splitlines() if ln.strip()][-3:]
-            out += ["", f"## {what}", "", f"[{name}]({name}), last lines:", "", "```", *tail, "```"]
+            lines = [ln for ln in (DIR / name).read_text(errors="replace").splitlines() if ln.strip()]
+            at = next((i for i, ln in enumerate(lines) if start and re.search(start, ln)), None)
+            shown, how = (lines[at:at + 13], "excerpt") if at is not None else (lines[-3:], "last lines")
+            out += ["", f"## {what}", "", f"[{name}]({name}), {how}:", "", "```", *shown, "```"]
     return "\n".join(out) + "\n"
 
 

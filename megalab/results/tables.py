@@ -39,7 +39,7 @@ import pandas as pd
 
 from megalab.harness import catalog
 from megalab.harness.catalog import ROOT
-from megalab.results import markdown, plots, provenance
+from megalab.results import markdown, plots, provenance, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.X kept for callers and tests)
     MISSING as _MISSING, REF_GB_TO_GIB, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
     load_twogpu_reference, measured as _measured, reference_kind, row_id as _row_id, scaling_series,
@@ -774,10 +774,11 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     reference, twogpu = load_reference(), load_twogpu_reference()
     # the pages link these figures: drawn first, so no link is ever dangling
     changed = plots.write_plots(root, records=records, check=check)
+    frames = {}
     for chapter, meta in catalog.chapters().items():
         path = root / meta["table"]
-        csv_text = table_frame(chapter, records, reference, twogpu=twogpu, tree=root).to_csv(index=False,
-                                                                                           lineterminator="\n")
+        frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root)
+        csv_text = frames[chapter].to_csv(index=False, lineterminator="\n")
         for path, text in ((path, render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)),
                            (path.with_suffix(".csv"), csv_text)):  # the same rows, machine-readable
             try:
@@ -796,12 +797,30 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
               for ch in catalog.chapters()}
     for path in sorted((root / "tutorials").glob("*.md")):
         old = path.read_text(encoding="utf-8")
-        text = embed_tables(old, blocks)
+        try:  # the chapter tables, then the prose's quoted cells (quotes.py)
+            text, moved = quotes.fill(embed_tables(old, blocks), lambda t, col: table_cell(frames, t, col))
+        except quotes.QuoteError as e:
+            raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
+        for line in moved:
+            print(f"megalab tables: {path.relative_to(root)}: {line}: re-read the sentence around it")
         if text != old:
             if not check:
                 markdown.write_atomic(path, text)
             changed.append(path)
     return changed
+
+
+def table_cell(frames: dict[int, pd.DataFrame], target: str, column: str) -> str | None:
+    """The cell of TARGET's row (a catalog id, short or full) in its chapter's table; None if there is none."""
+    try:
+        exp = catalog.get(target)
+    except catalog.CatalogError:
+        return None
+    frame = frames.get(exp.chapter)
+    if frame is None or column not in frame.columns:
+        return None
+    row = frame[frame["make target"] == exp.id]
+    return None if row.empty else str(row.iloc[0][column])
 
 
 EMBED = re.compile(r"(<!-- megalab:table chapter=(\d+) -->\n)(.*?)(<!-- /megalab:table -->)", re.S)
@@ -830,7 +849,7 @@ def cli(argv: list[str] | None = None) -> int:
     root = args.root
     try:
         changed = write_tables(root, check=args.check, strict=args.strict)
-    except NotToday as e:
+    except (NotToday, quotes.QuoteError) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     n = len(catalog.chapters())

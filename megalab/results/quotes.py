@@ -1,0 +1,81 @@
+"""Measured numbers quoted in the tutorials' prose, kept equal to the table cells they come from.
+
+A tutorial that says "ZeRO-2 (521) is 4% slower than 520" quotes two table rows, and the next
+campaign re-measures both. So the prose quotes a cell of a chapter table instead of a typed number:
+
+    <!-- q 520 | our ms -->1196<!-- /q -->        the cell as the row's chapter table shows it
+    <!-- q 522/521 | our ms -->0.89<!-- /q -->    the ratio of two rows' cells (2 decimals)
+    <!-- q 521%520 | our ms -->+4%<!-- /q -->     the first against the second, in percent
+    <!-- q 531-526 | our GiB -->6.0<!-- /q -->    the difference (the cells' decimals)
+
+Rows are target ids (`520` or the full `520-olmoe-dp2`), columns the table's headers
+(tables.table_frame). A cell with one number per GPU ("85.1 / 87.1") counts as its largest in
+arithmetic, as the pages' memory does. `make tables` rewrites the text between the markers (GitHub
+does not show the comments) and names every quoted value that changed: a number follows the data by
+itself, but a word around it ("slower") may have to change too, so the sentence gets re-read.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+QUOTE = re.compile(r"<!-- q ([^|>]+?) \| ([^>]+?) -->(.*?)<!-- /q -->")
+ROWS = re.compile(r"^\s*([\w.-]+?)\s*(?:([/%])\s*([\w.-]+)|\s(-)\s+([\w.-]+))?\s*$")  # ids have hyphens: ' - ' 
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+NOT_RUN = "not run"
+
+Cell = Callable[[str, str], "str | None"]  # (target id, column) -> the cell's text; None: no such row
+
+
+class QuoteError(ValueError):
+    """A quote that names no row or column: one line, with the fix."""
+
+
+def _numbers(cell: str) -> list[float]:
+    return [float(x) for x in NUMBER.findall(cell.replace(",", ""))]
+
+
+def _decimals(cell: str) -> int:
+    return max((len(x.split(".")[1]) if "." in x else 0 for x in NUMBER.findall(cell.replace(",", ""))), default=0)
+
+
+def value(rows: str, column: str, cell: Cell) -> str:
+    """The text a quote shows: a cell, or the ratio, change or difference of two rows' cells;
+    'not run' where a row has no measurement in that column."""
+    m = ROWS.match(rows)
+    if not m:
+        raise QuoteError(f"quote '{rows} | {column}': rows must be A, A/B, A%B or A - B (target ids); "
+                         "fix: e.g. <!-- q 522/521 | our ms -->")
+    a, op, b = m.group(1), m.group(2) or m.group(4), m.group(3) or m.group(5)
+    cells = []
+    for target in (a, b) if op else (a,):
+        text = cell(target, column)
+        if text is None:
+            raise QuoteError(f"quote '{rows} | {column}': no row {target!r} with a column {column!r}; fix: a "
+                             "target of the catalog and a column header of its chapter table")
+        cells.append(str(text).strip())
+    if not op:
+        return cells[0] or NOT_RUN
+    nums = [_numbers(c) for c in cells]
+    if not all(nums):
+        return NOT_RUN
+    x, y = max(nums[0]), max(nums[1])
+    if op == "/":
+        return f"{x / y:.2f}"
+    if op == "%":
+        return f"{round((x / y - 1) * 100):+d}%"  # no "-0%"
+    return f"{x - y:.{max(_decimals(c) for c in cells)}f}"
+
+
+def fill(text: str, cell: Cell) -> tuple[str, list[str]]:
+    """TEXT with every quote's value brought up to date, and one line per value that changed."""
+    changes: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        rows, column, old = m.group(1).strip(), m.group(2).strip(), m.group(3)
+        new = value(rows, column, cell)
+        if new != old:
+            changes.append(f"`{rows} | {column}` now {new} (was {old or 'empty'})")
+        return f"<!-- q {m.group(1)} | {m.group(2)} -->{new}<!-- /q -->"
+
+    return QUOTE.sub(sub, text), changes

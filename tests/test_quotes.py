@@ -1,0 +1,79 @@
+"""megalab/results/quotes.py: the tutorials quote table cells, and `make tables` keeps the quotes equal to them."""
+from __future__ import annotations
+
+import pytest
+
+from megalab.results import quotes
+
+CELLS = {("520", "our ms"): "1196", ("521", "our ms"): "1243", ("531", "our GiB"): "33.0 / 34.5",
+         ("526", "our GiB"): "28.6", ("500", "our ms"): "", ("520", "our p10–p90 ms"): "1111–1221",
+         ("520-olmoe-dp2", "tok/s/GPU"): "13,700"}
+
+
+def cell(target, column):
+    return CELLS.get((target, column))
+
+
+@pytest.mark.parametrize("rows,column,want", [
+    ("520", "our ms", "1196"),
+    ("520", "our p10–p90 ms", "1111–1221"),  # a range is shown as it is, its en dash is not a minus
+    ("520-olmoe-dp2", "tok/s/GPU", "13,700"),  # full ids have hyphens
+    ("521/520", "our ms", "1.04"),
+    ("521%520", "our ms", "+4%"),
+    ("520%521", "our ms", "-4%"),
+    ("520%520", "our ms", "+0%"),  # never "-0%"
+    ("531 - 526", "our GiB", "5.9"),  # per-GPU cells count as their largest, as the pages' memory does
+    ("500", "our ms", "not run"),
+    ("521/500", "our ms", "not run"),
+])
+def test_a_quote_shows_the_cell_or_what_two_cells_give(rows, column, want):
+    assert quotes.value(rows, column, cell) == want
+
+
+@pytest.mark.parametrize("rows,column", [("999", "our ms"), ("520", "our speed"), ("520 / ", "our ms"),
+                                         ("520-521", "our ms")])  # a difference needs spaces: ' - '
+def test_a_quote_of_no_row_or_column_is_one_line_with_the_fix(rows, column):
+    with pytest.raises(quotes.QuoteError, match="fix: ") as e:
+        quotes.value(rows, column, cell)
+    assert "\n" not in str(e.value)
+
+
+def test_fill_updates_the_values_and_names_the_ones_that_moved():
+    text = ("ZeRO-2 takes <!-- q 521%520 | our ms -->+9%<!-- /q --> against DP "
+            "(<!-- q 520 | our ms -->1196<!-- /q --> ms), fresh: <!-- q 521 | our ms --><!-- /q -->.")
+    new, moved = quotes.fill(text, cell)
+    assert new == ("ZeRO-2 takes <!-- q 521%520 | our ms -->+4%<!-- /q --> against DP "
+                   "(<!-- q 520 | our ms -->1196<!-- /q --> ms), fresh: <!-- q 521 | our ms -->1243<!-- /q -->.")
+    assert moved == ["`521%520 | our ms` now +4% (was +9%)", "`521 | our ms` now 1243 (was empty)"]
+    assert quotes.fill(new, cell) == (new, [])
+
+
+def test_make_tables_refuses_a_tutorial_quote_of_an_unknown_row(tmp_path, capsys):
+    import shutil
+
+    from megalab.harness.catalog import ROOT
+    from megalab.results import tables
+
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "configs", root / "configs")
+    (root / "results" / "runs").mkdir(parents=True)
+    (root / "tutorials").mkdir()
+    tut = root / "tutorials" / "09-x.md"
+    tut.write_text("It takes <!-- q 999 | our ms -->1<!-- /q --> ms.\n")
+    assert tables.cli(["--root", str(root)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("megalab tables: tutorials/09-x.md: quote '999 | our ms': no row '999'") and "\n" not in err
+    assert tut.read_text() == "It takes <!-- q 999 | our ms -->1<!-- /q --> ms.\n"  # nothing overwritten
+    tut.write_text("It takes <!-- q 101 | our ms -->1<!-- /q --> ms.\n")
+    assert tables.cli(["--root", str(root)]) == 0
+    assert tut.read_text() == "It takes <!-- q 101 | our ms -->not run<!-- /q --> ms.\n"
+    assert "`101 | our ms` now not run (was 1): re-read the sentence around it" in capsys.readouterr().out
+
+
+def test_the_tutorials_quote_their_measurements():
+    from megalab.harness.catalog import ROOT
+
+    n = 0
+    for path in sorted((ROOT / "tutorials").glob("*.md")):
+        n += len(quotes.QUOTE.findall(path.read_text(encoding="utf-8")))
+    assert n >= 30  # chapters 0 and 5 quote their measurements; test_results checks they are current
