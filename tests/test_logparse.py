@@ -510,3 +510,26 @@ def test_parse_cli_unreadable_is_one_line(tmp_path, capsys, name):
     assert cli([str(tmp_path / name)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err and "Traceback" not in err
+
+
+def test_committed_logs_are_gzipped_and_read_the_same(tmp_path):
+    """make tables gzips the raw logs of committed runs; every reader takes the .gz where the plain file
+    is gone, and the bytes (and the parse) are the same; gzipping twice writes the same bytes."""
+    import gzip
+
+    from megalab.results import logparse
+
+    run = tmp_path / "results" / "runs" / "20260101_000000___101-x"
+    run.mkdir(parents=True)
+    raw = (LOGS / "ok_1gpu_v019.txt").read_bytes()
+    (run / "logs.txt").write_bytes(raw)
+    before = logparse.parse_file(run / "logs.txt")
+    assert logparse.compress_logs(tmp_path / "results") == [run / "logs.txt.gz"]
+    assert not (run / "logs.txt").exists() and gzip.decompress((run / "logs.txt.gz").read_bytes()) == raw
+    assert logparse.log_file(run / "logs.txt") == run / "logs.txt.gz"
+    assert logparse.read_log(run / "logs.txt") == raw
+    assert logparse.parse_file(run / "logs.txt") == before
+    first = (run / "logs.txt.gz").read_bytes()
+    (run / "logs.txt").write_bytes(raw)  # a run copied in again
+    logparse.compress_logs(tmp_path / "results")
+    assert (run / "logs.txt.gz").read_bytes() == first and logparse.compress_logs(tmp_path / "results") == []

@@ -19,7 +19,7 @@ def test_there_are_committed_records():
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.parent.name)
 def test_record_matches_its_raw_log_and_memory_csv(path):
     rec = json.loads(path.read_text())
-    log, mem = path.parent / rec["files"]["log"], path.parent / rec["files"]["memory"]
+    log, mem = logparse.log_file(path.parent / rec["files"]["log"]), path.parent / rec["files"]["memory"]
     assert log.exists() and mem.exists()
     f = logparse.summary_fields(logparse.parse_file(log), warmup=rec["warmup_iters"] or 3)
     # the status is the log's as the launcher corrects it (exit code, interrupt, supervisor, busy GPUs)
@@ -37,6 +37,11 @@ def test_record_matches_its_raw_log_and_memory_csv(path):
 
 def test_committed_tables_are_up_to_date():
     assert tables.write_tables(ROOT, check=True) == [], "run `make tables` and commit the result"
+
+
+def test_committed_raw_logs_are_gzipped():
+    plain = sorted(p.relative_to(ROOT) for p in (ROOT / "results").glob("**/runs/*/logs.txt"))
+    assert not plain, f"{len(plain)} raw log(s) not gzipped, e.g. {plain[0]}: run `make tables` and commit"
 
 
 def test_committed_checks_page_is_up_to_date():

@@ -244,17 +244,16 @@ def render_cp(target: str, rows: list[dict]) -> str:
     import torch
 
     b, n, seq, d, cp = cp_shapes(target)
-    lines = [f"{target}: micro-batch {b}, {n} heads of {d}, sequence {seq} (its CP: {cp}); torch {torch.__version__} "
-             f"on {torch.cuda.get_device_name()}",
-             "One rank's attention per layer: megalab's ring (transfers replaced by local copies) against 1/CP of one "
-             "flash-attention call over the whole sequence.",
+    lines = [f"**{target}** (micro-batch {b}, {n} heads of {d}, sequence {seq}; its CP: {cp}) on "
+             f"{torch.cuda.get_device_name()}, torch {torch.__version__}: one rank's attention per layer, megalab's ring "
+             "(transfers replaced by local copies) against 1/CP of one flash-attention call over the whole sequence.", "",
              "| CP | tokens per rank | ideal fwd ms | ring fwd ms | ring / ideal | ideal fwd+bwd ms | ring fwd+bwd ms "
              "| ring / ideal |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['cp']} | {r['tokens_per_rank']} | {r['ideal_fwd_ms']} | {r['ring_fwd_ms']} | "
               f"{r['ring_fwd_ms'] / r['ideal_fwd_ms']:.2f} | {r['ideal_fwd_bwd_ms']} | {r['ring_fwd_bwd_ms']} | "
               f"{r['ring_fwd_bwd_ms'] / r['ideal_fwd_bwd_ms']:.2f} |" for r in rows]
-    lines += [f"CP=1 (the ring as plain causal attention) against one SDPA call: largest |difference| of output and "
+    lines += [f"\nCP=1 (the ring as plain causal attention) against one SDPA call: largest |difference| of output and "
               f"query gradient {r['max_abs_diff_vs_flash']:.1e}" for r in rows if "max_abs_diff_vs_flash" in r]
     return "\n".join(lines)
 

@@ -152,7 +152,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
          *_ablation_section(cfg, get), *trials_section(cfg, bench_dir), *_parity_section(cfg, get),
          *_experts_section(cfg, get),
          *_goals_section(cfg, get, largest), *defaults.section(bench_dir.parent.parent),
-         *_profiles_section(bench_dir, recs), *launchtime.section(bench_dir.parent.parent)]
+         *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
     if any(r["_concurrent"] for r in recs.values()):
         L += [tables.SHARED_NOTE, ""]
     if any(f"| {tables.OTHER_HOST} |" in line for line in L):
@@ -375,6 +375,25 @@ def _goals_section(cfg: dict, get, largest: dict) -> list[str]:
     else:
         rows.append([what, ">= 2x", "search incomplete", "-"])
     return ["## Goals", "", *markdown.table(["goal", "target", "measured", "verdict"], rows), ""]
+
+
+CP_MICROBENCH = "cp-ring-microbench.txt"
+
+
+def _cp_section(bench_dir: Path) -> list[str]:
+    """Context-parallel attention's compute on one GPU (`python -m megalab.harness.bench cp <target>`): the
+    rig's output as it printed it, its '#' header lines (where and on which code it ran) left out."""
+    path = bench_dir / CP_MICROBENCH
+    if not path.exists():
+        return []
+    body = [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
+    return ["## Context-parallel attention without TE: what the ring costs besides communication", "",
+            "megalab's ring attention (megalab/runtime/cp_attention.py, `cp_comm_type p2p`) on one GPU: one rank's "
+            "work per layer, forward and backward, with the ring's transfers replaced by local copies, against "
+            "1/CP of one flash-attention call over the whole sequence (what a fused CP kernel does at best per "
+            "rank; TE's is one). The ratio is the ring's own cost, before any communication: smaller blocks per "
+            "flash call, the fp32 merges of partial results and the gradient buffers. "
+            f"[{CP_MICROBENCH}]({CP_MICROBENCH}) says where and on which code each table ran.", "", *body, ""]
 
 
 def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:

@@ -75,7 +75,7 @@ def _vocab(rec: dict, root: Path) -> int | None:
                 or (cfg.get("model_preset") or {}).get("vocab_size"))
     log = rec["_dir"] / (rec.get("files") or {}).get("log", "logs.txt")
     try:
-        if m := VOCAB_LINE.search(log.read_text(errors="replace")):
+        if m := VOCAB_LINE.search(logparse.read_log(log).decode(errors="replace")):
             return int(m.group(1))
     except OSError:
         pass

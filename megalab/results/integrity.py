@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from megalab.harness.catalog import ROOT
-from megalab.results import benchreport, gpus, markdown
+from megalab.results import benchreport, gpus, logparse, markdown
 from megalab.results.records import read_records
 
 DIR = ROOT / "results" / "integrity"
@@ -31,7 +31,7 @@ def render(root: Path = ROOT) -> str:
     rows = []
     for r in runs:
         cfg = r.config or {}
-        log = r.log_path.read_text(errors="replace") if r.log_path.exists() else ""
+        log = logparse.read_log(r.log_path).decode(errors="replace") if r.log_path.exists() else ""
         status = r.status
         if status == "killed" and "[after training is done]" in log:  # when the signal came matters
             status += " (signal after Megatron's end of training, during exit)"

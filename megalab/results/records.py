@@ -167,7 +167,10 @@ class RunRecord:
 
     @property
     def log_path(self) -> Path | None:
-        return None if self.run_dir is None else self.run_dir / (self.files.get("log") or "logs.txt")
+        """The raw log (logparse.log_file: gzipped under results/); read it with logparse.read_log."""
+        from megalab.results import logparse
+
+        return None if self.run_dir is None else logparse.log_file(self.run_dir / (self.files.get("log") or "logs.txt"))
 
     @cached_property
     def observed(self) -> dict | None:
@@ -180,7 +183,7 @@ class RunRecord:
         from megalab.results import logparse
 
         try:
-            return logparse.megalab_lines(self.log_path.read_bytes()) or None
+            return logparse.megalab_lines(logparse.read_log(self.log_path)) or None
         except OSError:
             return None
 
