@@ -382,11 +382,14 @@ CP_MICROBENCH = "cp-ring-microbench.txt"
 
 def _cp_section(bench_dir: Path) -> list[str]:
     """Context-parallel attention's compute on one GPU (`python -m megalab.harness.bench cp <target>`): the
-    rig's output as it printed it, its '#' header lines (where and on which code it ran) left out."""
+    rig's output as it printed it, its '# ' notes (where and on which code it ran) left out."""
     path = bench_dir / CP_MICROBENCH
     if not path.exists():
         return []
-    body = [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
+    body = []
+    for ln in path.read_text().splitlines():
+        if not ln.startswith("# ") and (ln.strip() or (body and body[-1].strip())):  # no '# ' notes, one blank
+            body.append(ln)
     return ["## Context-parallel attention without TE: what the ring costs besides communication", "",
             "megalab's ring attention (megalab/runtime/cp_attention.py, `cp_comm_type p2p`) on one GPU: one rank's "
             "work per layer, forward and backward, with the ring's transfers replaced by local copies, against "

@@ -189,14 +189,15 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
 
     With P = exp(S - lse) the block's share of the final softmax, D = rowsum(dO * O) (O is the
     final output), dS = P * (dO V^T - D): flash-attention's backward, which is exact for a block
-    when fed the merged O and lse. Returns dq, dk, dv in the accumulation dtype (fp32 or fp64).
+    when fed the merged O and lse. Returns dq, dk, dv: in q's dtype from the fused kernel (the ring adds
+    them into its fp32 buffers, converting on the way, with no fp32 copy of its own), else in the
+    accumulation dtype (fp32 or fp64).
     """
     acc = _acc(q)
     if _fused(q):
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
             dout, q, k, v, out, lse, None, None, q.size(2), k.size(2),  # None: not variable-length
-            0.0, causal, None, None, scale=scale)  # None: no dropout, so no RNG state
-        return tuple(g.to(acc) for g in grads)
+            0.0, causal, None, None, scale=scale)[:3]  # None: no dropout, so no RNG state
     q, k, v, dout, out = (t.to(acc) for t in (q, k, v, dout, out))
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
@@ -209,10 +210,10 @@ def block_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
 
 
 def _merge(out, lse, block_out, block_lse):
-    """Combine two partial softmax results over disjoint key sets (in place)."""
+    """Combine two partial softmax results over disjoint key sets (in place; block_out may be bf16:
+    addcmul_ reads it into out's dtype without a converted copy)."""
     new_lse = torch.logaddexp(lse, block_lse)
-    out.mul_(torch.exp(lse - new_lse).unsqueeze(-1)).add_(
-        block_out.to(out.dtype) * torch.exp(block_lse - new_lse).unsqueeze(-1))
+    out.mul_(torch.exp(lse - new_lse).unsqueeze(-1)).addcmul_(block_out, torch.exp(block_lse - new_lse).unsqueeze(-1))
     lse.copy_(new_lse)
 
 
@@ -260,14 +261,18 @@ class _RingAttention(torch.autograd.Function):
         # Stored [s, b, n, d] and viewed as [b, n, s, d]: the caller's reshape to [s, b, n*d] is then
         # a view, so the output saved here is the same memory as the projection's input.
         b, n, sq, d = q.shape
-        out = torch.zeros(sq, b, n, d, dtype=_acc(q), device=q.device).permute(1, 2, 0, 3)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=_acc(q), device=q.device)
+        out = lse = None
         for step in range(cp):
             # Start moving the chunk we hold to the next rank before computing with it.
             nxt, reqs = _sendrecv(kv, group, rank, cp) if step < cp - 1 else (None, [])
             rows, cols, causal = _ring_step(rank, (rank - step) % cp)
             o, l = block_forward(_half(q, rows), _half(kv[0], cols), _half(kv[1], cols), causal, scale)
-            _merge(_half(out, rows), _half(lse, rows), o, l)
+            if out is None:  # step 0, our own chunks, every query: the running result starts as this block
+                out = torch.empty(sq, b, n, d, dtype=_acc(q), device=q.device).permute(1, 2, 0, 3)
+                out.copy_(o)
+                lse = l.to(_acc(q))
+            else:
+                _merge(_half(out, rows), _half(lse, rows), o, l)
             _wait(reqs)
             kv = nxt
         out = out.to(q.dtype)  # keeps the [s, b, n, d] memory order
@@ -282,18 +287,23 @@ class _RingAttention(torch.autograd.Function):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         dout = dout.contiguous()
         kv = torch.stack([k, v]).contiguous()
-        dq = torch.zeros(q.shape, dtype=_acc(q), device=q.device)
-        dkv = None  # the gradient of the K/V chunk we hold, travelling with it round the ring
+        dq = dkv = None  # dkv: the gradient of the K/V chunk we hold, travelling with it round the ring
         for step in range(cp):
             nxt, reqs = _sendrecv(kv, group, rank, cp) if step < cp - 1 else (None, [])
             rows, cols, causal = _ring_step(rank, (rank - step) % cp)
             dq_b, dk_b, dv_b = block_backward(
                 _half(dout, rows), _half(q, rows), _half(kv[0], cols), _half(kv[1], cols),
                 _half(out, rows), _half(lse, rows).contiguous(), causal, scale)
-            _half(dq, rows).add_(dq_b)
-            mine = torch.zeros((2, *k.shape), dtype=_acc(k), device=k.device)
-            _half(mine[0], cols).add_(dk_b)
-            _half(mine[1], cols).add_(dv_b)
+            if dq is None:  # step 0: every query (as in forward)
+                dq = torch.empty(q.shape, dtype=_acc(q), device=q.device).copy_(dq_b)
+            else:
+                _half(dq, rows).add_(dq_b)
+            # this step's share of the chunk's K/V gradient: written once (no zero-fill, then add)
+            mine = torch.empty((2, *k.shape), dtype=_acc(k), device=k.device)
+            for i, g in enumerate((dk_b, dv_b)):
+                _half(mine[i], cols).copy_(g)
+                if cols == "first":  # keys of the other half got nothing from these queries
+                    _half(mine[i], "second").zero_()
             if dkv is not None:  # add what the ranks before us accumulated for this chunk
                 _wait(dkv_reqs)
                 mine.add_(dkv)
