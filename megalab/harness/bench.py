@@ -217,6 +217,8 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
             row = {"cp": cp, "tokens_per_rank": seq // cp, "ideal_fwd_ms": round(whole_f / cp, 3),
                    "ring_fwd_ms": round(ring_f, 3), "ideal_fwd_bwd_ms": round(whole_fb / cp, 3),
                    "ring_fwd_bwd_ms": round(ring_fb, 3)}
+            if device == "cuda":  # where the ring's time goes: its flash kernels against everything else
+                row.update(_kernel_split(lambda: fwd_bwd(ring, q, k, v)))
             if cp == 1:  # one rank holds everything: the ring is plain causal attention, output and dq alike
                 row["max_abs_diff_vs_flash"] = _ring_vs_flash(ring, q, k, v, scale, flash)
             elif device == "cuda" and b * n * (seq // cp) ** 2 * 4 < 8e9:  # the fused bf16 path against the
@@ -243,6 +245,29 @@ def _ring_vs_flash(ring, q, k, v, scale: float, flash) -> float:
     return max((a - b).abs().max().item() for a, b in zip(*got))
 
 
+def _kernel_split(fn) -> dict:
+    """One profiled call of fn: GPU time in attention kernels (bench.KERNEL_KINDS), in all other kernels, and
+    the number of kernels (trace_summary reads the trace)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("ProfilerStep#1"):
+            fn()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(str(Path(d) / "trace.json"))
+        summary = trace_summary(Path(d) / "trace.json")
+    kinds = {k["kind"]: k["ms_per_step"] for k in summary["kinds"]}
+    attention = kinds.pop("attention", 0.0)
+    return {"attention_kernels_ms": attention, "other_kernels_ms": round(sum(kinds.values()), 3),
+            "kernels": summary["steps"][0]["kernels"] if summary["steps"] else None}
+
+
 def _ring_vs_fp32(ring, q, k, v) -> float:
     """Largest |difference| of output and gradients between the ring on bf16 inputs (flash blocks, fp32
     merges) and on the same inputs in fp32 (the math blocks): the fused path's arithmetic, checked."""
@@ -265,11 +290,14 @@ def render_cp(target: str, rows: list[dict]) -> str:
              f"{torch.cuda.get_device_name()}, torch {torch.__version__}: one rank's attention per layer, megalab's ring "
              "(transfers replaced by local copies) against 1/CP of one flash-attention call over the whole sequence.", "",
              "| CP | tokens per rank | ideal fwd ms | ring fwd ms | ring / ideal | ideal fwd+bwd ms | ring fwd+bwd ms "
-             "| ring / ideal |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| ring / ideal | ring's flash kernels ms | its other kernels ms | kernels |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['cp']} | {r['tokens_per_rank']} | {r['ideal_fwd_ms']} | {r['ring_fwd_ms']} | "
               f"{r['ring_fwd_ms'] / r['ideal_fwd_ms']:.2f} | {r['ideal_fwd_bwd_ms']} | {r['ring_fwd_bwd_ms']} | "
-              f"{r['ring_fwd_bwd_ms'] / r['ideal_fwd_bwd_ms']:.2f} |" for r in rows]
+              f"{r['ring_fwd_bwd_ms'] / r['ideal_fwd_bwd_ms']:.2f} | {r.get('attention_kernels_ms', '')} | "
+              f"{r.get('other_kernels_ms', '')} | {r.get('kernels', '')} |" for r in rows]
+    lines += ["\nKernel times from one profiled forward+backward (fwd+bwd columns): `other` includes the local copies "
+              "that stand in for the ring's transfers."]
     lines += [f"\nCP>1, the bf16 ring (flash blocks) against the same ring in fp32 (math blocks): largest |difference| "
               f"of output and gradients {max(r['max_abs_diff_vs_fp32'] for r in rows if 'max_abs_diff_vs_fp32' in r):.1e}"
               ] if any("max_abs_diff_vs_fp32" in r for r in rows) else []

@@ -395,7 +395,9 @@ def _cp_section(bench_dir: Path) -> list[str]:
             "work per layer, forward and backward, with the ring's transfers replaced by local copies, against "
             "1/CP of one flash-attention call over the whole sequence (what a fused CP kernel does at best per "
             "rank; TE's is one). The ratio is the ring's own cost, before any communication: smaller blocks per "
-            "flash call, the fp32 merges of partial results and the gradient buffers. "
+            "flash call, the fp32 merges of partial results and the gradient buffers. Where the bench split a run's "
+            "GPU time, `flash kernels` is what a fused CP attention also runs and `other kernels` is the ring's "
+            "own work (conversions, copies, merges, gradient sums) plus the local copies standing in for transfers. "
             f"[{CP_MICROBENCH}]({CP_MICROBENCH}) says where and on which code each table ran.", "", *body, ""]
 
 
