@@ -159,3 +159,13 @@ def test_a_dry_run_counts_an_out_of_memory_row_once(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "301-cp1-gpt2-1.2B-gbs8-len4096-oom (1 GPU(s)): about" in out and "runs once" in out
     assert "for 4 launches" in out  # 300 three times, 301 once
+
+
+def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(monkeypatch, capsys):
+    """DRY_RUN=1 GPUS=N plans for another machine (the rig lends a fresh one each time): every row is short
+    there, but today's out-of-memory row stays done."""
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert campaign.cli([], environ={"STALE": "1", "IDS": "101 301", "GPUS": "1"}) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 target(s) short of 3" in out and "on a machine that has none of them yet" in out
+    assert "101-gpt2xl-dp1-gbs1-bf16 (1 GPU(s))" in out and "301-" not in out

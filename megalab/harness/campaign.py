@@ -34,6 +34,7 @@ from megalab.harness.catalog import CatalogError, Experiment
 from megalab.harness.variables import LaunchError, Options
 
 DEFAULT_REPEATS = 3
+ANOTHER_MACHINE = "(another machine)"  # DRY_RUN=1 GPUS=N: the GPUs are elsewhere, a machine none of the runs came from
 
 
 def choose(ids: list[str], chapter: int | None, every: bool = False) -> list[Experiment]:
@@ -241,12 +242,13 @@ def cli(argv: list[str], environ=os.environ) -> int:
         if not opts.dry_run:
             raise LaunchError("campaign: GPUS= plans for GPUs that are not here, so it needs DRY_RUN=1; fix: "
                               "DRY_RUN=1 GPUS=2 make campaign ..., or drop GPUS= to run on the GPUs found")
-        gpus_here, machine = _int_env("GPUS", None, environ), None
+        gpus_here, machine = _int_env("GPUS", None, environ), ANOTHER_MACHINE
     chosen = choose(ids, chapter, every=only_stale)
     if only_stale:  # before the GPU count: the skipped list then names only rows that need a run
         # on this machine: the rows a chapter compares (speedups, `make check`) must share one machine
         short = stale(chosen, repeats, todays_runs(machine=machine))
-        where = f"on this machine ({machine})" if machine else "on any one machine (none here to count on)"
+        where = ("on a machine that has none of them yet (GPUS= plans for another machine)" if machine == ANOTHER_MACHINE
+                 else f"on this machine ({machine})" if machine else "on any one machine (no GPU here to count on)")
         print(f"campaign   STALE=1: {len(short)} of {len(chosen)} target(s) short of {repeats} ok run(s) of today's "
               f"code and defaults {where} (a `today` out-of-memory run completes a row)")
         if not short:
