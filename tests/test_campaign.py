@@ -121,6 +121,7 @@ def _on_machine(monkeypatch, uuid: str) -> None:
                                                            "memory_mib": [81559], "uuids": [uuid]})
     monkeypatch.setattr(socket, "gethostname", lambda: "vm")  # every rig machine's name
     monkeypatch.setenv("DRY_RUN", "1")  # Options.from_env reads the process environment: nothing may start
+    monkeypatch.setenv("OUTDIR", "/nonexistent/outdir")  # only the committed runs count
 
 
 def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, capsys):
@@ -169,3 +170,21 @@ def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(monkeypatch, 
     out = capsys.readouterr().out
     assert "1 of 2 target(s) short of 3" in out and "on a machine that has none of them yet" in out
     assert "101-gpt2xl-dp1-gbs1-bf16 (1 GPU(s))" in out and "301-" not in out
+
+
+def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
+    """A campaign stopped by BUDGET_S goes on where it stopped: the runs it left under OUTDIR count."""
+    import shutil
+
+    from megalab.harness.catalog import ROOT
+
+    _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
+    target = catalog.get("112").id
+    runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
+    today = campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-")[target][0]
+    assert today == 2
+    shutil.copytree(runs[-1], tmp_path / ("20991231_000000___" + target))  # one more launch, left in OUTDIR
+    assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-", outdir=tmp_path)[target][0] == 3
+    monkeypatch.setenv("OUTDIR", str(tmp_path))
+    assert campaign.cli([], environ={"STALE": "1", "IDS": "112"}) == 0
+    assert "campaign   nothing to do" in capsys.readouterr().out

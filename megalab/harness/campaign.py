@@ -12,7 +12,8 @@ then shows each row as the median of its runs with their range, and `make check`
     make campaign CHAPTER=1                  chapter 1's targets that fit the GPUs here, 3 times each
     make campaign IDS="101 111" REPEATS=5    these targets, 5 times each
     make campaign STALE=1 [CHAPTER=2]        the rows short of REPEATS ok runs of today's code and defaults
-                                             on this machine (a chapter's rows compare on one machine)
+                                             on this machine (a chapter's rows compare on one machine),
+                                             committed or under OUTDIR (so a stopped campaign goes on)
     BUDGET_S=1200 make campaign CHAPTER=2    start no launch after 20 minutes (the summary says what is short)
     DRY_RUN=1 make campaign CHAPTER=1        what would run, and what is skipped and why
     DRY_RUN=1 GPUS=2 make campaign STALE=1   the same, planned for 2 GPUs from a machine without them
@@ -28,6 +29,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from megalab.harness import catalog
 from megalab.harness.catalog import CatalogError, Experiment
@@ -65,10 +67,13 @@ def by_gpus(exps: list[Experiment], gpus_here: int) -> tuple[list[Experiment], l
     return run, skipped
 
 
-def todays_runs(root=None, machine: str | None = None) -> dict[str, tuple[int, bool]]:
+def todays_runs(root=None, machine: str | None = None, outdir=None) -> dict[str, tuple[int, bool]]:
     """target -> (its ok runs whose provenance is `today`, on `machine` (provenance.host_key) or, without
     one, on the machine with the most of them; whether a `today` run ran out of memory, on any machine):
-    what a table row stands on now (megalab/results/provenance.py)."""
+    what a table row stands on now (megalab/results/provenance.py), counting the committed runs and those
+    under OUTDIR (a campaign stopped by BUDGET_S goes on where it stopped)."""
+    import itertools
+
     from megalab.harness.catalog import ROOT
     from megalab.results import provenance
     from megalab.results.records import read_records
@@ -76,7 +81,10 @@ def todays_runs(root=None, machine: str | None = None) -> dict[str, tuple[int, b
     root = root or ROOT
     ok: dict[str, Counter] = {}  # target -> machine -> ok runs
     oom: set[str] = set()
-    for r in read_records(root / "results" / "runs", None):
+    dirs = [root / "results" / "runs"]
+    if outdir is not None and Path(outdir).resolve() != dirs[0].resolve():
+        dirs.append(Path(outdir))
+    for r in itertools.chain.from_iterable(read_records(d, None) for d in dirs):
         if r.status not in ("ok", "oom") or provenance.of(r, root).state != provenance.CURRENT:
             continue
         if r.status == "oom":
@@ -246,7 +254,7 @@ def cli(argv: list[str], environ=os.environ) -> int:
     chosen = choose(ids, chapter, every=only_stale)
     if only_stale:  # before the GPU count: the skipped list then names only rows that need a run
         # on this machine: the rows a chapter compares (speedups, `make check`) must share one machine
-        short = stale(chosen, repeats, todays_runs(machine=machine))
+        short = stale(chosen, repeats, todays_runs(machine=machine, outdir=opts.outdir))
         where = ("on a machine that has none of them yet (GPUS= plans for another machine)" if machine == ANOTHER_MACHINE
                  else f"on this machine ({machine})" if machine else "on any one machine (no GPU here to count on)")
         print(f"campaign   STALE=1: {len(short)} of {len(chosen)} target(s) short of {repeats} ok run(s) of today's "
