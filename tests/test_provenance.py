@@ -266,3 +266,19 @@ def test_a_feature_file_counts_only_for_runs_that_use_it(repo):
     cp2 = _rec(commit=old)
     cp2["config"]["cp"] = 2
     assert provenance.of(cp2, repo).cell == "older (run code changed since (cp_attention.py))"
+
+
+def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch):
+    """On the GPU rig the tree has no .git and MEGALAB_COMMIT names its commit: a run made there from it is
+    today's code (so `make campaign STALE=1` there counts the runs it just made); another commit is unknown."""
+    monkeypatch.setattr(provenance, "_git", lambda root, *args: None)
+    monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
+    provenance.code_state.cache_clear()
+    try:
+        assert provenance.code_state("abc1234") == (provenance.CURRENT, "")
+        assert provenance.code_state("def5678") == (provenance.UNKNOWN, "no git")
+        monkeypatch.delenv("MEGALAB_COMMIT")
+        provenance.code_state.cache_clear()
+        assert provenance.code_state("abc1234") == (provenance.UNKNOWN, "no git")
+    finally:
+        provenance.code_state.cache_clear()

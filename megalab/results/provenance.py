@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import subprocess
 from pathlib import Path
 
@@ -117,7 +118,9 @@ def code_state(commit: str | None, root: Path = ROOT, unused: frozenset[str] = f
         return OLDER, "no commit"
     head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
     if head is None or head.returncode != 0:
-        return UNKNOWN, "no git"
+        # a tree copied without .git (the GPU rig): the launching side names its commit in MEGALAB_COMMIT
+        # (record.py), so a run of that same commit ran this code; any other commit cannot be compared here
+        return (CURRENT, "") if commit == os.environ.get("MEGALAB_COMMIT") else (UNKNOWN, "no git")
     known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
     if known is None or known.returncode != 0:
         return UNKNOWN, f"commit {commit[:7]} not in this clone"
