@@ -269,16 +269,23 @@ def test_a_feature_file_counts_only_for_runs_that_use_it(repo):
 
 
 def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch):
-    """On the GPU rig the tree has no .git and MEGALAB_COMMIT names its commit: a run made there from it is
-    today's code (so `make campaign STALE=1` there counts the runs it just made); another commit is unknown."""
-    monkeypatch.setattr(provenance, "_git", lambda root, *args: None)
-    monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
-    provenance.code_state.cache_clear()
-    try:
-        assert provenance.code_state("abc1234") == (provenance.CURRENT, "")
-        assert provenance.code_state("def5678") == (provenance.UNKNOWN, "no git")
-        monkeypatch.delenv("MEGALAB_COMMIT")
+    """On the GPU rig the tree has no .git of ours and MEGALAB_COMMIT names its commit: a run made there from it
+    is today's code (so `make campaign STALE=1` there counts the runs it just made); another commit is unknown."""
+    def state(commit):
         provenance.code_state.cache_clear()
-        assert provenance.code_state("abc1234") == (provenance.UNKNOWN, "no git")
+        return provenance.code_state(commit)
+
+    try:
+        monkeypatch.setattr(provenance, "_git", lambda root, *args: None)  # no git here
+        monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
+        assert state("abc1234") == (provenance.CURRENT, "")
+        assert state("def5678") == (provenance.UNKNOWN, "no git")
+        monkeypatch.delenv("MEGALAB_COMMIT")
+        assert state("abc1234") == (provenance.UNKNOWN, "no git")
+        monkeypatch.undo()  # this clone's git, which has no commit abc1234: the tree's named commit decides first
+        monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
+        assert state("abc1234") == (provenance.CURRENT, "")
+        monkeypatch.delenv("MEGALAB_COMMIT")
+        assert state("abc1234") == (provenance.UNKNOWN, "commit abc1234 not in this clone")
     finally:
         provenance.code_state.cache_clear()

@@ -116,11 +116,13 @@ def code_state(commit: str | None, root: Path = ROOT, unused: frozenset[str] = f
     the `unused` files (a feature the run did not use) do not count."""
     if not commit:
         return OLDER, "no commit"
+    if commit == os.environ.get("MEGALAB_COMMIT"):
+        # a copied tree (the GPU rig: no .git, or not ours) says which commit it is in MEGALAB_COMMIT, as the
+        # records made from it do (record.py): a run of that same commit ran this code
+        return CURRENT, ""
     head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
     if head is None or head.returncode != 0:
-        # a tree copied without .git (the GPU rig): the launching side names its commit in MEGALAB_COMMIT
-        # (record.py), so a run of that same commit ran this code; any other commit cannot be compared here
-        return (CURRENT, "") if commit == os.environ.get("MEGALAB_COMMIT") else (UNKNOWN, "no git")
+        return UNKNOWN, "no git"
     known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
     if known is None or known.returncode != 0:
         return UNKNOWN, f"commit {commit[:7]} not in this clone"
