@@ -6,7 +6,7 @@ campaign re-measures both. So the prose quotes a cell of a chapter table instead
     <!-- q 520 | our ms -->1196<!-- /q -->        the cell as the row's chapter table shows it
     <!-- q 522/521 | our ms -->0.89<!-- /q -->    the ratio of two rows' cells (2 decimals)
     <!-- q 521%520 | our ms -->+4%<!-- /q -->     the first against the second, in percent
-    <!-- q 531-526 | our GiB -->6.0<!-- /q -->    the difference (the cells' decimals)
+    <!-- q 531 - 526 | our GiB -->5.9<!-- /q -->  the difference, its minus between spaces (ids have hyphens)
 
 Rows are target ids (`520` or the full `520-olmoe-dp2`), columns the table's headers
 (tables.table_frame). A cell with one number per GPU ("85.1 / 87.1") counts as its largest in
@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 
 QUOTE = re.compile(r"<!-- q ([^|>]+?) \| ([^>]+?) -->(.*?)<!-- /q -->")
-ROWS = re.compile(r"^\s*([\w.-]+?)\s*(?:([/%])\s*([\w.-]+)|\s(-)\s+([\w.-]+))?\s*$")  # ids have hyphens: ' - ' 
+ROWS = re.compile(r"^\s*([\w.-]+?)\s*(?:([/%])\s*([\w.-]+)|\s(-)\s+([\w.-]+))?\s*$")  # A, A/B, A%B, A - B
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 NOT_RUN = "not run"
 
