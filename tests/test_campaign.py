@@ -183,6 +183,8 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
     today = campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-")[target][0]
     assert today == 2
+    shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
+    assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-", outdir=tmp_path)[target][0] == 2
     shutil.copytree(runs[-1], tmp_path / ("20991231_000000___" + target))  # one more launch, left in OUTDIR
     assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-", outdir=tmp_path)[target][0] == 3
     monkeypatch.setenv("OUTDIR", str(tmp_path))

@@ -19,6 +19,8 @@ def test_a_row_is_met_only_at_or_below_the_reference_time_and_memory():
             assert r[-1] == "not run with today's defaults"
             continue
         ratio, gib, ref_gib = float(r[7]), float(r[6]), float(r[3])
+        if r[-1].startswith("no verdict"):  # another GPU kind than the reference's
+            continue
         assert r[-1].startswith("met") == (ratio <= 1.0 and gib <= ref_gib), r
 
 
@@ -35,3 +37,29 @@ def test_a_verdict_needs_the_references_gpu_kind():
     assert defaults.like_reference(run(h100), r1) and not defaults.like_reference(run(*h200_80), r1)
     assert defaults.like_reference(run(*h200_80), r8) and not defaults.like_reference(run(h200), r8)
     assert defaults.like_reference(run(h100), r8)
+
+
+def test_a_row_shows_the_reference_kind_first_and_gives_no_verdict_on_another(monkeypatch, tmp_path):
+    """111 (R3, published on H100s): of today's runs, the H100's are shown even when an H200 run is newer; with
+    only an H200 run the row is shown but gets no verdict."""
+    from megalab.results import provenance
+    from megalab.results.records import RunRecord
+
+    t111 = catalog.get("111").id
+
+    def rec(gpu, ms, started, cap=None):
+        return RunRecord.of({"schema": 2, "target": t111, "status": "ok", "step_ms_median": ms, "started": started,
+                             "gpu_name": gpu, "num_gpus": 1, "mem_peak_gib": [70.0], "hostname": gpu,
+                             "config": {"gpu_mem_gb": cap}, "intent": {"cuda_graph": False}})
+
+    runs = [rec("NVIDIA H100 80GB HBM3", 380.0, "2026-01-01T00:00:00+00:00"),
+            rec("NVIDIA H200", 300.0, "2026-01-02T00:00:00+00:00", cap="80")]
+    monkeypatch.setattr(defaults, "read_records", lambda root, who: list(runs))
+    monkeypatch.setattr(provenance, "of", lambda r, root=None: provenance.Provenance(provenance.CURRENT, ""))
+
+    def row():
+        return next(r for r in defaults.rows(tmp_path) if r[1] == t111)
+
+    assert row()[5] == "380" and row()[-1] == "met (1x H100 80GB)"
+    runs.pop(0)
+    assert row()[5] == "300" and row()[-1] == "no verdict: not the reference's GPU kind (1x H200, capped 80 GB)"

@@ -533,3 +533,16 @@ def test_committed_logs_are_gzipped_and_read_the_same(tmp_path):
     (run / "logs.txt").write_bytes(raw)  # a run copied in again
     logparse.compress_logs(tmp_path / "results")
     assert (run / "logs.txt.gz").read_bytes() == first and logparse.compress_logs(tmp_path / "results") == []
+
+
+def test_a_damaged_gzipped_log_is_a_read_error_not_a_crash(tmp_path):
+    from megalab.results import logparse
+
+    good = __import__("gzip").compress((LOGS / "ok_1gpu_v019.txt").read_bytes())
+    for name, data in (("truncated", good[: len(good) // 2]), ("garbage", b"\x1f\x8b" + b"x" * 50)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "logs.txt.gz").write_bytes(data)
+        with pytest.raises(OSError, match="damaged gzip"):
+            logparse.read_log(tmp_path / name / "logs.txt")
+        with pytest.raises(logparse.LogReadError):
+            logparse.parse_file(tmp_path / name / "logs.txt")

@@ -64,7 +64,7 @@ def repo(tmp_path: Path) -> Path:
     (tmp_path / "megalab" / "runtime" / "x.py").write_text("a = 1\n")
     _git(tmp_path, "add", "-A")
     _git(tmp_path, "commit", "-qm", "one")
-    provenance.code_state.cache_clear()
+    provenance._code_state.cache_clear()
     return tmp_path
 
 
@@ -117,7 +117,7 @@ def test_code_changed_since_the_record_is_older(repo):
     (repo / "megalab" / "runtime" / "x.py").write_text("a = 2\n")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "code")
-    provenance.code_state.cache_clear()
+    provenance._code_state.cache_clear()
     assert provenance.of(_rec(commit=old), repo).cell == "older (run code changed since (x.py))"
 
 
@@ -261,19 +261,20 @@ def test_a_feature_file_counts_only_for_runs_that_use_it(repo):
     (repo / "megalab" / "runtime" / "cp_attention.py").write_text("v = 2\n")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "cp faster")
-    provenance.code_state.cache_clear()
+    provenance._code_state.cache_clear()
     assert provenance.of(_rec(commit=old), repo).state == provenance.CURRENT  # _rec: CP=1
     cp2 = _rec(commit=old)
     cp2["config"]["cp"] = 2
     assert provenance.of(cp2, repo).cell == "older (run code changed since (cp_attention.py))"
 
 
-def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch):
+def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch, repo):
     """On the GPU rig the tree has no .git of ours and MEGALAB_COMMIT names its commit: a run made there from it
-    is today's code (so `make campaign STALE=1` there counts the runs it just made); another commit is unknown."""
-    def state(commit):
-        provenance.code_state.cache_clear()
-        return provenance.code_state(commit)
+    is today's code (so `make campaign STALE=1` there counts the runs it just made); another commit is unknown.
+    Where git can compare, git decides: a leftover MEGALAB_COMMIT of an older commit does not make it today's."""
+    def state(commit, root=plan.ROOT):
+        provenance._code_state.cache_clear()  # the cache does not know _git was patched
+        return provenance.code_state(commit, root)
 
     try:
         monkeypatch.setattr(provenance, "_git", lambda root, *args: None)  # no git here
@@ -282,10 +283,18 @@ def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch):
         assert state("def5678") == (provenance.UNKNOWN, "no git")
         monkeypatch.delenv("MEGALAB_COMMIT")
         assert state("abc1234") == (provenance.UNKNOWN, "no git")
-        monkeypatch.undo()  # this clone's git, which has no commit abc1234: the tree's named commit decides first
+        monkeypatch.undo()  # this clone's git, which has no commit abc1234 (the rig's stale copy of a .git)
         monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
         assert state("abc1234") == (provenance.CURRENT, "")
         monkeypatch.delenv("MEGALAB_COMMIT")
         assert state("abc1234") == (provenance.UNKNOWN, "commit abc1234 not in this clone")
+        # a commit git knows, older than HEAD in run code: git's answer stands, whatever MEGALAB_COMMIT says
+        first = _git(repo, "rev-parse", "HEAD")
+        (repo / "megalab" / "runtime" / "x.py").write_text("a = 2\n")
+        _git(repo, "commit", "-qam", "two")
+        monkeypatch.setenv("MEGALAB_COMMIT", first)
+        older = state(first, repo)
+        monkeypatch.delenv("MEGALAB_COMMIT")
+        assert older == state(first, repo) and older[0] == provenance.OLDER
     finally:
-        provenance.code_state.cache_clear()
+        provenance._code_state.cache_clear()

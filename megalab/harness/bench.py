@@ -140,7 +140,6 @@ def render_wgrad(target: str, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- trace reading
 # --------------------------------------------------------------------------- context-parallel attention compute
 def cp_shapes(target: str) -> tuple[int, int, int, int, int]:
     """(micro-batch, heads, sequence, head dim, CP) of a catalog target's attention."""
@@ -158,7 +157,10 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
     the ring's transfers replaced by local copies, against 1/CP of one flash-attention call over the whole
     sequence: what a fused CP kernel could do at best per rank. One GPU cannot show the communication;
     this measures what the ring costs besides it (CP block calls on ever smaller blocks, fp32 merges,
-    the K/V stacking and gradient buffers). Every rank of the load-balanced layout does the same work."""
+    the K/V stacking and gradient buffers). Rank 0's blocks: every rank of the load-balanced layout does
+    the same arithmetic, in blocks of other shapes (rank 0 gives half its queries every key, the last
+    rank all its queries half the keys). At large CP the wall time is mostly launches: compare the
+    kernel columns."""
     import types
 
     import torch
@@ -306,6 +308,7 @@ def render_cp(target: str, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- trace reading
 def _merge(intervals: list[tuple[float, float]]) -> float:
     """Total length of a union of [start, end) intervals."""
     total, cur_s, cur_e = 0.0, None, None

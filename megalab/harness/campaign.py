@@ -84,9 +84,11 @@ def todays_runs(root=None, machine: str | None = None, outdir=None) -> dict[str,
     dirs = [root / "results" / "runs"]
     if outdir is not None and Path(outdir).resolve() != dirs[0].resolve():
         dirs.append(Path(outdir))
+    seen: set[str] = set()  # a run folder copied from OUTDIR into results/runs (and kept there) counts once
     for r in itertools.chain.from_iterable(read_records(d, None) for d in dirs):
-        if r.status not in ("ok", "oom") or provenance.of(r, root).state != provenance.CURRENT:
+        if r.run_dir.name in seen or r.status not in ("ok", "oom") or provenance.of(r, root).state != provenance.CURRENT:
             continue
+        seen.add(r.run_dir.name)
         if r.status == "oom":
             oom.add(r.target)
         elif machine is None or provenance.host_key(r) == machine:

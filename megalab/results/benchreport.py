@@ -397,7 +397,8 @@ def _cp_section(bench_dir: Path) -> list[str]:
             "rank; TE's is one). The ratio is the ring's own cost, before any communication: smaller blocks per "
             "flash call, the fp32 merges of partial results and the gradient buffers. Where the bench split a run's "
             "GPU time, `flash kernels` is what a fused CP attention also runs and `other kernels` is the ring's "
-            "own work (conversions, copies, merges, gradient sums) plus the local copies standing in for transfers. "
+            "own work (conversions, copies, merges, gradient sums) plus the local copies standing in for transfers; "
+            "where the wall time is well above both, as at CP=8, the host's kernel launches lead. Rank 0's blocks. "
             f"[{CP_MICROBENCH}]({CP_MICROBENCH}) says where and on which code each table ran.", "", *body, ""]
 
 

@@ -33,7 +33,7 @@ import yaml
 
 from megalab.harness.catalog import ROOT
 from megalab.results import markdown, provenance
-from megalab.results.records import USABLE, RunRecord, load_records, read_records, repeats
+from megalab.results.records import USABLE, RunRecord, load_records, read_records, repeats, stamp
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 OUTPUT = Path("results") / "checks.md"
@@ -522,7 +522,7 @@ def machine_groups(root: Path, setup) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for key, recs in groups.items():
         newest: dict[str, RunRecord] = {}
-        for r in sorted(recs, key=lambda r: (r.started or "", r.run_dir.name if r.run_dir else "")):
+        for r in sorted(recs, key=lambda r: (stamp(r.started), r.run_dir.name if r.run_dir else "")):
             newest[r.target] = r
         out[key] = {t: {**r.raw, "_runs": runs} if (runs := repeats(r, recs, setup)) else dict(r.raw)
                     for t, r in newest.items()}
@@ -536,8 +536,7 @@ def one_machine(c: Claim, groups: Mapping[str, Mapping[str, dict]], known) -> tu
     fits = [(key, recs) for key, recs in groups.items() if not _not_run_reason(c.reads, recs, known)]
     if not fits:
         return None
-    return max(fits, key=lambda kr: (kr[0].endswith("@ today"),
-                                     max(str(kr[1][t].get("started") or "") for t in c.reads)))
+    return max(fits, key=lambda kr: (kr[0].endswith("@ today"), max(stamp(kr[1][t].get("started")) for t in c.reads)))
 
 
 def evaluate(c: Claim, records: Mapping[str, dict], known: Mapping[str, Any],

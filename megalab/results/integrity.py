@@ -31,7 +31,10 @@ def render(root: Path = ROOT) -> str:
     rows = []
     for r in runs:
         cfg = r.config or {}
-        log = logparse.read_log(r.log_path).decode(errors="replace") if r.log_path.exists() else ""
+        try:
+            log = logparse.read_log(r.log_path).decode(errors="replace")
+        except OSError:  # no log, or a damaged one: the page says what the record says
+            log = ""
         status = r.status
         if status == "killed" and "[after training is done]" in log:  # when the signal came matters
             status += " (signal after Megatron's end of training, during exit)"

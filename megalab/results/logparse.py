@@ -35,6 +35,7 @@ import json
 import math
 import re
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -617,12 +618,17 @@ def read_log(path) -> bytes:
     """The bytes of a log, from PATH or its gzip (log_file)."""
     p = log_file(path)
     data = p.read_bytes()
-    return gzip.decompress(data) if p.suffix == ".gz" else data
+    if p.suffix != ".gz":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # truncated or damaged: readers catch OSError
+        raise OSError(f"damaged gzip ({e})") from None
 
 
 def compress_logs(root: Path, name: str = "logs.txt") -> list[Path]:
-    """Gzip every ROOT/**/runs/*/NAME that has no .gz yet (atomic: the .gz is complete before the
-    plain file goes); the paths written."""
+    """Gzip every ROOT/**/runs/*/NAME (a .gz beside it is replaced: the plain file is the newer copy;
+    atomic: the .gz is complete before the plain file goes); the paths written."""
     done = []
     for p in sorted(Path(root).glob(f"**/runs/*/{name}")):
         gz = p.with_name(p.name + ".gz")

@@ -110,22 +110,26 @@ def unused_files(cfg: dict) -> frozenset[str]:
     return frozenset(f for f, used in FEATURE_FILES.items() if not used(cfg or {}))
 
 
-@functools.lru_cache(maxsize=256)
 def code_state(commit: str | None, root: Path = ROOT, unused: frozenset[str] = frozenset()) -> tuple[str, str]:
     """(CURRENT | OLDER | UNKNOWN, why) for the code of a megalab commit against ROOT's HEAD; changes to
     the `unused` files (a feature the run did not use) do not count."""
+    return _code_state(commit, Path(root), unused, os.environ.get("MEGALAB_COMMIT"))
+
+
+@functools.lru_cache(maxsize=256)
+def _code_state(commit: str | None, root: Path, unused: frozenset[str], tree_commit: str | None) -> tuple[str, str]:
     if not commit:
         return OLDER, "no commit"
-    if commit == os.environ.get("MEGALAB_COMMIT"):
-        # a copied tree (the GPU rig: no .git, or not ours) says which commit it is in MEGALAB_COMMIT, as the
-        # records made from it do (record.py): a run of that same commit ran this code
-        return CURRENT, ""
+    # Where git cannot compare (a tree copied without our .git: the GPU rig), the tree's own commit, which
+    # the launching side names in MEGALAB_COMMIT as the records made from it do (record.py), still can:
+    # a run of that very commit ran this code.
+    same_tree = (CURRENT, "") if commit == tree_commit else None
     head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
     if head is None or head.returncode != 0:
-        return UNKNOWN, "no git"
+        return same_tree or (UNKNOWN, "no git")
     known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
     if known is None or known.returncode != 0:
-        return UNKNOWN, f"commit {commit[:7]} not in this clone"
+        return same_tree or (UNKNOWN, f"commit {commit[:7]} not in this clone")
     anc = _git(root, "merge-base", "--is-ancestor", commit, "HEAD")
     if anc is None or anc.returncode not in (0, 1):
         return UNKNOWN, "git failed"

@@ -24,7 +24,8 @@ ROWS = re.compile(r"^\s*([\w.-]+?)\s*(?:([/%])\s*([\w.-]+)|\s(-)\s+([\w.-]+))?\s
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 NOT_RUN = "not run"
 
-Cell = Callable[[str, str], "str | None"]  # (target id, column) -> the cell's text; None: no such row
+Row = Callable[[str], "dict[str, str] | None"]  # target id -> its table row (column -> cell); None: no such row
+OTHER_MACHINE = "(two machines or codes: not comparable)"
 
 
 class QuoteError(ValueError):
@@ -39,41 +40,52 @@ def _decimals(cell: str) -> int:
     return max((len(x.split(".")[1]) if "." in x else 0 for x in NUMBER.findall(cell.replace(",", ""))), default=0)
 
 
-def value(rows: str, column: str, cell: Cell) -> str:
-    """The text a quote shows: a cell, or the ratio, change or difference of two rows' cells;
-    'not run' where a row has no measurement in that column."""
+def _missing(row: dict) -> str:
+    """What a quote shows for a row with no number in the column: its outcome in words."""
+    return "out of memory" if str(row.get("status", "")).startswith("oom") else NOT_RUN
+
+
+def value(rows: str, column: str, row: Row) -> str:
+    """The text a quote shows: a cell, or the ratio, change or difference of two rows' cells. A row with
+    nothing in the column says why ('not run', 'out of memory'); two rows of different machines or code
+    are marked, as the tables' efficiency columns are (identical commands differ by 5-23% between machines)."""
     m = ROWS.match(rows)
     if not m:
         raise QuoteError(f"quote '{rows} | {column}': rows must be A, A/B, A%B or A - B (target ids); "
                          "fix: e.g. <!-- q 522/521 | our ms -->")
     a, op, b = m.group(1), m.group(2) or m.group(4), m.group(3) or m.group(5)
-    cells = []
+    found = []
     for target in (a, b) if op else (a,):
-        text = cell(target, column)
-        if text is None:
+        r = row(target)
+        if r is None or column not in r:
             raise QuoteError(f"quote '{rows} | {column}': no row {target!r} with a column {column!r}; fix: a "
                              "target of the catalog and a column header of its chapter table")
-        cells.append(str(text).strip())
+        found.append(r)
+    cells = [str(r[column]).strip() for r in found]
     if not op:
-        return cells[0] or NOT_RUN
-    nums = [_numbers(c) for c in cells]
-    if not all(nums):
-        return NOT_RUN
-    x, y = max(nums[0]), max(nums[1])
-    if op == "/":
-        return f"{x / y:.2f}"
-    if op == "%":
-        return f"{round((x / y - 1) * 100):+d}%"  # no "-0%"
-    return f"{x - y:.{max(_decimals(c) for c in cells)}f}"
+        return cells[0] or _missing(found[0])
+    for r, c in zip(found, cells):
+        if not _numbers(c):
+            return _missing(r)
+    x, y = max(_numbers(cells[0])), max(_numbers(cells[1]))
+    if op == "-":
+        out = f"{x - y:.{max(_decimals(c) for c in cells)}f}"
+    elif y == 0:
+        return "n/a (divides by zero)"
+    else:
+        out = f"{x / y:.2f}" if op == "/" else f"{round((x / y - 1) * 100):+d}%"  # round: no "-0%"
+    ours = column.startswith(("our", "Δ")) or column in ("TFLOP/s/GPU", "MFU", "tok/s/GPU")
+    where = [(r.get("machine"), str(r.get("provenance", "")).split(" (")[0]) for r in found]
+    return f"{out} {OTHER_MACHINE}" if ours and where[0] != where[1] else out
 
 
-def fill(text: str, cell: Cell) -> tuple[str, list[str]]:
+def fill(text: str, row: Row) -> tuple[str, list[str]]:
     """TEXT with every quote's value brought up to date, and one line per value that changed."""
     changes: list[str] = []
 
     def sub(m: re.Match) -> str:
         rows, column, old = m.group(1).strip(), m.group(2).strip(), m.group(3)
-        new = value(rows, column, cell)
+        new = value(rows, column, row)
         if new != old:
             changes.append(f"`{rows} | {column}` now {new} (was {old or 'empty'})")
         return f"<!-- q {m.group(1)} | {m.group(2)} -->{new}<!-- /q -->"

@@ -798,7 +798,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     for path in sorted((root / "tutorials").glob("*.md")):
         old = path.read_text(encoding="utf-8")
         try:  # the chapter tables, then the prose's quoted cells (quotes.py)
-            text, moved = quotes.fill(embed_tables(old, blocks), lambda t, col: table_cell(frames, t, col))
+            text, moved = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t))
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
         for line in moved:
@@ -810,17 +810,15 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     return changed
 
 
-def table_cell(frames: dict[int, pd.DataFrame], target: str, column: str) -> str | None:
-    """The cell of TARGET's row (a catalog id, short or full) in its chapter's table; None if there is none."""
+def table_row(frames: dict[int, pd.DataFrame], target: str) -> dict[str, str] | None:
+    """TARGET's row (a catalog id, short or full) in its chapter's table, column -> cell; None if none."""
     try:
         exp = catalog.get(target)
     except catalog.CatalogError:
         return None
     frame = frames.get(exp.chapter)
-    if frame is None or column not in frame.columns:
-        return None
-    row = frame[frame["make target"] == exp.id]
-    return None if row.empty else str(row.iloc[0][column])
+    rows = frame[frame["make target"] == exp.id] if frame is not None else None
+    return None if rows is None or rows.empty else {k: str(v) for k, v in rows.iloc[0].items()}
 
 
 EMBED = re.compile(r"(<!-- megalab:table chapter=(\d+) -->\n)(.*?)(<!-- /megalab:table -->)", re.S)
