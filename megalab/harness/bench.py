@@ -71,6 +71,21 @@ def matmul_tflops(n: int = 8192, iters: int = 50, warmup: int = 10) -> dict:
             "gpu_name": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
+def _ms_per_call(fn, reps: int, warmup: int, cuda: bool = True) -> float:
+    """Milliseconds per call of fn: `warmup` calls first, then `reps` timed ones (synchronised on CUDA)."""
+    import torch
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / reps * 1e3
+
+
 # --------------------------------------------------------------------------- weight-gradient accumulation
 def wgrad_shapes(target: str) -> tuple[int, list[tuple[str, int, int, int]]]:
     """(tokens per micro-batch, [(name, out, in, how many per step)]): the linear layers of a catalog
@@ -93,8 +108,6 @@ def wgrad_accum(target: str, reps: int = 20) -> list[dict]:
     """Megatron's unfused path (a bf16 wgrad GEMM, then main_grad.add_) against fastpath.fused_wgrad's
     (one addmm into the fp32 main_grad), per linear shape of `target`, with the fused result's largest
     error against an fp64 reference on 256 tokens."""
-    import time
-
     import torch
 
     from megalab.runtime import fastpath
@@ -103,14 +116,7 @@ def wgrad_accum(target: str, reps: int = 20) -> list[dict]:
     tokens, shapes = wgrad_shapes(target)
 
     def timed(fn) -> float:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) / reps * 1e3
+        return _ms_per_call(fn, reps, warmup=3)
 
     out = []
     for name, o, i, count in shapes:
@@ -161,6 +167,7 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
     the same arithmetic, in blocks of other shapes (rank 0 gives half its queries every key, the last
     rank all its queries half the keys). At large CP the wall time is mostly launches: compare the
     kernel columns."""
+    import contextlib
     import types
 
     import torch
@@ -169,8 +176,6 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
 
     from megalab.runtime import cp_attention
 
-    import contextlib
-
     if device == "cuda":
         require_gpu()
     b, n, seq, d = shapes or cp_shapes(target)[:4]  # shapes: small ones for the CPU test
@@ -178,15 +183,7 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
     def timed(fn) -> float:
-        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-        for _ in range(2):
-            fn()
-        sync()
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        return (time.perf_counter() - t) / reps * 1e3
+        return _ms_per_call(fn, reps, warmup=2, cuda=device == "cuda")
 
     def leaf(s: int):
         return [torch.randn(b, n, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
@@ -195,10 +192,10 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
         out = attn(q, k, v)
         out.backward(torch.ones_like(out))
 
-    q, k, v = leaf(seq)
     def flash():  # the kernel the ring's blocks call
         return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if device == "cuda" else contextlib.nullcontext()
 
+    q, k, v = leaf(seq)
     with flash():
         whole_f = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale))
         whole_fb = timed(lambda: fwd_bwd(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True, scale=scale),

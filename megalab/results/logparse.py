@@ -626,11 +626,16 @@ def read_log(path) -> bytes:
         raise OSError(f"damaged gzip ({e})") from None
 
 
-def compress_logs(root: Path, name: str = "logs.txt") -> list[Path]:
-    """Gzip every ROOT/**/runs/*/NAME (a .gz beside it is replaced: the plain file is the newer copy;
+def plain_logs(root: Path) -> list[Path]:
+    """The raw logs under ROOT (results/) of committed runs that are not gzipped yet."""
+    return sorted(Path(root).glob("**/runs/*/logs.txt"))
+
+
+def compress_logs(root: Path) -> list[Path]:
+    """Gzip every plain_logs(ROOT) (a .gz beside it is replaced: the plain file is the newer copy;
     atomic: the .gz is complete before the plain file goes); the paths written."""
     done = []
-    for p in sorted(Path(root).glob(f"**/runs/*/{name}")):
+    for p in plain_logs(root):
         gz = p.with_name(p.name + ".gz")
         tmp = gz.with_name(gz.name + ".tmp")
         tmp.write_bytes(gzip.compress(p.read_bytes(), compresslevel=9, mtime=0))  # mtime 0: same bytes each time

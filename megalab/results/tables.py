@@ -39,7 +39,7 @@ import pandas as pd
 
 from megalab.harness import catalog
 from megalab.harness.catalog import ROOT
-from megalab.results import markdown, plots, provenance, quotes
+from megalab.results import logparse, markdown, plots, provenance, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.X kept for callers and tests)
     MISSING as _MISSING, REF_GB_TO_GIB, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
     load_twogpu_reference, measured as _measured, reference_kind, row_id as _row_id, scaling_series,
@@ -852,10 +852,8 @@ def cli(argv: list[str] | None = None) -> int:
         return 1
     # committed raw logs are kept gzipped (7x smaller: the checkout stays small enough to copy to a GPU
     # machine); every reader takes either (logparse.log_file)
-    from megalab.results import logparse
-
     if args.check:
-        changed += sorted((root / "results").glob("**/runs/*/logs.txt"))
+        changed += logparse.plain_logs(root / "results")
     elif gz := logparse.compress_logs(root / "results"):
         print(f"megalab tables: gzipped {len(gz)} raw log(s) under results/ (logs.txt -> logs.txt.gz)")
     n = len(catalog.chapters())
