@@ -13,11 +13,13 @@ fp32 main_grad (torch.addmm with out_dtype=float32, one cuBLAS call) instead of 
 gradient that a separate fp32 `add` kernel per parameter then accumulates (580 adds, 10.6 ms a step
 of row 111 in results/bench, "Where a step goes"). A fifth,
 `cudnn_sdpa`, puts cuDNN's fused attention first in PyTorch's SDPA backend order (PyTorch
-prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). They are opt-in
+prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). A sixth,
+`bf16_ce`, computes the loss from the bf16 logits without an fp32 copy of them
+(megalab/runtime/cross_entropy.py). They are opt-in
 (MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
 
-A sixth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
+A seventh lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
 then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
 SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
 default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
@@ -150,6 +152,11 @@ def apply(names: list[str]) -> list[str]:
         applied.append("foreach_scale")
     if "fused_wgrad" in names and install_wgrad_fusion():
         applied.append("fused_wgrad")  # the launcher passes --gradient-accumulation-fusion with it
+    if "bf16_ce" in names:
+        from megalab.runtime import cross_entropy
+
+        if cross_entropy.install():
+            applied.append("bf16_ce")
     if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
         applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied
