@@ -25,15 +25,17 @@ def test_foreach_l2_norm_of_nothing_is_zero():
     assert float(got) == 0.0
 
 
-def test_foreach_scale_matches_megatron_local_scale():
+@pytest.mark.parametrize("scale, dtype", [(0.37, torch.float32), (1.0, torch.bfloat16)])
+def test_foreach_scale_matches_megatron_local_scale(scale, dtype):
+    """Also as Megatron copies fp32 main params into bf16 model params: scale 1.0, another dtype."""
     ensure_typing_override()
     from megatron.core.utils import local_multi_tensor_scale
 
     src = _tensors(3)
-    dst_ref = [torch.full_like(t, float("nan")) for t in src]  # poisoned: every element must be written
-    dst = [torch.full_like(t, float("nan")) for t in src]
-    local_multi_tensor_scale(2048, None, [src, dst_ref], 0.37)
-    fastpath.foreach_scale(2048, None, [src, dst], 0.37)
+    dst_ref = [torch.full_like(t, float("nan"), dtype=dtype) for t in src]  # poisoned: every element written
+    dst = [torch.full_like(t, float("nan"), dtype=dtype) for t in src]
+    local_multi_tensor_scale(2048, None, [src, dst_ref], scale)
+    fastpath.foreach_scale(2048, None, [src, dst], scale)
     for a, b in zip(dst, dst_ref):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -74,11 +76,68 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     monkeypatch.setattr(clip, "multi_tensor_scale_impl", clip.multi_tensor_scale_impl)
     monkeypatch.setattr(optmod, "multi_tensor_scale_impl", optmod.multi_tensor_scale_impl)
     _keep_megatrons_wgrad_lookup(monkeypatch)
+    _keep_megatrons_loss_and_linear(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
-    # neither TE nor apex here: all four are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad"]
+    # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad", "bf16_ce", "addmm_bias"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
+
+
+def _keep_megatrons_loss_and_linear(monkeypatch):
+    """Undo bf16_ce's and addmm_bias's installs after the test."""
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel import layers
+
+    fn = layers.LinearWithGradAccumulationAndAsyncCommunication
+    monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", tensor_parallel.vocab_parallel_cross_entropy)
+    monkeypatch.setattr(fn, "forward", fn.__dict__["forward"])
+
+
+# ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------
+
+def _linear_run(x, w, b, seq_shape):
+    """Megatron's linear autograd function on CPU: output, and the gradients of input, weight and bias."""
+    from megatron.core.tensor_parallel.layers import linear_with_grad_accumulation_and_async_allreduce
+
+    x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
+    y = linear_with_grad_accumulation_and_async_allreduce(x.view(*seq_shape, -1), w, b, False, False, False)
+    y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def test_addmm_bias_computes_megatrons_linear(monkeypatch):
+    ensure_typing_override()
+    from megatron.core.tensor_parallel import layers
+
+    _keep_megatrons_loss_and_linear(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((12, 16), (10, 16), (10,)))
+    before = _linear_run(x, w, b, (4, 3))
+    assert fastpath.install_addmm_bias() and fastpath.install_addmm_bias()  # idempotent
+    after = _linear_run(x, w, b, (4, 3))
+    assert after[0].shape == (4, 3, 10)
+    for name, a, c in zip(("out", "dx", "dw", "db"), before, after):
+        torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    # a linear without bias takes the plain GEMM (and still works)
+    from megatron.core.tensor_parallel.layers import linear_with_grad_accumulation_and_async_allreduce
+    y = linear_with_grad_accumulation_and_async_allreduce(x, w, None, False, False, False)
+    torch.testing.assert_close(y, x @ w.t())
+
+
+def test_addmm_bias_leaves_another_megatron_forward_alone(monkeypatch):
+    ensure_typing_override()
+    from megatron.core.tensor_parallel import layers
+
+    fn = layers.LinearWithGradAccumulationAndAsyncCommunication
+    _keep_megatrons_loss_and_linear(monkeypatch)
+
+    def forward(ctx, input, weight, bias, something_new):  # a later Megatron's signature
+        return input
+
+    monkeypatch.setattr(fn, "forward", staticmethod(forward))
+    assert not fastpath.install_addmm_bias()
+    assert fn.forward is forward
 
 
 # ---- fused_wgrad: megalab's stand-in for apex's fused_weight_gradient_mlp_cuda ---------------------------

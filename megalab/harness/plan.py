@@ -191,7 +191,8 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
         try:
             peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name,
                                      model_cfg=model, fused_adam="fused_adam" in fast,
-                                     grouped_gemm=levers.GROUPED_GEMM in fast).peak_gib
+                                     grouped_gemm=levers.GROUPED_GEMM in fast,
+                                     bf16_ce=levers.BF16_CE in fast).peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
     try:

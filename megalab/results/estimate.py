@@ -77,6 +77,9 @@ BYTES_ADAM_STEP_TEMP = 4
 # Logits in the loss: bf16 from the output layer (2) plus the fp32 copy vocab_parallel_cross_entropy
 # makes and saves as the softmax (4); in backward the fp32 grad (in place) and its bf16 cast.
 BYTES_LOGITS = 2 + 4
+# With the bf16_ce lever (megalab/runtime/cross_entropy.py) the loss keeps the bf16 logits (2) and the
+# backward writes their bf16 gradient (2) beside them: 1.44 GiB lower at row 111 on an H100, as measured.
+BYTES_LOGITS_BF16_CE = 2 + 2
 
 # ---- allowances outside the formulas (calibrated on results/runs and results/bench/runs) ----------
 # NVML-visible memory outside PyTorch's allocator on a GPU with no peers: the driver's reservation
@@ -354,6 +357,7 @@ class Estimate:
     step_ms: float
     tflops_per_gpu: float  # as Megatron reports it: model FLOPs / step / GPU
     step: steptime.Features | None = None  # the step-time model's inputs (None under a constant MFU)
+    bf16_ce: bool = False  # the loss keeps bf16 logits only (BYTES_LOGITS_BF16_CE)
 
     @property
     def peak_gib(self) -> float:
@@ -412,7 +416,7 @@ def graph_memory_bytes(peak_bytes: float) -> float:
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float | None = None,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
-             grouped_gemm: bool = False, cuda_graph: bool = False) -> Estimate:
+             grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -467,7 +471,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
             acts += min(p, m) * (8 * s * b + sbh / sp_div)
         head = 0.0
         if last:
-            head = BYTES_LOGITS * s * b * vpad / t + 4 * sbh / sp_div
+            head = (BYTES_LOGITS_BF16_CE if bf16_ce else BYTES_LOGITS) * s * b * vpad / t + 4 * sbh / sp_div
         # a layer's backward transient: incoming + outgoing hidden grads, and the f-wide grad
         f_wide = sh.moe_ffn * sh.topk / e.etp if sh.num_experts else sh.ffn * sh.gate / t
         workset = (4 * sbh / sp_div) + 2 * s * b * f_wide
@@ -507,7 +511,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         stages=stages, per_layer_sbh=per_layer_sbh, seq=sh.seq, hidden=sh.h, gpu_name=name,
         gpu_mem_gib=gpu_mem_gib if gpu_mem_gib is not None else mem, peak_tflops=peak,
         flops_per_step=fl["model"], hw_flops_per_step=fl["hardware"], bubble=bubble, mfu=mfu,
-        step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12, step=features)
+        step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12, step=features,
+        bf16_ce=bf16_ce)
 
 
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
@@ -650,7 +655,8 @@ def render(est: Estimate) -> str:
     ]
     for st in e.stages:
         tag = "GPU" if e.pp == 1 else f"stage {st.index}"
-        head = f" + logits/loss {_g(st.head_bytes)} (b s V/t x (2 bf16 + 4 fp32))" if st.head_bytes else ""
+        per_logit = "(2 bf16 + 2 bf16 gradient, bf16_ce)" if e.bf16_ce else "(2 bf16 + 4 fp32)"
+        head = f" + logits/loss {_g(st.head_bytes)} (b s V/t x {per_logit})" if st.head_bytes else ""
         lines.append(
             f"{tag:<12} weights {_g(st.weights_bytes)} + grads {_g(st.grads_bytes)} + optimizer "
             f"{_g(st.optimizer_bytes)} + activations {_g(st.activations_bytes)} ({st.layers} layers x "
@@ -728,7 +734,7 @@ def estimate_record(rec: dict) -> Estimate:
     fast = (rec.get("config") or {}).get("fastpath") or ""
     return estimate(lay, spec=spec, gpu_name=rec.get("gpu_name"), gpu_mem_gib=record_capacity_gib(rec),
                     model_cfg=preset, fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast,
-                    cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")))
+                    cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")), bf16_ce="bf16_ce" in fast)
 
 
 def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:

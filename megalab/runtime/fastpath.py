@@ -15,11 +15,13 @@ of row 111 in results/bench, "Where a step goes"). A fifth,
 `cudnn_sdpa`, puts cuDNN's fused attention first in PyTorch's SDPA backend order (PyTorch
 prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). A sixth,
 `bf16_ce`, computes the loss from the bf16 logits without an fp32 copy of them
-(megalab/runtime/cross_entropy.py). They are opt-in
+(megalab/runtime/cross_entropy.py). A seventh, `addmm_bias`, adds a linear layer's bias inside its GEMM
+(torch.addmm: cuBLASLt's bias epilogue) where Megatron runs the GEMM and then a separate broadcast add
+(the QKV projection: 9.3 ms a step of row 111). They are opt-in
 (MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
 
-A seventh lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
+An eighth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
 then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
 SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
 default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
@@ -48,7 +50,8 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
     if not src:
         return
     torch._foreach_copy_(dst, src)
-    torch._foreach_mul_(dst, scale)
+    if scale != 1.0:  # Megatron copies main to model params with scale 1.0: a second pass for nothing
+        torch._foreach_mul_(dst, scale)
 
 
 def wgrad_gemm_accum_fp32(total_input, grad_output, main_grad):
@@ -100,6 +103,69 @@ def install_wgrad_fusion() -> bool:
     sys.modules[name] = mod
     layers.fused_weight_gradient_mlp_cuda = mod
     layers._grad_accum_fusion_available = True
+    return True
+
+
+# LinearWithGradAccumulationAndAsyncCommunication.forward's arguments in the Megatron-Core this forward
+# copies (0.19); another signature leaves Megatron's forward alone.
+_LINEAR_ARGS = ("ctx", "input", "weight", "bias", "gradient_accumulation_fusion", "allreduce_dgrad",
+                "sequence_parallel", "grad_output_buffer", "wgrad_deferral_limit", "tp_group", "gtp_remat_size")
+
+
+def linear_forward_addmm_bias(ctx, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+                              sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group,
+                              gtp_remat_size):
+    """Megatron-Core 0.19's LinearWithGradAccumulationAndAsyncCommunication.forward, line for line,
+    except the GEMM: `addmm(bias, x, W^T)` adds the bias in the GEMM's epilogue (in fp32, before the
+    one rounding to bf16) instead of `matmul(x, W^T) + bias`, a second pass over the output. The
+    backward is Megatron's own, unchanged (it reads only what this saves)."""
+    from megatron.core.tensor_parallel.layers import dist_all_gather_func, get_global_memory_buffer
+
+    if gradient_accumulation_fusion and hasattr(weight, "main_grad"):
+        main_grad = weight.main_grad
+    else:
+        main_grad = None
+    ctx.save_for_backward(input, weight)
+    if gtp_remat_size > 1:
+        weight = weight.all_gather_and_prefetch(fwd=True)
+    ctx.main_grad = main_grad
+    ctx.use_bias = bias is not None
+    ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
+    ctx.allreduce_dgrad = allreduce_dgrad
+    ctx.sequence_parallel = sequence_parallel
+    ctx.wgrad_deferral_limit = wgrad_deferral_limit
+    ctx.grad_output_buffer = grad_output_buffer
+    ctx.tp_group = tp_group
+    ctx.gtp_remat_size = gtp_remat_size
+    if sequence_parallel:
+        dim_size = list(input.size())
+        dim_size[0] = dim_size[0] * tp_group.size()
+        all_gather_buffer = get_global_memory_buffer().get_tensor(dim_size, input.dtype, "mpu")
+        dist_all_gather_func(all_gather_buffer, input, group=tp_group)
+        total_input = all_gather_buffer
+    else:
+        total_input = input
+    if bias is None:
+        return torch.matmul(total_input, weight.t())
+    flat = total_input.reshape(-1, total_input.size(-1))
+    return torch.addmm(bias, flat, weight.t()).view(*total_input.shape[:-1], weight.size(0))
+
+
+def install_addmm_bias() -> bool:
+    """Make linear_forward_addmm_bias the forward of Megatron's linear autograd function (every
+    Column/RowParallelLinear without TE calls it). False, and nothing changed, where Megatron's
+    forward has another signature than the one copied."""
+    import inspect
+
+    from megatron.core.tensor_parallel import layers
+
+    fn = layers.LinearWithGradAccumulationAndAsyncCommunication
+    current = inspect.unwrap(fn.forward)
+    if current is linear_forward_addmm_bias:
+        return True
+    if tuple(inspect.signature(current).parameters) != _LINEAR_ARGS:
+        return False
+    fn.forward = staticmethod(layers.custom_fwd(linear_forward_addmm_bias))
     return True
 
 
@@ -157,6 +223,8 @@ def apply(names: list[str]) -> list[str]:
 
         if cross_entropy.install():
             applied.append("bf16_ce")
+    if "addmm_bias" in names and install_addmm_bias():
+        applied.append("addmm_bias")
     if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
         applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied
