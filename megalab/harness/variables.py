@@ -29,10 +29,12 @@ class Variable:
     choices: tuple[str, ...] = ()
 
 
-# FAST's default under SPEC=megalab: the optimizer-side fast path is exact (tests/test_fastpath.py) and
-# never slower; Megatron's stock local spec stays stock. plan.py and results/provenance.py read it here.
-# fused_wgrad stays opt-in: on 111 it measured no faster (results/bench, "Levers tried against the default").
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale")
+# FAST's default under SPEC=megalab: each lever computes Megatron's function (tests/test_fastpath.py,
+# tests/test_cross_entropy.py) and paid on the rig (results/bench, "Levers tried against the default":
+# bf16_ce + addmm_bias, every run faster than every run without, 111/221/241 on one H100); Megatron's
+# stock local spec stays stock. plan.py and results/provenance.py read it here. fused_wgrad stays
+# opt-in: on 111 it measured no faster.
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias")
 
 
 V = Variable
