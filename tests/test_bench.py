@@ -243,5 +243,18 @@ def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
             if ln.startswith("| `fused_wgrad` | 111-")]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[2].endswith(", 6)") and cells[3].endswith(", 3)")
+    assert cells[2] == "foreach_norm,foreach_scale,fused_adam"  # the default when it was tried
+    assert cells[3].endswith(", 6)") and cells[4].endswith(", 3)")
     assert cells[-1].startswith("within noise") and cells[-2] == "PASS"
+
+
+def test_the_committed_loss_and_bias_trial_pays_on_one_machine():
+    """bf16_ce + addmm_bias against the fast path they joined: on 111 every run with them beat every run
+    without (one machine, one code); 241's one run without them is no verdict."""
+    from megalab.results import benchruns
+
+    lines = benchreport.trials_section(benchruns.load_config(), benchruns.BENCH_DIR)
+    cells = {ln.split("|")[2].strip(): [c.strip() for c in ln.strip("|").split("|")]
+             for ln in lines if ln.startswith("| `bf16_ce` + `addmm_bias` |")}
+    assert cells["111-gpt2xl-dp1-fit-80GB"][-1] == "pays" and cells["111-gpt2xl-dp1-fit-80GB"][-2] == "PASS"
+    assert cells["241-strong-scale-gpt2-1.2B-tp1-gbs20"][-1].startswith("no verdict")

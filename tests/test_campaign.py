@@ -102,14 +102,25 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """This session's H100 campaign: three ok runs of 101 with today's code, and 301's out-of-memory run."""
+    """The committed H100 campaign of today's code: five ok runs of 111, two of 101; 301's out-of-memory
+    run is of older code, so it does not count (nor does a 2x H200 row from older code)."""
     today = campaign.todays_runs()
-    assert today[catalog.get("101").id] == (3, False)
-    assert today[catalog.get("301").id][1] is True
-    assert catalog.get("002").id not in today  # a 2x H200 row from older code
+    assert today[catalog.get("111").id] == (5, False)
+    assert today[catalog.get("101").id] == (2, False)
+    assert catalog.get("301").id not in today
+    assert catalog.get("002").id not in today
 
 
-H100_RUN_BY_THE_CAMPAIGN = "GPU-09f9c24c-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+def _oom_of_301_is_today(monkeypatch):
+    """Treat 301's committed out-of-memory run as today's code (no such run is committed at the moment)."""
+    from megalab.results import provenance
+
+    real = provenance.of
+    monkeypatch.setattr(provenance, "of", lambda r, root=None: provenance.Provenance(provenance.CURRENT)
+                        if r.target == catalog.get("301").id and r.status == "oom" else real(r, root) if root else real(r))
+
+
+H100_RUN_BY_THE_CAMPAIGN = "GPU-768ceea7-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
 def _on_machine(monkeypatch, uuid: str) -> None:
@@ -128,9 +139,9 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
-    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-)" in out
-    assert "112-gpt2xl-dp1-fit-80GB-GA4 (1 GPU(s))" in out  # 2 runs of today's code: short of 3
-    assert "101-gpt2xl-dp1-gbs1-bf16" not in out  # 3 runs: done, neither run nor named as skipped
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-768ceea7-)" in out
+    assert "112-gpt2xl-dp1-fit-80GB-GA4 (1 GPU(s))" in out  # 1 run of today's code: short of 3
+    assert "111-gpt2xl-dp1-fit-80GB" not in out  # 5 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
 
 
@@ -138,10 +149,11 @@ def test_stale_counts_the_runs_of_this_machine(monkeypatch, capsys):
     """Another H100: the chapter's rows are re-run here, so that its speedups and checks compare runs of one
     machine; today's out-of-memory row (301) stays done: memory does not depend on the machine's speed."""
     _on_machine(monkeypatch, "GPU-11111111-2222-3333-4444-555555555555")
-    assert campaign.cli([], environ={"STALE": "1", "IDS": "101 112 301"}) == 0
+    _oom_of_301_is_today(monkeypatch)
+    assert campaign.cli([], environ={"STALE": "1", "IDS": "111 112 301"}) == 0
     out = capsys.readouterr().out
     assert "2 of 3 target(s) short of 3" in out and "on this machine (vm NVIDIA H100 80GB HBM3/GPU-11111111-)" in out
-    assert "101-gpt2xl-dp1-gbs1-bf16 (1 GPU(s))" in out and "301-" not in out
+    assert "111-gpt2xl-dp1-fit-80GB (1 GPU(s))" in out and "301-" not in out
     assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-11111111-") == {
         catalog.get("301").id: (0, True)}
 
@@ -166,6 +178,7 @@ def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(monkeypatch, 
     """DRY_RUN=1 GPUS=N plans for another machine (the rig lends a fresh one each time): every row is short
     there, but today's out-of-memory row stays done."""
     monkeypatch.setenv("DRY_RUN", "1")
+    _oom_of_301_is_today(monkeypatch)
     assert campaign.cli([], environ={"STALE": "1", "IDS": "101 301", "GPUS": "1"}) == 0
     out = capsys.readouterr().out
     assert "1 of 2 target(s) short of 3" in out and "on a machine that has none of them yet" in out
@@ -179,14 +192,14 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     from megalab.harness.catalog import ROOT
 
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
-    target = catalog.get("112").id
+    target = catalog.get("113").id
     runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
-    today = campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-")[target][0]
-    assert today == 2
+    machine = "vm NVIDIA H100 80GB HBM3/GPU-768ceea7-"
+    assert campaign.todays_runs(machine=machine)[target][0] == 2
     shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
-    assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-", outdir=tmp_path)[target][0] == 2
+    assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 2
     shutil.copytree(runs[-1], tmp_path / ("20991231_000000___" + target))  # one more launch, left in OUTDIR
-    assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-09f9c24c-", outdir=tmp_path)[target][0] == 3
+    assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 3
     monkeypatch.setenv("OUTDIR", str(tmp_path))
-    assert campaign.cli([], environ={"STALE": "1", "IDS": "112"}) == 0
+    assert campaign.cli([], environ={"STALE": "1", "IDS": "113"}) == 0
     assert "campaign   nothing to do" in capsys.readouterr().out

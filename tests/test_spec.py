@@ -523,8 +523,12 @@ def test_gpt_with_context_parallel_matches_the_full_sequence():
 # ---------------------------------------------------------------------------- tensor + sequence parallel GPT
 
 
-def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str):
+def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str, levers: str = ""):
     """The megalab spec at TP=tp with sequence parallel against the same weights at TP=1.
+
+    `levers`: fast-path levers installed in this rank first (megalab/runtime/fastpath.py), e.g. the
+    default's bf16_ce (the vocab-parallel loss) and addmm_bias (the bias inside the GEMM, after SP's
+    all-gather): the TP=1 reference is Megatron's own path, so they must compute the same function.
 
     Each rank takes its slice of the TP=1 weights (Megatron's layouts split column-parallel weights,
     QKV grouped per head group, and the vocabulary along dim 0, row-parallel weights along dim 1), runs
@@ -540,6 +544,10 @@ def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str):
         mod.get_global_memory_buffer = lambda: _CpuBuffer()
     tensor_parallel.get_cuda_rng_tracker = lambda *a, **k: _NullRngTracker()
     torch.cuda.current_device = lambda: "cpu"  # SP's reduce-scatter allocates on the "current device"
+    if levers:
+        from megalab.runtime import fastpath
+
+        assert fastpath.apply(levers.split(",")) == levers.split(",")
     try:
         ref = torch.load(ref_path)
         kw = dict(num_query_groups=2, params_dtype=torch.float64)
@@ -559,7 +567,7 @@ def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str):
         loss = model(ref["tokens"], ref["position_ids"], None, labels=ref["labels"])
         # Megatron's vocab-parallel cross-entropy runs in fp32 whatever the model's dtype, and its sum
         # over the vocabulary is split over the ranks: fp32 rounding (1e-7), far below any real error.
-        torch.testing.assert_close(loss, ref["loss"], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(loss.to(ref["loss"].dtype), ref["loss"], rtol=1e-6, atol=1e-6)  # bf16_ce: fp64
         loss.sum().backward()
         for n, p in model.named_parameters():
             if getattr(p, "sequence_parallel", False):
@@ -572,8 +580,10 @@ def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str):
         dist.destroy_process_group()
 
 
-def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_path):
-    """The check behind the bench's TP=2 + SP parity pair: same function and gradients, exactly."""
+@pytest.mark.parametrize("levers", ["", "bf16_ce,addmm_bias"])
+def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_path, levers):
+    """The check behind the bench's TP=2 + SP parity pair: same function and gradients, exactly; with
+    the default fast path's loss and linear levers too."""
     kw = dict(num_query_groups=2, params_dtype=torch.float64)
     ref = _gpt(_config(**kw), megalab_layer_spec(_config(**kw)), seed=3)
     b, s = 2, 16
@@ -589,4 +599,4 @@ def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_pat
     torch.save({**batch, "loss": loss.detach(),
                 "params": {n: p.detach().clone() for n, p in ref.named_parameters()},
                 "grads": {n: p.grad.detach().clone() for n, p in ref.named_parameters()}}, path)
-    mp.spawn(_tp_sp_gpt_worker, args=(_free_port(), 2, str(path)), nprocs=2, join=True)
+    mp.spawn(_tp_sp_gpt_worker, args=(_free_port(), 2, str(path), levers), nprocs=2, join=True)

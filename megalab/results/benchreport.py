@@ -29,6 +29,35 @@ GOALS = [  # (what, case name, step ms at most, peak GiB at most or None)
     ("row 111 (GBS 15): stretch", "row 111, GBS 15", 340.0, 78.5),
     ("row 101 (GBS 1): median step", "row 101, GBS 1", 220.0, None),
 ]
+# Issue 17's goals for what a plain `make <target>` gives (today's defaults; results/defaults.py's
+# records): (what, target, step ms at most, peak GiB at most or None).
+DEFAULT_GOALS = [
+    ("row 111, plain make: at or below the TE reference at no more memory", "111-gpt2xl-dp1-fit-80GB", 393.0, 76.7),
+    ("row 111, plain make: stretch", "111-gpt2xl-dp1-fit-80GB", 340.0, None),
+    ("row 101, plain make: stretch", "101-gpt2xl-dp1-gbs1-bf16", 100.0, None),
+    ("T1 (002), plain make: stretch", "002-gpt2large-dp2-gbs64", 400.0, None),
+]
+
+
+def _default_goal_rows(root: Path = ROOT) -> list[list[str]]:
+    from megalab.harness import catalog
+
+    recs = defaults.ok_records(root)
+    out = []
+    for what, target, ms_max, gib_max in DEFAULT_GOALS:
+        limit = f"<= {ms_max:g} ms" + (f" at <= {gib_max:g} GiB" if gib_max else "")
+        exp = catalog.get(target)
+        n = defaults.now_record(exp, recs, root)
+        if n is None:
+            out.append([what, limit, "not run with today's defaults", "-"])
+            continue
+        gib = max(n.mem_peak_gib or [float("nan")])
+        spread = f" ({n.runs['n']} runs, {n.runs['lo_ms']:.0f}-{n.runs['hi_ms']:.0f})" if n.runs else ""
+        hw = f"{n.num_gpus}x {gpus.short_gpu_name(n.gpu_name)}"
+        met = n.step_ms <= ms_max and (gib_max is None or gib <= gib_max)
+        verdict = ("met" if met else "missed") if defaults.like_reference(n, exp) else "no verdict: not the reference's GPU kind"
+        out.append([what, limit, f"{n.step_ms:.0f} ms{spread}, {gib:.1f} GiB ({hw})", verdict])
+    return out
 
 
 def _ref_row(case: dict) -> dict | None:
@@ -248,31 +277,34 @@ def _trial_verdict(on: list[float], off: list[float]) -> str:
 
 
 def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
-    """Each trial lever against today's default, per target: the runs with the default's levers and the
-    runs with the lever added, on the machine, code and CUDA-graph setting where both sides ran (the
-    most runs with the lever). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
+    """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
+    tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
+    added, on the machine, code and CUDA-graph setting where both sides ran (the most runs with the
+    levers). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
     the loss parity of the first pair (the bench's rule)."""
     from megalab.harness import variables
     from megalab.results import provenance
 
-    default = set(variables.DEFAULT_FAST)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs") for r in read_records(d, None)]
     rows = []
     for trial in cfg.get("trials", []):
-        lever = cfg["levers"][trial["lever"]]["fast"]
+        names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
+        added = {cfg["levers"][n]["fast"] for n in names}
+        base = set(trial.get("base", variables.DEFAULT_FAST)) - added
+        label = " + ".join(f"`{n}`" for n in names)
         for target in trial["targets"]:
             sides: dict[tuple, dict[bool, list]] = {}
             for r in runs:
                 fast = set(((r.raw.get("intent") or {}).get("fastpath") or "").split(","))
-                if r.target != target or r.status != "ok" or not r.step_ms_median or fast not in (default, default | {lever}):
+                if r.target != target or r.status != "ok" or not r.step_ms_median or fast not in (base, base | added):
                     continue
                 if (r.config or {}).get("spec") != "megalab" or (r.config or {}).get("extra_args"):
                     continue
                 key = (provenance.host_key(r), provenance.code_key(r, root), bool((r.config or {}).get("cuda_graph")))
-                sides.setdefault(key, {True: [], False: []})[lever in fast].append(r)
+                sides.setdefault(key, {True: [], False: []})[fast == base | added].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
             if not both:
-                rows.append([f"`{trial['lever']}`", target, *[""] * 6, "not compared: no machine and code with both"])
+                rows.append([label, target, ",".join(sorted(base)), *[""] * 6, "not compared: no machine and code with both"])
                 continue
             s = max(both, key=lambda x: (len(x[True]), len(x[False])))
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
@@ -280,22 +312,22 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             x = med[True] / med[False]
             par = parity(on[0].raw | {"_dir": on[0].run_dir}, off[0].raw | {"_dir": off[0].run_dir})
             verdict = _trial_verdict([r.step_ms_median for r in on], [r.step_ms_median for r in off])
-            rows.append([f"`{trial['lever']}`", target, _spread(off), _spread(on), f"{x:.3f}",
+            rows.append([label, target, ",".join(sorted(base)), _spread(off), _spread(on), f"{x:.3f}",
                          f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
                          f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
                          "PASS" if par["pass"] else "FAIL", verdict])
     if not rows:
         return []
     return ["## Levers tried against the default", "",
-            "A lever added to today's default fast path (FAST=default,lever) against the default itself, per target: "
-            "plain `make <target>` launches on one machine with one code, the default's side taken from the table "
-            "rows' records there. ms: the median of the runs' median steps (lowest-highest, runs). Parity: the first "
+            "A lever, or a set of them, added to a base fast path (the default when it was tried) against that base, "
+            "per target: plain `make <target>` launches with FAST set, on one machine with one code (a table row's "
+            "records count on the side whose levers they ran with). ms: the median of the runs' median steps (lowest-highest, runs). Parity: the first "
             f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}). "
             "Verdict: `pays` where every run with the lever beat every run without it, two runs or more a side "
             "(a ratio of medians alone would call the machine's drift a gain). A lever joins the default only "
             "where it pays." + (" The kernels alone, outside a step: [fused-wgrad-microbench.txt](fused-wgrad-microbench.txt) "
                                 "(`python -m megalab.harness.bench wgrad <target>`)." if (bench_dir / "fused-wgrad-microbench.txt").exists() else ""), "",
-            *markdown.table(["lever", "target", "default ms", "with the lever ms", "with / without",
+            *markdown.table(["lever", "target", "base (FAST)", "base ms", "with the lever ms", "with / without",
                              "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
 
 
@@ -358,7 +390,7 @@ def _goal_row(cfg: dict, get, what: str, case_name: str, ms_max: float, gib_max:
 
 
 def _goals_section(cfg: dict, get, largest: dict) -> list[str]:
-    rows = [_goal_row(cfg, get, *goal) for goal in GOALS]
+    rows = [_goal_row(cfg, get, *goal) for goal in GOALS] + _default_goal_rows()
     g4 = {c["name"]: c for c in cfg["cases"]}.get("GBS 4")
     if g4:
         a, b = get(benchruns.spec_run(cfg, g4, "local")), get(benchruns.spec_run(cfg, g4, "megalab"))
@@ -418,14 +450,21 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 f"Run [{d.parent.name}](runs/{d.parent.name}/run.json): median step {rec.step_ms_median:.0f} ms "
                 "profiled (timers synchronise, kernels launch one by one, no CUDA graph). Megatron's timers, median "
                 "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."
+                + f" Fast path: `{(rec.intent or {}).get('fastpath') or rec.config.get('fastpath')}`."
                 + ("" if all((d.parent / t).exists() for t in (rec.raw.get("files") or {}).get("traces", []))
-                   else " The trace itself was not kept (summarised on the rig, then deleted)."), "",
+                   else " The trace itself was not kept (summarised on the rig, then deleted).")
+                + (f" Every kernel of the two steps: [kernels.txt](runs/{d.parent.name}/kernels.txt)."
+                   if (d.parent / "kernels.txt").exists() else ""), "",
                 "The two profiled steps by the GPU kernels they ran (the summary the rig wrote; kinds by "
                 "`bench.KERNEL_KINDS`). GPU-busy well below wall time means the host (Python, launches) leads; "
                 "`elementwise / other` is what fusions remove (TE fuses bias+GeLU, bias+dropout+add and the "
                 "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
                 "separate kernels, `--no-gradient-accumulation-fusion`, unless `FAST=...,fused_wgrad`: see "
-                "\"Levers tried against the default\").", "",
+                "\"Levers tried against the default\"). Two fast-path levers came from this list: `bf16_ce` "
+                "(the loss's fp32 copies, max, exp, sum, divide and gradient kernels on [tokens, vocab], about 16 ms "
+                "of 111's step: 15.8 ms against 2.4 ms per call in isolation, [mb-loss-and-bias.txt](mb-loss-and-bias.txt)) and "
+                "`addmm_bias` (the QKV projection's separate bf16 bias add, the 48 `CUDAFunctor_add<BFloat16>` "
+                "calls of 9.3 ms). A profile made with an older fast path (its line above says which) still lists them.", "",
                 *d.read_text().strip().splitlines(), ""]
     return ["## Where a step goes (profiles)", "", *out] if out else []
 

@@ -47,12 +47,30 @@ def like_reference(r: RunRecord, exp) -> bool:
     return exp.gpus > 1 and "H200" in name and cap is not None and float(cap) <= 80
 
 
-def rows(root=ROOT) -> list[list[str]]:
-    anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
+def ok_records(root=ROOT) -> dict[str, list]:
     recs: dict[str, list] = {}
     for r in read_records(root / "results" / "runs", None):
         if r.status == "ok" and r.step_ms_median:
             recs.setdefault(r.target, []).append(r)
+    return recs
+
+
+def now_record(exp, recs: dict[str, list], root=ROOT) -> RunRecord | None:
+    """What a plain `make <target>` gives today: the newest `today` record (on the reference's GPU kind
+    first) with its repeats (same host, code, settings) folded in, so step_ms is their median."""
+    mine = sorted(recs.get(exp.id, []), key=lambda r: r.started or "")
+    now = [r for r in mine if provenance.of(r, root).state == provenance.CURRENT]
+    now = [r for r in now if like_reference(r, exp)] or now
+    if not now:
+        return None
+    n = now[-1]
+    runs = repeats(n, now, lambda r: provenance.setup_key(r, root))
+    return RunRecord.of(n.raw | ({"_runs": runs} if runs else {}))
+
+
+def rows(root=ROOT) -> list[list[str]]:
+    anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
+    recs = ok_records(root)
     out = []
     for exp in catalog.catalog().values():
         if exp.gpus > 2:
@@ -60,14 +78,8 @@ def rows(root=ROOT) -> list[list[str]]:
         ref = _reference(exp, anchor, twogpu)
         if ref is None or math.isnan(ref[0]):
             continue
-        mine = sorted(recs.get(exp.id, []), key=lambda r: r.started or "")
-        before = [r for r in mine if r.schema == 1]
-        now = [r for r in mine if provenance.of(r, root).state == provenance.CURRENT]
-        now = [r for r in now if like_reference(r, exp)] or now  # a run on the reference's GPU kind first
-        b, n = (before[-1] if before else None), (now[-1] if now else None)
-        if n is not None:  # the newest run, with its repeats (same host, code, settings): their median
-            n = RunRecord.of(n.raw | ({"_runs": runs} if (runs := repeats(n, now, lambda r: provenance.setup_key(r, root)))
-                                      else {}))
+        before = [r for r in sorted(recs.get(exp.id, []), key=lambda r: r.started or "") if r.schema == 1]
+        b, n = (before[-1] if before else None), now_record(exp, recs, root)
         ref_ms, ref_gib = ref
         cells = [exp.ref, exp.id, f"{ref_ms:.0f}", "-" if math.isnan(ref_gib) else f"{ref_gib:.1f}",
                  f"{b.step_ms_median:.0f}" if b else "-"]

@@ -207,10 +207,27 @@ def of(rec: RunRecord | dict, root: Path = ROOT) -> Provenance:
 
 
 def code_key(rec: RunRecord | dict, root: Path = ROOT) -> str:
-    """Which code a record ran: 'current' for any commit with today's code, else its commit."""
+    """Which code a record ran: 'current' for any commit with today's code, else the content of
+    CODE_PATHS at its commit (the run's unused feature files aside), so that two older commits with the
+    same run code are one code; the commit itself where git cannot read it."""
     r = RunRecord.of(rec)
     commit = r.versions.get("megalab_commit")
-    return CURRENT if code_state(commit, Path(root), unused_files(r.config))[0] == CURRENT else str(commit)
+    unused = unused_files(r.config)
+    if code_state(commit, Path(root), unused)[0] == CURRENT:
+        return CURRENT
+    return _code_content(str(commit), Path(root), unused) or str(commit)
+
+
+@functools.lru_cache(maxsize=256)
+def _code_content(commit: str, root: Path, unused: frozenset[str]) -> str | None:
+    """A digest of the files (path and blob) under CODE_PATHS at `commit`, or None where git cannot say."""
+    import hashlib
+
+    listing = _git(root, "ls-tree", "-r", commit, "--", *CODE_PATHS)
+    if listing is None or listing.returncode != 0 or not listing.stdout.strip():
+        return None
+    kept = [ln for ln in listing.stdout.splitlines() if ln.split("\t", 1)[-1] not in unused]
+    return "code " + hashlib.sha1("\n".join(kept).encode()).hexdigest()[:10]
 
 
 def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
