@@ -116,8 +116,13 @@ def _oom_of_301_is_today(monkeypatch):
     from megalab.results import provenance
 
     real = provenance.of
-    monkeypatch.setattr(provenance, "of", lambda r, root=None: provenance.Provenance(provenance.CURRENT)
-                        if r.target == catalog.get("301").id and r.status == "oom" else real(r, root) if root else real(r))
+
+    def of(r, root=None):
+        if r.target == catalog.get("301").id and r.status == "oom":
+            return provenance.Provenance(provenance.CURRENT)
+        return real(r, root) if root is not None else real(r)
+
+    monkeypatch.setattr(provenance, "of", of)
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-768ceea7-0000-0000-0000-000000000000"  # the first 13 characters name the machine

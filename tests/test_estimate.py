@@ -4,6 +4,7 @@ committed records, the validation table on the committed runs, and the CLI's exi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -326,6 +327,24 @@ def test_cli_plan_prints_render(capsys):
     assert E.cli(["plan", "111", "--spec", "local", "--gpu-mem-gb", "80"]) == 0
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "79.6 GiB" in out
+
+
+def test_cli_plan_reads_the_fast_path_as_the_launcher_does(monkeypatch, capsys):
+    """`plan TARGET` plans the levers a launch would use: today's default keeps the bf16 logits only
+    (bf16_ce), FAST=none Megatron's fp32 copy too; an unknown lever is one line and exit 2."""
+    monkeypatch.delenv("FAST", raising=False)
+    assert E.cli(["plan", "111"]) == 0
+    default = capsys.readouterr().out
+    monkeypatch.setenv("FAST", "none")
+    assert E.cli(["plan", "111"]) == 0
+    plain = capsys.readouterr().out
+    assert "bf16_ce" in default and "(2 bf16 + 4 fp32)" in plain
+    peak = [float(re.search(r"= ([0-9.]+) GiB", t.split("peak at")[1]).group(1)) for t in (default, plain)]
+    assert peak[0] < peak[1]
+    monkeypatch.setenv("FAST", "bogus")
+    assert E.cli(["plan", "111"]) == 2
+    err = capsys.readouterr().err
+    assert "FAST=bogus" in err and "fix" in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_validate_writes_the_table(tmp_path, capsys):

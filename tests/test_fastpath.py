@@ -115,7 +115,11 @@ def test_addmm_bias_computes_megatrons_linear(monkeypatch):
     x, w, b = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((12, 16), (10, 16), (10,)))
     before = _linear_run(x, w, b, (4, 3))
     assert fastpath.install_addmm_bias() and fastpath.install_addmm_bias()  # idempotent
+    calls = []
+    addmm = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: calls.append(1) or addmm(*a, **k))
     after = _linear_run(x, w, b, (4, 3))
+    assert len(calls) == 1  # the forward took the GEMM with the bias in it
     assert after[0].shape == (4, 3, 10)
     for name, a, c in zip(("out", "dx", "dw", "db"), before, after):
         torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
@@ -123,6 +127,7 @@ def test_addmm_bias_computes_megatrons_linear(monkeypatch):
     from megatron.core.tensor_parallel.layers import linear_with_grad_accumulation_and_async_allreduce
     y = linear_with_grad_accumulation_and_async_allreduce(x, w, None, False, False, False)
     torch.testing.assert_close(y, x @ w.t())
+    assert len(calls) == 1
 
 
 def test_addmm_bias_leaves_another_megatron_forward_alone(monkeypatch):

@@ -298,3 +298,30 @@ def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch, r
         assert older == state(first, repo) and older[0] == provenance.OLDER
     finally:
         provenance._code_state.cache_clear()
+
+
+def test_older_commits_with_the_same_run_code_are_one_code(repo):
+    """code_key: commits whose run code (megalab/runtime) is the same are one code, whatever else changed;
+    a change to a feature file the run did not use (CP attention, for a CP=1 run) does not split them."""
+    runtime = repo / "megalab" / "runtime"
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "README.md").write_text("docs only\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "docs")
+    docs = _git(repo, "rev-parse", "HEAD")
+    (runtime / "cp_attention.py").write_text("ring = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "cp")
+    cp = _git(repo, "rev-parse", "HEAD")
+    (runtime / "x.py").write_text("a = 2\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "run code")
+    provenance._code_content.cache_clear()
+    keys = {c: provenance.code_key(_rec(commit=c), repo) for c in (first, docs, cp)}
+    assert keys[first] == keys[docs] != provenance.CURRENT and keys[first].startswith("code ")
+    assert keys[cp] == keys[first]  # cp_attention.py is not this CP=1 run's code
+    def cp2_run(commit):  # a CP=2 run executes cp_attention.py: the change splits its code
+        return provenance.code_key(_rec(commit=commit, config={"cp": 2}), repo)
+
+    assert cp2_run(cp) != cp2_run(first)
+    assert provenance.code_key(_rec(commit=_git(repo, "rev-parse", "HEAD")), repo) == provenance.CURRENT

@@ -30,10 +30,11 @@ class Variable:
 
 
 # FAST's default under SPEC=megalab: each lever computes Megatron's function (tests/test_fastpath.py,
-# tests/test_cross_entropy.py) and paid on the rig (results/bench, "Levers tried against the default":
-# bf16_ce + addmm_bias, every run faster than every run without, 111/221/241 on one H100); Megatron's
-# stock local spec stays stock. plan.py and results/provenance.py read it here. fused_wgrad stays
-# opt-in: on 111 it measured no faster.
+# tests/test_cross_entropy.py); Megatron's stock local spec stays stock. bf16_ce and addmm_bias joined as a
+# pair (results/bench, "Levers tried against the default", one H100): every run with them beat every run
+# without on 111 (5 vs 3) and 221 (4 vs 2); 241 had one run without (399 ms against 371-375: no verdict by
+# the two-a-side rule); bf16_ce alone on 111, on another H100, was within noise; addmm_bias was not tried
+# alone. fused_wgrad stays opt-in: on 111 it measured no faster. plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias")
 
 

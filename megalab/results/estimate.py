@@ -1092,6 +1092,24 @@ def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None
 
 # --------------------------------------------------------------------------- CLI
 
+def cli_levers(exp: Any, spec: str, fast: str | None) -> list[str]:
+    """The fast-path levers a launch of `exp` would use, as the launcher resolves them (plan.fast_levers,
+    which this results-side module may not import): FAST if set, else the spec's default, plus
+    grouped_gemm where the preset asks for moe_grouped_gemm. ValueError for an unknown lever."""
+    from megalab.harness import variables
+    from megalab.runtime import levers
+
+    if fast is not None:
+        try:
+            return levers.requested({"MEGALAB_FAST": fast})
+        except ValueError as e:
+            raise ValueError(f"FAST={fast}: {str(e).split(': ', 1)[1]}") from None
+    if spec != "megalab":
+        return []
+    moe = bool(exp.num_experts) and bool(exp.model_cfg.get("moe_grouped_gemm"))
+    return [*variables.DEFAULT_FAST, *([levers.GROUPED_GEMM] if moe else [])]
+
+
 def cli(argv: list[str] | None = None) -> int:
     """plan TARGET [--gpu-mem-gb N] [--spec local|megalab] [--gpu NAME] [--mfu F] | plan --validate"""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1135,13 +1153,14 @@ def cli(argv: list[str] | None = None) -> int:
     except catalog.CatalogError as e:
         print(f"megalab: {e}", file=sys.stderr)
         return 2
-    # The make variables a preflight reads: GPU (planning GPU), GPU_MEM_GB, EXTRA_ARGS' model flags.
+    # The make variables a preflight reads: GPU (planning GPU), GPU_MEM_GB, EXTRA_ARGS' model flags, FAST.
     try:
         mem_gb = args.gpu_mem_gb or (float(os.environ["GPU_MEM_GB"]) if os.environ.get("GPU_MEM_GB") else None)
     except ValueError:
         print(f"megalab: GPU_MEM_GB={os.environ['GPU_MEM_GB']} is not a number; fix: e.g. GPU_MEM_GB=80", file=sys.stderr)
         return 2
     try:
+        fast = cli_levers(exp, args.spec, os.environ.get("FAST"))
         key = args.gpu or os.environ.get("GPU")
         name = gpus.planning_name(key) if key else (gpus.holding(mem_gb) if mem_gb else None)
         extra = [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))]
@@ -1151,7 +1170,9 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"megalab: {e}", file=sys.stderr)
         return 2
     mem = nominal_gb_to_gib(mem_gb) if mem_gb else None
-    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=name, mfu=args.mfu, model_cfg=cfg)))
+    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=name, mfu=args.mfu, model_cfg=cfg,
+                          fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast,
+                          bf16_ce="bf16_ce" in fast)))
     return 0
 
 
