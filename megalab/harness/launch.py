@@ -241,8 +241,7 @@ def plan_lines(plan: RunPlan, inv: dict) -> str:
     try:  # the machine's GPU: the one found, else the planning GPU (GPU=, GPU_MEM_GB)
         est = estimate.estimate(plan.exp, gpu_mem_gib=plan.machine.gpu_memory_gib, spec=opts.spec,
                                 gpu_name=plan.machine.gpu_name, model_cfg=dict(plan.model),
-                                fused_adam="fused_adam" in plan.fast, grouped_gemm="grouped_gemm" in plan.fast,
-                                cuda_graph=plan.cuda_graph, bf16_ce="bf16_ce" in plan.fast)
+                                cuda_graph=plan.cuda_graph, **estimate.lever_flags(plan.fast))
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)

@@ -119,7 +119,7 @@ def transformer_impl(opts: Options, te: str | None = None) -> str:
 
 def wants_grouped_gemm(exp: Experiment) -> bool:
     """A MoE target whose preset asks for grouped-GEMM experts (moe_grouped_gemm)."""
-    return bool(exp.num_experts) and bool(exp.model_cfg.get("moe_grouped_gemm"))
+    return levers.GROUPED_GEMM in variables.default_fast(exp.num_experts, exp.model_cfg)
 
 
 def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tuple[str, ...]:
@@ -134,13 +134,11 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
     if opts.fast is not None:
         value = opts.fast
     elif opts.spec == "megalab":
-        value = DEFAULT_FAST + (f",{levers.GROUPED_GEMM}" if exp is not None and wants_grouped_gemm(exp) else "")
+        value = ",".join(variables.default_fast(exp.num_experts, exp.model_cfg) if exp is not None
+                         else variables.DEFAULT_FAST)
     else:
         value = "none"
-    try:
-        names = levers.requested({"MEGALAB_FAST": value})
-    except ValueError as e:
-        raise LaunchError(f"FAST={value}: {str(e).split(': ', 1)[1]}") from None
+    names = variables.fast_names(value)
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
         names = [n for n in names if n not in levers.SPEC_LEVERS]
     if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers
@@ -189,10 +187,8 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
         if opts.gpu_mem_gb:
             capacity = min(capacity, estimate.nominal_gb_to_gib(float(opts.gpu_mem_gb)))
         try:
-            peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name,
-                                     model_cfg=model, fused_adam="fused_adam" in fast,
-                                     grouped_gemm=levers.GROUPED_GEMM in fast,
-                                     bf16_ce=levers.BF16_CE in fast).peak_gib
+            peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name, model_cfg=model,
+                                     **estimate.lever_flags(fast)).peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
     try:

@@ -56,12 +56,11 @@ def _default_goal_rows(root: Path = ROOT) -> list[list[str]]:
             out.append([what, limit, "not run with today's defaults", "-"])
             continue
         gib = max(n.mem_peak_gib or [float("nan")])
-        spread = f" ({n.runs['n']} runs, {n.runs['lo_ms']:.0f}–{n.runs['hi_ms']:.0f})" if n.runs else ""
         met = n.step_ms <= ms_max and (not lean or gib <= ref_gib)
         verdict = ("met" if met else "missed") if defaults.like_reference(n, exp) else \
             "no verdict: not the reference's GPU kind"
-        out.append([what, limit, f"{n.step_ms:.0f} ms{spread}, {gib:.1f} GiB "
-                                 f"({n.num_gpus}x {gpus.short_gpu_name(n.gpu_name)})", verdict])
+        out.append([what, limit, f"{n.step_ms:.0f} ms{defaults.spread(n)}, {gib:.1f} GiB ({defaults.hardware(n)})",
+                    verdict])
     return out
 
 

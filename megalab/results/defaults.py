@@ -93,11 +93,20 @@ def rows(root=ROOT) -> list[list[str]]:
         verdict = "met" if fast and lean else ("faster, more memory" if fast else "slower")
         if not like_reference(n, exp):
             verdict = "no verdict: not the reference's GPU kind"
-        cap = (n.config or {}).get("gpu_mem_gb")
-        hw = f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (f", capped {cap} GB" if cap else "")
-        spread = f" ({n.runs['n']} runs, {n.runs['lo_ms']:.0f}–{n.runs['hi_ms']:.0f})" if n.runs else ""
-        out.append(cells + [f"{n.step_ms:.0f}{spread}", f"{gib:.1f}", f"{ratio:.2f}", graph, f"{verdict} ({hw})"])
+        out.append(cells + [f"{n.step_ms:.0f}{spread(n)}", f"{gib:.1f}", f"{ratio:.2f}", graph,
+                             f"{verdict} ({hardware(n)})"])
     return out
+
+
+def spread(n: RunRecord) -> str:
+    """' (5 runs, 378–393)' for a now_record with repeats, else ''."""
+    return f" ({n.runs['n']} runs, {n.runs['lo_ms']:.0f}–{n.runs['hi_ms']:.0f})" if n.runs else ""
+
+
+def hardware(n: RunRecord) -> str:
+    """'1x H100 80GB', or '2x H200, capped 80 GB'."""
+    cap = (n.config or {}).get("gpu_mem_gb")
+    return f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (f", capped {cap} GB" if cap else "")
 
 
 HEADER = ["row", "target", "ref ms", "ref GiB", "ours before ms", "ours now ms", "now GiB", "now / ref",

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from megalab.harness import catalog
+from megalab.harness.variables import LaunchError
 from megalab.results import gpus, markdown, steptime
 from megalab.results.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
 
@@ -733,8 +734,8 @@ def estimate_record(rec: dict) -> Estimate:
     lay, preset, spec = _record_layout(rec)
     fast = (rec.get("config") or {}).get("fastpath") or ""
     return estimate(lay, spec=spec, gpu_name=rec.get("gpu_name"), gpu_mem_gib=record_capacity_gib(rec),
-                    model_cfg=preset, fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast,
-                    cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")), bf16_ce="bf16_ce" in fast)
+                    model_cfg=preset, cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")),
+                    **lever_flags(fast))
 
 
 def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
@@ -1092,22 +1093,22 @@ def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None
 
 # --------------------------------------------------------------------------- CLI
 
+def lever_flags(fast) -> dict[str, bool]:
+    """estimate()'s lever arguments from a run's fast path (its lever names, or MEGALAB_FAST's string)."""
+    names = set(fast.split(",")) if isinstance(fast, str) else set(fast)
+    return {"fused_adam": "fused_adam" in names, "grouped_gemm": "grouped_gemm" in names,
+            "bf16_ce": "bf16_ce" in names}
+
+
 def cli_levers(exp: Any, spec: str, fast: str | None) -> list[str]:
     """The fast-path levers a launch of `exp` would use, as the launcher resolves them (plan.fast_levers,
-    which this results-side module may not import): FAST if set, else the spec's default, plus
-    grouped_gemm where the preset asks for moe_grouped_gemm. ValueError for an unknown lever."""
+    which this results-side module may not import): FAST if set, else the spec's default
+    (variables.default_fast). LaunchError for an unknown lever."""
     from megalab.harness import variables
-    from megalab.runtime import levers
 
     if fast is not None:
-        try:
-            return levers.requested({"MEGALAB_FAST": fast})
-        except ValueError as e:
-            raise ValueError(f"FAST={fast}: {str(e).split(': ', 1)[1]}") from None
-    if spec != "megalab":
-        return []
-    moe = bool(exp.num_experts) and bool(exp.model_cfg.get("moe_grouped_gemm"))
-    return [*variables.DEFAULT_FAST, *([levers.GROUPED_GEMM] if moe else [])]
+        return variables.fast_names(fast)
+    return list(variables.default_fast(exp.num_experts, exp.model_cfg)) if spec == "megalab" else []
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -1166,13 +1167,12 @@ def cli(argv: list[str] | None = None) -> int:
         extra = [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))]
         cfg = catalog.effective_model(exp.model_cfg, extra)
         exp = catalog.effective_experiment(exp, extra)  # its batch/layout flags, as the plan reads them
-    except (ValueError, catalog.CatalogError) as e:
+    except (ValueError, catalog.CatalogError, LaunchError) as e:
         print(f"megalab: {e}", file=sys.stderr)
         return 2
     mem = nominal_gb_to_gib(mem_gb) if mem_gb else None
     print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=name, mfu=args.mfu, model_cfg=cfg,
-                          fused_adam="fused_adam" in fast, grouped_gemm="grouped_gemm" in fast,
-                          bf16_ce="bf16_ce" in fast)))
+                          **lever_flags(fast))))
     return 0
 
 

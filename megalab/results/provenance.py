@@ -25,7 +25,6 @@ from pathlib import Path
 from megalab.harness.catalog import ROOT
 from megalab.harness import variables
 from megalab.results.records import RunRecord, settings
-from megalab.runtime import levers
 
 CURRENT, OLDER, UNKNOWN = "current", "older", "unknown"
 # The code inside torchrun: a net change to it since a record's commit makes the record "other code".
@@ -69,11 +68,7 @@ def default_fastpath(rec: RunRecord) -> str:
     spec = (rec.intent or {}).get("spec") or cfg.get("spec") or "megalab"
     if spec != "megalab":
         return "none"
-    names = list(variables.DEFAULT_FAST)
-    preset = cfg.get("model_preset") or {}
-    if cfg.get("num_experts") and preset.get("moe_grouped_gemm"):
-        names.append(levers.GROUPED_GEMM)
-    return ",".join(names)
+    return ",".join(variables.default_fast(cfg.get("num_experts"), cfg.get("model_preset") or {}))
 
 
 def settings_differ(rec: RunRecord) -> str:
