@@ -18,6 +18,17 @@ def test_passes_come_one_after_another():
     assert [(p, e.id[:3]) for p, e in campaign.schedule([a, b], 2)] == [(1, "101"), (1, "111"), (2, "101"), (2, "111")]
 
 
+def test_a_stale_row_is_topped_up_not_run_repeats_more_times():
+    """A campaign stopped by BUDGET_S and started again (STALE=1) launches each row only what it lacks:
+    on the rig, 004-006 with 2 ok runs each got 2 more instead of 1 (2026-11-23)."""
+    a, b = catalog.get("101"), catalog.get("111")
+    assert [(p, e.id[:3]) for p, e in campaign.schedule([a, b], 3, {a.id: 2})] == [
+        (1, "111"), (2, "111"), (3, "101"), (3, "111")]
+    launch, calls = _fake({})
+    assert campaign.run([a, b], [], 3, Options(), launch=launch, have={a.id: 2, b.id: 1}) == 0
+    assert [c[:3] for c in calls] == ["111", "101", "111"]
+
+
 def _fake(statuses):
     calls = []
 
@@ -102,13 +113,16 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed H100 campaign of today's code: five ok runs of 111, two of 101; 301's out-of-memory
-    run is of older code, so it does not count (nor does a 2x H200 row from older code)."""
+    """The committed campaigns of today's code: five ok runs of 111 and two of 101 on one H100, three of 002
+    and four of 006 on one 2x H200; 301's out-of-memory run is of older code, so it does not count (nor do
+    212's runs, all of older code)."""
     today = campaign.todays_runs()
     assert today[catalog.get("111").id] == (5, False)
     assert today[catalog.get("101").id] == (2, False)
     assert catalog.get("301").id not in today
-    assert catalog.get("002").id not in today
+    assert today[catalog.get("002").id] == (3, False)
+    assert today[catalog.get("006").id] == (4, False)
+    assert catalog.get("212").id not in today
 
 
 def _oom_of_301_is_today(monkeypatch):

@@ -23,7 +23,7 @@ def _megatron(logits, target, group, smoothing=0.0):
 
 def _grad_out(target):
     """The loss's incoming gradient (fp32 values, any loss dtype holds them exactly)."""
-    return torch.linspace(0.5, 1.5, target.numel(), dtype=torch.float32).view_as(target)
+    return torch.linspace(0.5, 1.5, target.numel(), dtype=torch.float32, device=target.device).view_as(target)
 
 
 def _both(logits, target, group):
@@ -158,7 +158,7 @@ def _check_cuda_loss_and_graph(C):
     torch.testing.assert_close(g.float(), g_ref.float(), rtol=2 ** -7, atol=1e-7)
 
     x = logits.clone().requires_grad_()
-    grad_out = _grad_out(target).cuda()
+    grad_out = _grad_out(target)
 
     def step():
         x.grad = None

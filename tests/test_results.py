@@ -141,3 +141,15 @@ def test_committed_integrity_page_is_up_to_date():
     from megalab.results import integrity
 
     assert integrity.PAGE.read_text() == integrity.render(), "run `python -m megalab integrity` and commit"
+
+
+def test_graph_parity_finds_a_twin_among_the_integrity_runs_and_lists_each_pair_once():
+    """005's graph-off launch was alternated with two graph-on ones on a machine no table row ran on: its
+    twin is in results/integrity/runs itself, and the off run (whose newest twin is the second on run)
+    does not repeat that pair."""
+    from megalab.results import integrity
+
+    rows = [ln for ln in integrity.render().splitlines() if ln.startswith("| 005-") and "PASS" in ln]
+    assert len(rows) == 2
+    assert len({ln.split("|")[2] for ln in rows}) == 2  # two graph-on runs, one graph-off twin
+    assert len({ln.split("|")[3] for ln in rows}) == 1

@@ -119,13 +119,18 @@ def stale(exps: list[Experiment], repeats: int, today: dict[str, tuple[int, bool
     return [e for e in exps if short(e)]
 
 
-def schedule(exps: list[Experiment], repeats: int) -> list[tuple[int, Experiment]]:
-    """(pass, target) in launch order: every target once per pass, passes one after another."""
-    return [(p, e) for p in range(1, repeats + 1) for e in exps]
+def schedule(exps: list[Experiment], repeats: int, have: dict[str, int] | None = None) -> list[tuple[int, Experiment]]:
+    """(pass, target) in launch order: every target once per pass, passes one after another. `have`: the ok
+    runs a target already has (STALE=1), so it is topped up to `repeats`, not launched `repeats` more times."""
+    have = have or {}
+    return [(p, e) for p in range(1, repeats + 1) for e in exps if p > have.get(e.id, 0)]
 
 
-def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repeats: int) -> list[str]:
-    """One line per target: its launches' statuses and, over the ok ones, median step and range."""
+def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repeats: int,
+            have: dict[str, int] | None = None) -> list[str]:
+    """One line per target: its launches' statuses and, over the ok ones, median step and range; `have`:
+    the ok runs it had before (STALE=1), counted towards `repeats`."""
+    have = have or {}
     lines = ["campaign   target: launches (statuses) -> median of the ok runs' median step [lowest-highest]"]
     ok_ms = {target: [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]
              for target, recs in results.items()}  # in launch order
@@ -133,8 +138,10 @@ def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repe
         statuses = [r.get("status", "?") for r in recs]
         ms = ok_ms[target]
         what = (f"{statistics.median(ms):.0f} ms [{min(ms):.0f}-{max(ms):.0f}]" if ms else "no ok run")
-        short = "" if len(recs) >= repeats or "oom" in statuses else f"  (short of {repeats})"
-        lines.append(f"campaign   {target}: {len(recs)} ({', '.join(statuses)}) -> {what}{short}")
+        before = have.get(target, 0)
+        short = "" if before + len(recs) >= repeats or "oom" in statuses else f"  (short of {repeats})"
+        lines.append(f"campaign   {target}: {len(recs)} ({', '.join(statuses)}) -> {what}{short}"
+                     + (f"  (+{before} ok before)" if before else ""))
     for target, why in skipped:
         lines.append(f"campaign   {target}: skipped ({why})")
     drift = [ms[-1] / ms[0] - 1 for ms in ok_ms.values() if len(ms) > 1]
@@ -149,14 +156,15 @@ def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repe
 
 
 def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, opts: Options,
-        budget_s: float | None = None, launch=None, clock=time.monotonic) -> int:
-    """Launch the schedule; print the summary. 0 when every planned launch ran and ended ok or oom."""
+        budget_s: float | None = None, launch=None, clock=time.monotonic, have: dict[str, int] | None = None) -> int:
+    """Launch the schedule (topping each target up from `have` ok runs to `repeats`); print the summary. 0
+    when every planned launch ran and ended ok or oom."""
     if launch is None:
         from megalab.harness.launch import launch
     start = clock()
     results: dict[str, list[dict]] = {e.id: [] for e in exps}
     out_of_time = False
-    for p, exp in schedule(exps, repeats):
+    for p, exp in schedule(exps, repeats, have):
         if any(r.get("status") == "oom" for r in results[exp.id]):
             continue  # an out-of-memory row is its result; a repeat adds nothing
         if budget_s is not None and clock() - start > budget_s:
@@ -166,12 +174,12 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
         try:
             done = launch(exp, opts)
         except LaunchError:  # refused before it started (busy GPUs, ...): say what ran, then the error
-            for line in summary(results, skipped, repeats):
+            for line in summary(results, skipped, repeats, have):
                 print(line)
             raise
         if done is not None:
             results[exp.id].append(done[0])
-    for line in summary(results, skipped, repeats):
+    for line in summary(results, skipped, repeats, have):
         print(line)
     if out_of_time:
         print(f"campaign   BUDGET_S={budget_s:g} spent: no launch started after it")
@@ -254,9 +262,12 @@ def cli(argv: list[str], environ=os.environ) -> int:
                               "DRY_RUN=1 GPUS=2 make campaign ..., or drop GPUS= to run on the GPUs found")
         gpus_here, machine = _int_env("GPUS", None, environ), ANOTHER_MACHINE
     chosen = choose(ids, chapter, every=only_stale)
+    have: dict[str, int] = {}  # STALE=1: ok runs of today's code a target has here, topped up to REPEATS
     if only_stale:  # before the GPU count: the skipped list then names only rows that need a run
         # on this machine: the rows a chapter compares (speedups, `make check`) must share one machine
-        short = stale(chosen, repeats, todays_runs(machine=machine, outdir=opts.outdir))
+        today = todays_runs(machine=machine, outdir=opts.outdir)
+        short = stale(chosen, repeats, today)
+        have = {e.id: today.get(e.id, (0, False))[0] for e in short}
         where = ("on a machine that has none of them yet (GPUS= plans for another machine)" if machine == ANOTHER_MACHINE
                  else f"on this machine ({machine})" if machine else "on any one machine (no GPU here to count on)")
         print(f"campaign   STALE=1: {len(short)} of {len(chosen)} target(s) short of {repeats} ok run(s) of today's "
@@ -268,11 +279,11 @@ def cli(argv: list[str], environ=os.environ) -> int:
     exps, skipped = by_gpus(chosen, gpus_here)
     if opts.dry_run:
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
-              f"(DRY_RUN=1: nothing starts)")
+              f"(DRY_RUN=1: nothing starts{'; each topped up from the ok runs it has' if any(have.values()) else ''})")
         total, launches, durations = 0.0, 0, committed_durations()
         for e in exps:
             secs, source, once = launch_seconds(e, opts, durations)
-            n = 1 if once else repeats
+            n = 1 if once else repeats - have.get(e.id, 0)
             total, launches = total + secs * n, launches + n
             print(f"campaign   {e.id} ({e.gpus} GPU(s)): about {secs:.0f} s a launch ({source})")
         for target, why in skipped:
@@ -284,7 +295,7 @@ def cli(argv: list[str], environ=os.environ) -> int:
     if not exps:
         raise LaunchError(f"campaign: none of the selected targets fits the {gpus_here} GPU(s) here "
                           f"({'; '.join(f'{t}: {w}' for t, w in skipped)}); fix: run it on a machine with more GPUs")
-    return run(exps, skipped, repeats, opts, budget)
+    return run(exps, skipped, repeats, opts, budget, have=have)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ REFUSED = (
     ("pp_no_vpp", "Megatron's non-interleaved pipeline schedule synchronises the device in its p2p sends, "
                   "which capture forbids (006: cudaErrorStreamCaptureUnsupported in p2p_communication._communicate); "
                   "interleaved (VPP) pipelines capture (489)"),
-    ("cp", "not yet verified with megalab's context-parallel attention (CUDA_GRAPH=1 to try)"),
+    ("cp", "with megalab's context-parallel attention the graph captures, keeps loss parity and exits, but on "
+           "2x H200 005 (MBS 64) gained nothing (581-585 vs 585 ms) for +21 GiB (results/integrity); where "
+           "launches dominate (604: MBS 1) it may pay, not yet measured: CUDA_GRAPH=1 to try"),
     ("recompute", "recompute trades time for memory and the graph spends it back: on 1x H100 300 captured "
                   "and kept loss parity, but gained 1% (864 vs 874 ms) for +5.1 GiB (results/integrity); "
                   "CUDA_GRAPH=1 to use it"),

@@ -408,10 +408,14 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
 # larger safety margin of its own, since a wrong "on" costs an out-of-memory run.
 GRAPH_MEMORY_SHARE = 0.05
 GRAPH_MEMORY_MIN_GIB = 0.5
+# With megalab's context-parallel ring attention the graph costs far more: 005 on 2x H200 went 80.2 ->
+# 101.1 and 100.9 GiB (+26%, results/integrity): the private pool keeps every ring step's K/V buffers and
+# flash outputs, which the eager caching allocator reuses. One layout seen, so the share is that layout's.
+GRAPH_MEMORY_SHARE_CP = 0.26
 
 
-def graph_memory_bytes(peak_bytes: float) -> float:
-    return max(GRAPH_MEMORY_MIN_GIB * GIB, GRAPH_MEMORY_SHARE * peak_bytes)
+def graph_memory_bytes(peak_bytes: float, cp: int = 1) -> float:
+    return max(GRAPH_MEMORY_MIN_GIB * GIB, (GRAPH_MEMORY_SHARE_CP if cp > 1 else GRAPH_MEMORY_SHARE) * peak_bytes)
 
 
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
@@ -485,7 +489,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         if cp > 1 and (e.cp_comm or "p2p") == "p2p":  # Megatron's default --cp-comm-type is p2p
             ring = RING_STRANDED_CHUNKS_PER_STEP * (cp - 1) * L * 2 * s * b * (sh.kv / t) * 2
         overhead = allocated * ALLOCATOR_SLACK + ring + (CUDA_CONTEXT_MIB + nccl_mib(e.gpus, p, cp)) * MIB
-        graph = graph_memory_bytes(allocated + overhead) if cuda_graph else 0.0
+        graph = graph_memory_bytes(allocated + overhead, cp) if cuda_graph else 0.0
         stages.append(Stage(index=k, gpus=e.gpus // p, layers=L, params=params, weights_bytes=weights,
                             grads_bytes=grads, optimizer_bytes=optim, inflight=inflight,
                             activations_bytes=acts, head_bytes=head, workset_bytes=workset,

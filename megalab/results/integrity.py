@@ -62,25 +62,29 @@ def render(root: Path = ROOT) -> str:
 
 
 def graph_parity(runs: list, table_runs: list) -> list[str]:
-    """For each ok integrity run, its twin with the other CUDA-graph setting: the newest ok table record
-    of the same target on the same machine (provenance.host_key) with the same code inside torchrun
-    (provenance.code_key). Loss parity by the bench's rule, and what the graph changed in step time and
+    """For each ok integrity run, its twin with the other CUDA-graph setting: the newest ok record of the
+    same target, in results/runs or here, on the same machine (provenance.host_key) with the same code
+    inside torchrun (provenance.code_key); each pair once. Loss parity by the bench's rule, and what the graph changed in step time and
     memory: the evidence behind graphs.py's policy."""
     from megalab.results import provenance
 
-    rows = []
+    rows, pairs = [], set()
+    pool = [*table_runs, *runs]  # a twin may be here: the graph-off launch alternated with the graph-on ones
     for r in runs:
         if r.status != "ok":
             continue
         graph = bool((r.config or {}).get("cuda_graph"))
         key = (provenance.host_key(r), provenance.code_key(r))
-        twins = [t for t in table_runs if t.target == r.target and t.status == "ok"
+        twins = [t for t in pool if t.target == r.target and t.status == "ok"
                  and bool((t.config or {}).get("cuda_graph")) != graph
                  and (provenance.host_key(t), provenance.code_key(t)) == key]
         if not twins:
             continue
         t = max(twins, key=lambda x: x.started or "")
         on, off = (r, t) if graph else (t, r)
+        if (on.run_dir, off.run_dir) in pairs:
+            continue
+        pairs.add((on.run_dir, off.run_dir))
         par = benchreport.parity(on, off)  # the bench's rule; it reads RunRecords as they are
         rows.append([r.target, f"`{on.run_dir.name}`", f"`{off.run_dir.name}`", f"{par['early_max_rel']:.2e}",
                      f"{par['median_rel']:.2e}", "PASS" if par["pass"] else "FAIL",
@@ -89,7 +93,7 @@ def graph_parity(runs: list, table_runs: list) -> list[str]:
     if not rows:
         return []
     return ["", "## Loss parity of the CUDA graph against its graph-off twin", "",
-            "Each pair: one run here and its twin in results/runs (the same target, machine and code inside torchrun; one with the "
+            "Each pair: one run here and its twin in results/runs or here (the same target, machine and code inside torchrun; one with the "
             "full-iteration CUDA graph, one without). Parity by the bench's rule (results/bench: steps "
             f"1-{benchreport.PARITY_EARLY_STEPS} within {benchreport.PARITY_EARLY_MAX_REL:.1%}, the median over "
             f"all steps within {benchreport.PARITY_MEDIAN_REL:.1%}). Step time and memory (GiB, nvidia-smi peak) "

@@ -30,12 +30,12 @@ import math
 from typing import Any, Iterable
 
 # ---- fitted on the calibration set (estimate.fit_steptime; tests/test_estimate.py re-fits and compares)
-GEMM_EFF_MAX = 0.451  # the efficiency a large bf16 GEMM reaches, of the dense peak
-GEMM_HALF_MNK = 1.31e10  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
-LAUNCH_US = 75.6  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
-COMM_CALL_US = 444.0  # latency of one collective or p2p call, beside its bytes over the link
-MOE_LAYER_MS = 23.3  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
-STEP_OVERHEAD_MS = 0.848  # per step, besides the optimizer's memory traffic
+GEMM_EFF_MAX = 0.449  # the efficiency a large bf16 GEMM reaches, of the dense peak
+GEMM_HALF_MNK = 1.22e10  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
+LAUNCH_US = 79.0  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
+COMM_CALL_US = 8.48  # latency of one collective or p2p call, beside its bytes over the link
+MOE_LAYER_MS = 25.1  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
+STEP_OVERHEAD_MS = 3.58  # per step, besides the optimizer's memory traffic
 
 # ---- hand-derived (not fitted)
 # Kernels one layer launches per micro-batch on megalab's TE-free spec, forward + backward: about 22 in

@@ -234,7 +234,8 @@ def machine_note(recs: list[dict]) -> str | None:
         uuids = mine[0].raw.get("gpu_uuids") or []
         end = times[-1][11:16] if times and times[-1][:10] == times[0][:10] else (times[-1][:16].replace("T", " ") if times else "")
         span = f"{times[0][:16].replace('T', ' ')}–{end}" if times else "?"
-        parts.append(f"{label} = {mine[0].num_gpus or '?'}x {short_gpu_name(mine[0].gpu_name or '?')} "
+        on_node = max((r.raw.get("gpus_on_node") or r.num_gpus or 0 for r in mine), default=0)  # the machine's, not a run's
+        parts.append(f"{label} = {on_node or '?'}x {short_gpu_name(mine[0].gpu_name or '?')} "
                      + (f"(GPU {uuids[0][:13]}…, rows run {span} UTC)" if uuids else
                         f"(no GPU UUID recorded: rows run {span} UTC, possibly on several machines of that name)"))
     return ("machine: the physical machine of the row's record, by its first GPU's UUID (every rig machine "
