@@ -369,3 +369,18 @@ def test_cli_no_target_exits_2(capsys):
 ])
 def test_records_with_only_planned_extra_args_are_modelled(extra, modelled):
     assert (E.not_modelled({"config": {"extra_args": extra}}) is None) == modelled
+
+
+def test_gzipped_tensorboard_events_read_as_the_plain_file(tmp_path):
+    """make tables gzips a committed run's TensorBoard events (logparse.compress_logs); the estimator's
+    memory diagnosis reads them unpacked, with the same figures as from the plain file."""
+    import gzip
+
+    pytest.importorskip("tensorboard")
+    gz = next(iter(sorted((ROOT / "results" / "runs").glob("*/tensorboard/*tfevents*.gz"))))
+    packed = E.tensorboard_mem_mb(gz.parent.parent)
+    assert packed and all(v > 0 for v in packed.values())
+    plain = tmp_path / "run" / "tensorboard"
+    plain.mkdir(parents=True)
+    (plain / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
+    assert E.tensorboard_mem_mb(plain.parent) == packed

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import hashlib
 import math
 import os
@@ -55,6 +56,7 @@ import statistics
 import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -784,7 +786,7 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for path in paths:
         try:
-            for event in EventFileLoader(str(path)).Load():
+            for event in _events(path, EventFileLoader):
                 for v in event.summary.value:
                     if v.tag.startswith("mem-"):
                         x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
@@ -792,6 +794,18 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
         except Exception as e:  # a truncated or foreign file: skip it, as the log reader does
             print(f"megalab plan: skipping {path}: {e}", file=sys.stderr)
     return out
+
+
+def _events(path: Path, loader):
+    """The events of one TensorBoard file; a committed one is gzipped (logparse.compress_logs) and the
+    loader reads a path only, so it reads an unpacked temporary copy."""
+    if path.suffix != ".gz":
+        yield from loader(str(path)).Load()
+        return
+    with tempfile.NamedTemporaryFile(suffix=".tfevents") as tmp:
+        tmp.write(gzip.decompress(path.read_bytes()))
+        tmp.flush()
+        yield from loader(tmp.name).Load()
 
 
 def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str:

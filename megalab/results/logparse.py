@@ -627,8 +627,12 @@ def read_log(path) -> bytes:
 
 
 def plain_logs(root: Path) -> list[Path]:
-    """The raw logs under ROOT (results/) of committed runs that are not gzipped yet."""
-    return sorted(Path(root).glob("**/runs/*/logs.txt"))
+    """The raw logs under ROOT (results/) of committed runs that are not gzipped yet: Megatron's log and
+    its TensorBoard event files (a quarter of their size gzipped: a run is then about 0.1 MB, so the
+    checkout stays small enough for the GPU rig's copy of it)."""
+    root = Path(root)
+    events = (p for p in root.glob("**/runs/*/tensorboard/*tfevents*") if p.suffix != ".gz")
+    return sorted([*root.glob("**/runs/*/logs.txt"), *events])
 
 
 def compress_logs(root: Path) -> list[Path]:

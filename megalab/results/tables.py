@@ -851,12 +851,12 @@ def cli(argv: list[str] | None = None) -> int:
     except (NotToday, quotes.QuoteError) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
-    # committed raw logs are kept gzipped (7x smaller: the checkout stays small enough to copy to a GPU
-    # machine); every reader takes either (logparse.log_file)
+    # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays
+    # small enough to copy to a GPU machine); every reader takes either (logparse.log_file, estimate._events)
     if args.check:
         changed += logparse.plain_logs(root / "results")
     elif gz := logparse.compress_logs(root / "results"):
-        print(f"megalab tables: gzipped {len(gz)} raw log(s) under results/ (logs.txt -> logs.txt.gz)")
+        print(f"megalab tables: gzipped {len(gz)} raw log(s) under results/ (logs.txt and TensorBoard events -> .gz)")
     n = len(catalog.chapters())
     return report_changes(changed, root, check=args.check, what="tables", fix="run `make tables`",
                           detail=f" ({n} file{'s' * (n != 1)})")
