@@ -411,8 +411,9 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
 GRAPH_MEMORY_SHARE = 0.05
 GRAPH_MEMORY_MIN_GIB = 0.5
 # With megalab's context-parallel ring attention the graph costs far more: 005 on 2x H200 went 80.2 ->
-# 101.1 and 100.9 GiB (+26%, results/integrity): the private pool keeps every ring step's K/V buffers and
-# flash outputs, which the eager caching allocator reuses. One layout seen, so the share is that layout's.
+# 101.1 and 100.9 GiB (+26%, results/integrity), likely because the graph's private pool keeps each ring
+# step's K/V buffers and flash outputs apart where the eager allocator reuses them (not profiled). One
+# layout seen, so the share is that layout's.
 GRAPH_MEMORY_SHARE_CP = 0.26
 
 

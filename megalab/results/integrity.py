@@ -64,8 +64,8 @@ def render(root: Path = ROOT) -> str:
 def graph_parity(runs: list, table_runs: list) -> list[str]:
     """For each ok integrity run, its twin with the other CUDA-graph setting: the newest ok record of the
     same target, in results/runs or here, on the same machine (provenance.host_key) with the same code
-    inside torchrun (provenance.code_key); each pair once. Loss parity by the bench's rule, and what the graph changed in step time and
-    memory: the evidence behind graphs.py's policy."""
+    inside torchrun (provenance.code_key); each pair once. Loss parity by the bench's rule, and what the
+    graph changed in step time and memory: the evidence behind graphs.py's policy."""
     from megalab.results import provenance
 
     rows, pairs = [], set()
