@@ -535,6 +535,19 @@ def test_committed_logs_are_gzipped_and_read_the_same(tmp_path):
     assert (run / "logs.txt.gz").read_bytes() == first and logparse.compress_logs(tmp_path / "results") == []
 
 
+def test_tensorboard_events_are_gzipped_but_not_a_leftover_temporary(tmp_path):
+    """compress_logs takes a run's TensorBoard event files too; the .gz.tmp an interrupted earlier call
+    left beside one is not an event file to pack."""
+    from megalab.results import logparse
+
+    tb = tmp_path / "results" / "runs" / "20260101_000000___101-x" / "tensorboard"
+    tb.mkdir(parents=True)
+    (tb / "events.out.tfevents.1.vm.7.0").write_bytes(b"events")
+    (tb / "events.out.tfevents.1.vm.7.0.gz.tmp").write_bytes(b"partial")
+    assert logparse.compress_logs(tmp_path / "results") == [tb / "events.out.tfevents.1.vm.7.0.gz"]
+    assert logparse.plain_logs(tmp_path / "results") == []
+
+
 def test_a_damaged_gzipped_log_is_a_read_error_not_a_crash(tmp_path):
     from megalab.results import logparse
 

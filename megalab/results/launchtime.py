@@ -4,7 +4,8 @@ A table row times the median *step*; a user waits for the whole *launch*. On the
 run of 101 trains for about 5 s of a launch several times longer (the section's table says how long).
 The phases come from what every run already leaves: the record's `preflight_s`, `started` and
 `ended` (the launcher) and Megatron's print_datetime markers in the log (the entry point's start, its
-imports, Megatron's initialisation, the first and last training step). Nothing is timed twice; a phase whose markers are missing stays empty.
+imports, Megatron's initialisation, the first and last training step). Nothing is timed twice; a
+phase whose markers are missing stays empty.
 """
 from __future__ import annotations
 

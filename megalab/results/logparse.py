@@ -631,7 +631,8 @@ def plain_logs(root: Path) -> list[Path]:
     its TensorBoard event files (a quarter of their size gzipped: a run is then about 0.1 MB, so the
     checkout stays small enough for the GPU rig's copy of it)."""
     root = Path(root)
-    events = (p for p in root.glob("**/runs/*/tensorboard/*tfevents*") if p.suffix != ".gz")
+    # not a .gz, nor the .gz.tmp an interrupted compress_logs leaves behind
+    events = (p for p in root.glob("**/runs/*/tensorboard/*tfevents*") if ".gz" not in p.suffixes)
     return sorted([*root.glob("**/runs/*/logs.txt"), *events])
 
 
