@@ -78,6 +78,11 @@ def test_a_launch_is_timed_from_committed_runs_else_the_estimate():
     durations = campaign.committed_durations()
     secs, source, once = campaign.launch_seconds(catalog.get("101"), Options(iters=25), durations)
     assert source.startswith("median of") and 20 < secs < 200 and not once
+    # A record of ITERS=25 times a launch of ITERS=100 too: start-up once, the step 75 more times
+    # (the default ITERS is 100; the committed campaigns ran 25, so a plain median underestimated 2x).
+    longer, _, _ = campaign.launch_seconds(catalog.get("112"), Options(iters=100), durations)
+    shorter, _, _ = campaign.launch_seconds(catalog.get("112"), Options(iters=25), durations)
+    assert 75 * 1.2 < longer - shorter < 75 * 1.6  # 112 steps in about 1.4 s on the committed hosts
     never_run = dataclasses.replace(catalog.get("612"), id="612-never-run")
     secs, source, once = campaign.launch_seconds(never_run, Options(iters=25), durations)
     assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S and not once
@@ -113,30 +118,17 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed campaigns of today's code: five ok runs of 111 and two of 101 on one H100, three of 002
-    and four of 006 on one 2x H200; 301's out-of-memory run is of older code, so it does not count (nor do
-    212's runs, all of older code)."""
+    """The committed campaigns of today's code: five ok runs of 111 and two of 101 on one H100, three of 300
+    and 301's out-of-memory run on another (2026-11-25), three of 002 and four of 006 on one 2x H200; 212's
+    runs, all of older code, do not count."""
     today = campaign.todays_runs()
     assert today[catalog.get("111").id] == (5, False)
     assert today[catalog.get("101").id] == (2, False)
-    assert catalog.get("301").id not in today
+    assert today[catalog.get("300").id] == (3, False)
+    assert today[catalog.get("301").id] == (0, True)
     assert today[catalog.get("002").id] == (3, False)
     assert today[catalog.get("006").id] == (4, False)
     assert catalog.get("212").id not in today
-
-
-def _oom_of_301_is_today(monkeypatch):
-    """Treat 301's committed out-of-memory run as today's code (no such run is committed at the moment)."""
-    from megalab.results import provenance
-
-    real = provenance.of
-
-    def of(r, root=None):
-        if r.target == catalog.get("301").id and r.status == "oom":
-            return provenance.Provenance(provenance.CURRENT)
-        return real(r, root) if root is not None else real(r)
-
-    monkeypatch.setattr(provenance, "of", of)
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-768ceea7-0000-0000-0000-000000000000"  # the first 13 characters name the machine
@@ -168,7 +160,6 @@ def test_stale_counts_the_runs_of_this_machine(monkeypatch, capsys):
     """Another H100: the chapter's rows are re-run here, so that its speedups and checks compare runs of one
     machine; today's out-of-memory row (301) stays done: memory does not depend on the machine's speed."""
     _on_machine(monkeypatch, "GPU-11111111-2222-3333-4444-555555555555")
-    _oom_of_301_is_today(monkeypatch)
     assert campaign.cli([], environ={"STALE": "1", "IDS": "111 112 301"}) == 0
     out = capsys.readouterr().out
     assert "2 of 3 target(s) short of 3" in out and "on this machine (vm NVIDIA H100 80GB HBM3/GPU-11111111-)" in out
@@ -197,7 +188,6 @@ def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(monkeypatch, 
     """DRY_RUN=1 GPUS=N plans for another machine (the rig lends a fresh one each time): every row is short
     there, but today's out-of-memory row stays done."""
     monkeypatch.setenv("DRY_RUN", "1")
-    _oom_of_301_is_today(monkeypatch)
     assert campaign.cli([], environ={"STALE": "1", "IDS": "101 301", "GPUS": "1"}) == 0
     out = capsys.readouterr().out
     assert "1 of 2 target(s) short of 3" in out and "on a machine that has none of them yet" in out

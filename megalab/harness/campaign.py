@@ -193,29 +193,36 @@ STARTUP_GUESS_S = 40.0  # a launch without training, where no record says better
 OOM = "oom"  # the key under which committed_durations keeps the out-of-memory runs' durations
 
 
-def committed_durations() -> dict[str, list[float]]:
-    """target -> the `duration_s` of its committed ok runs (results/runs), and (OOM, target) -> those of
-    its out-of-memory runs; read once for a whole campaign."""
+def committed_durations() -> dict[str, list[tuple[float, float]]]:
+    """target -> (start-up s, s per iteration) of each committed ok run (results/runs), and (OOM, target)
+    -> the same of its out-of-memory runs; read once for a whole campaign. A run's duration is start-up
+    plus its iterations at its median step, so a record of ITERS=25 still times a launch of ITERS=100."""
     from megalab.harness.catalog import ROOT
     from megalab.results.records import read_records
 
     out: dict = {}
     for r in read_records(ROOT / "results" / "runs", None):
-        if r.status in ("ok", "oom") and r.raw.get("duration_s"):
-            out.setdefault(r.target if r.status == "ok" else (OOM, r.target), []).append(r.raw["duration_s"])
+        raw = r.raw
+        if r.status not in ("ok", "oom") or not raw.get("duration_s"):
+            continue
+        per_iter = (raw.get("step_ms_median") or 0) / 1e3 if r.status == "ok" else 0.0
+        startup = max(raw["duration_s"] - per_iter * (raw.get("train_iters") or 0), 0.0)
+        out.setdefault(r.target if r.status == "ok" else (OOM, r.target), []).append((startup, per_iter))
     return out
 
 
 def launch_seconds(exp: Experiment, opts: Options, durations: dict) -> tuple[float, str, bool]:
-    """(seconds, source, runs once) for one launch of exp: the median of its committed ok runs'
-    durations (`committed_durations`), else of its out-of-memory runs', else the estimator's step time
+    """(seconds, source, runs once) for one launch of exp: the median over its committed ok runs of
+    start-up + ITERS x step time (`committed_durations`), else its out-of-memory runs' start-up, else the estimator's step time
     x ITERS plus STARTUP_GUESS_S (start-up alone where it predicts out of memory). `runs once`: an
     out-of-memory row, which the campaign launches once."""
     past = durations.get(exp.id)
-    if past:
-        return statistics.median(past), f"median of {len(past)} committed run(s)", False
-    if past_oom := durations.get((OOM, exp.id)):
-        return statistics.median(past_oom), f"out of memory: median of {len(past_oom)} committed run(s); runs once", True
+    if past:  # each record's start-up plus this campaign's ITERS at its step time
+        secs = statistics.median(up + per_iter * opts.iters for up, per_iter in past)
+        return secs, f"median of {len(past)} committed run(s) at ITERS={opts.iters}", False
+    if past_oom := durations.get((OOM, exp.id)):  # it ends at the first step: start-up only
+        secs = statistics.median(up for up, _ in past_oom)
+        return secs, f"out of memory: median of {len(past_oom)} committed run(s); runs once", True
     try:
         from megalab.results import estimate
 
