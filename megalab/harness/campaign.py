@@ -190,7 +190,7 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
 STARTUP_GUESS_S = 40.0  # a launch without training, where no record says better (results/bench: "Where a launch goes")
 
 
-OOM = "oom"  # the key under which committed_durations keeps the out-of-memory runs' durations
+OOM = "oom"  # the key under which committed_durations keeps the out-of-memory runs (start-up only)
 
 
 def committed_durations() -> dict[str, list[tuple[float, float]]]:
@@ -213,9 +213,9 @@ def committed_durations() -> dict[str, list[tuple[float, float]]]:
 
 def launch_seconds(exp: Experiment, opts: Options, durations: dict) -> tuple[float, str, bool]:
     """(seconds, source, runs once) for one launch of exp: the median over its committed ok runs of
-    start-up + ITERS x step time (`committed_durations`), else its out-of-memory runs' start-up, else the estimator's step time
-    x ITERS plus STARTUP_GUESS_S (start-up alone where it predicts out of memory). `runs once`: an
-    out-of-memory row, which the campaign launches once."""
+    start-up + ITERS x step time (`committed_durations`), else its out-of-memory runs' start-up, else
+    the estimator's step time x ITERS plus STARTUP_GUESS_S (start-up alone where it predicts out of
+    memory). `runs once`: an out-of-memory row, which the campaign launches once."""
     past = durations.get(exp.id)
     if past:  # each record's start-up plus this campaign's ITERS at its step time
         secs = statistics.median(up + per_iter * opts.iters for up, per_iter in past)
