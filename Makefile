@@ -5,7 +5,7 @@
 #   make show-command ID=101                  the torchrun command alone
 #
 # Variables: set them in the environment (ITERS=20 make 101), or as make arguments. Their one table
-# is megalab/harness/variables.py; `make help` prints it. Values reach recipes through the
+# is megalab/core/variables.py; `make help` prints it. Values reach recipes through the
 # environment, quoted ("$$VAR"), never pasted into shell text.
 
 SHELL := /bin/bash
@@ -37,7 +37,7 @@ help:
 	@echo "Everyday commands:"
 	@sed -n 's/^#> /  make /p' Makefile
 	@echo
-	@$(PY) -m megalab variables 2>/dev/null || echo "Variables: see megalab/harness/variables.py"
+	@$(PY) -m megalab variables 2>/dev/null || echo "Variables: see megalab/core/variables.py"
 
 #> list                    every target: id, GPUs, what it shows
 #> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
@@ -161,10 +161,10 @@ compare:
 # "--parts cases,ablation --budget-s 500". Needs a GPU; `bench-report` rebuilds the page anywhere.
 .PHONY: bench bench-report
 bench:
-	@set -f; $(PY) -m megalab.harness.bench run $$BENCH_ARGS
+	@set -f; $(PY) -m megalab bench run $$BENCH_ARGS
 
 bench-report:
-	@$(PY) -m megalab.harness.bench report
+	@$(PY) -m megalab bench-report
 
 # The results pages' figures (results/plots/*.svg); `make tables` redraws them too, as the pages link them.
 .PHONY: plots
@@ -214,7 +214,7 @@ count-arguments:
 	@$(PY) -m megalab arguments --count
 
 # ---- exports, last: an `export NAME` before `NAME ?= default` would define NAME empty and hide the default.
-# Every variable of megalab/harness/variables.py (tests/test_plan.py checks this line against it).
+# Every variable of megalab/core/variables.py (tests/test_plan.py checks this line against it).
 export ITERS WARMUP GPU_MEM_GB GPU DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT ALLOW_BUSY_GPUS WATCHDOG_SILENT_S WATCHDOG_STARTUP_S EXIT_GRACE_S GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
 # Recipes' own user values, read as "$$VAR" too.
 export IDS GREP PORT BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS ID

@@ -26,15 +26,15 @@ import importlib
 import sys
 
 # Commands that are one module's own `cli(argv)`, imported only when asked for.
-MODULE_COMMANDS = {"parse": "results.logparse", "prepare-data": "harness.data", "plan": "results.estimate",
+MODULE_COMMANDS = {"parse": "core.logparse", "prepare-data": "harness.data", 
                    "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
                    "tables": "results.tables", "data-report": "results.datareport", "integrity": "results.integrity",
-                   "variables": "harness.variables", "docker-run": "harness.docker", "python": "harness.pyinfo",
+                   "variables": "core.variables", "docker-run": "harness.docker", "python": "harness.pyinfo",
                    "compare": "results.index", "campaign": "harness.campaign"}
 
 
 def _list() -> int:
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     chapters = catalog.chapters()
     rows = [["target", "GPUs", "reproduces", "what it shows"]]
@@ -54,7 +54,8 @@ def _show_command(target: str) -> int:
     """The plan's command alone, for scripts and for reading (make show-command ID=...)."""
     import dataclasses
 
-    from megalab.harness import launch, plan
+    from megalab.core import plan
+    from megalab.harness import launch
 
     exp, variant = launch.resolve(target)
     opts = launch.Options.from_env()
@@ -72,12 +73,33 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
-    from megalab.harness.catalog import CatalogError
-    from megalab.harness.variables import LaunchError
+    from megalab.core.catalog import CatalogError
+    from megalab.core.variables import LaunchError
 
     try:
         if cmd in MODULE_COMMANDS:
             return importlib.import_module(f"megalab.{MODULE_COMMANDS[cmd]}").cli(rest)
+        if cmd == "plan":  # --validate: the estimator against the records; else one target's prediction
+            if "--validate" in rest:
+                from megalab.results import validation
+
+                return validation.cli(rest)
+            from megalab.harness import launch
+
+            return launch.plan_cli(rest)
+        if cmd == "bench":  # the GPU benchmark's runs, then its page (make bench)
+            from megalab.harness import bench
+            from megalab.results import benchreport
+
+            rc = bench.main(rest)
+            if rest[:1] == ["run"] and rc == 0:
+                benchreport.write(benchreport.BENCH_DIR)
+            return rc
+        if cmd == "bench-report":
+            from megalab.results import benchreport
+
+            print(benchreport.write(benchreport.BENCH_DIR))
+            return 0
         if cmd == "run":
             if len(rest) != 1:
                 raise LaunchError("usage: python -m megalab run TARGET")
@@ -97,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "list":
             return _list()
         if cmd == "targets":
-            from megalab.harness import catalog
+            from megalab.core import catalog
 
             print("\n".join(catalog.catalog()))
             return 0

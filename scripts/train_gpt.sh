@@ -3,7 +3,7 @@
 #
 # Flags are grouped by concern in named arrays, as in Megatron-LM's examples/. Every number comes
 # from the environment. This is the readable view of a run: `python -m megalab run TARGET` builds
-# the same argv in Python (megalab/harness/plan.py, same array names) and runs it directly;
+# the same argv in Python (megalab/core/plan.py, same array names) and runs it directly;
 # tests/test_plan.py checks, for every catalog target, that this script builds exactly that argv.
 # You can call it by hand:
 #   NUM_LAYERS=48 HIDDEN_SIZE=1600 NUM_HEADS=25 SEQ_LEN=1024 GBS=1 MBS=1 DRY_RUN=1 scripts/train_gpt.sh

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import bench, catalog, launch, plan
+from megalab.core import catalog, plan
+from megalab.harness import bench, launch
 from megalab.results import benchreport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +22,7 @@ NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_bench_refuses_to_run_without_a_gpu():
-    out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "megalab", "bench", "run"], cwd=ROOT, capture_output=True,
                          text=True, env=NO_GPU)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
@@ -29,7 +30,7 @@ def test_bench_refuses_to_run_without_a_gpu():
 
 
 def test_unknown_part_is_a_one_line_error():
-    out = subprocess.run([sys.executable, "-m", "megalab.harness.bench", "run", "--parts", "cases,warp"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "megalab", "bench", "run", "--parts", "cases,warp"], cwd=ROOT,
                          capture_output=True, text=True, env=NO_GPU)
     assert out.returncode == 2 and "unknown part" in out.stderr and "fix:" in out.stderr
 
@@ -40,7 +41,7 @@ def test_committed_bench_report_is_up_to_date():
 
 
 def test_config_names_only_known_levers_and_targets():
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     cfg = bench.load_config()
     known = set(cfg["levers"])
@@ -237,7 +238,7 @@ def test_cp_compute_runs_cp_ring_blocks_per_rank_without_a_process_group():
 def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
     """111's trial row: three runs with the lever, six without, all on the one machine and code of the trial;
     the verdict the page gives is the one the rule gives for those runs."""
-    from megalab.results import benchruns
+    from megalab.core import benchruns
 
     rows = [ln for ln in benchreport.trials_section(benchruns.load_config(), benchruns.BENCH_DIR)
             if ln.startswith("| `fused_wgrad` | 111-")]
@@ -251,7 +252,7 @@ def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
 def test_the_committed_loss_and_bias_trial_pays_on_one_machine():
     """bf16_ce + addmm_bias against the fast path they joined: on 111 every run with them beat every run
     without (one machine, one code); 241's one run without them is no verdict."""
-    from megalab.results import benchruns
+    from megalab.core import benchruns
 
     lines = benchreport.trials_section(benchruns.load_config(), benchruns.BENCH_DIR)
     cells = {ln.split("|")[2].strip(): [c.strip() for c in ln.strip("|").split("|")]

@@ -3,8 +3,9 @@ import dataclasses
 
 import pytest
 
-from megalab.harness import campaign, catalog
-from megalab.harness.variables import LaunchError, Options
+from megalab.core import catalog
+from megalab.harness import campaign
+from megalab.core.variables import LaunchError, Options
 
 
 def test_a_chapter_keeps_what_fits_and_names_what_does_not():
@@ -198,7 +199,7 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     """A campaign stopped by BUDGET_S goes on where it stopped: the runs it left under OUTDIR count."""
     import shutil
 
-    from megalab.harness.catalog import ROOT
+    from megalab.core.paths import ROOT
 
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
     target = catalog.get("113").id

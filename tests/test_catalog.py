@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, launch, plan, validate
-from megalab.harness.catalog import CatalogError, Experiment
+from megalab.core import catalog, plan
+from megalab.harness import launch, validate
+from megalab.core.catalog import CatalogError, Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "configs" / "reference" / "anchor_8xh100.csv"

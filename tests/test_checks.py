@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from megalab.harness import catalog
+from megalab.core import catalog
 from megalab.results import checks, tables
 from megalab.results.checks import FAIL, NOT_RUN, PASS
 
@@ -275,7 +275,7 @@ def test_page_on_the_committed_records():
     counts = checks.summary(results)
     assert f"{len(claims)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN." in text
     assert text.count("A finding, reported as is") == counts[FAIL]
-    from megalab.results import provenance
+    from megalab.core import provenance
 
     measured = 0
     for r in results:

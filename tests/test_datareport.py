@@ -9,7 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
-from megalab.results import datareport, logparse, plots
+from megalab.core import logparse
+from megalab.results import datareport, plots
 from megalab.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent

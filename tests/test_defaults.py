@@ -1,7 +1,7 @@
 """results/defaults.py: the fast-by-default table lists every 1-2 GPU target with a published TE time."""
 import math
 
-from megalab.harness import catalog
+from megalab.core import catalog
 from megalab.results import chapter, defaults
 
 
@@ -25,7 +25,7 @@ def test_a_row_is_met_only_at_or_below_the_reference_time_and_memory():
 
 
 def test_a_verdict_needs_the_references_gpu_kind():
-    from megalab.results.records import RunRecord
+    from megalab.core.records import RunRecord
 
     def run(gpu, cap=None):
         return RunRecord.of({"target": "x", "gpu_name": gpu, "config": {"gpu_mem_gb": cap}})
@@ -42,8 +42,8 @@ def test_a_verdict_needs_the_references_gpu_kind():
 def test_a_row_shows_the_reference_kind_first_and_gives_no_verdict_on_another(monkeypatch, tmp_path):
     """111 (R3, published on H100s): of today's runs, the H100's are shown even when an H200 run is newer; with
     only an H200 run the row is shown but gets no verdict."""
-    from megalab.results import provenance
-    from megalab.results.records import RunRecord
+    from megalab.core import provenance
+    from megalab.core.records import RunRecord
 
     t111 = catalog.get("111").id
 

@@ -21,7 +21,7 @@ def test_relative_links_resolve(doc):
 
 
 def test_every_chapter_tutorial_embeds_its_table():
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     for chapter, meta in catalog.chapters().items():
         tut = ROOT / meta["tutorial"]

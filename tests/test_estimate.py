@@ -1,4 +1,4 @@
-"""megalab.results.estimate: parameter counts and state bytes against what Megatron prints, the activation
+"""megalab.core.estimate: parameter counts and state bytes against what Megatron prints, the activation
 formula on a tiny config worked by hand, the pipeline-stage split, Megatron's FLOPs against the
 committed records, the validation table on the committed runs, and the CLI's exit codes."""
 from __future__ import annotations
@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog
-from megalab.results import estimate as E, steptime
-from megalab.harness.catalog import Experiment
+from megalab.core import catalog
+from megalab.__main__ import main
+from megalab.core import estimate as E, steptime
+from megalab.results import validation as V
+from megalab.core.catalog import Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 2**20
@@ -159,13 +161,13 @@ def test_tensorboard_memory_runs_past_the_log_line():
     # 481: the log's memory line (after iteration 2) says 15186 MB reserved on the last rank; the
     # allocator reserved more in iteration 3, which only the TensorBoard series shows.
     run = next((ROOT / "results" / "runs").glob("*___481-gpt2large-pp2-1L-vpp18-m8"))
-    tb = E.tensorboard_mem_mb(run)
+    tb = V.tensorboard_mem_mb(run)
     assert tb["mem-reserved-bytes"] == pytest.approx(16760, abs=1)
     assert tb["mem-max-allocated-bytes"] == pytest.approx(14509, abs=1)
-    mem = E.megatron_mem_by_rank(run, json.loads((run / "run.json").read_text()))
+    mem = V.megatron_mem_by_rank(run, json.loads((run / "run.json").read_text()))
     assert mem[1]["max_reserved_mb"] == pytest.approx(16760, abs=1) and mem[1]["to_last_iteration"]
     assert mem[0]["max_reserved_mb"] == 15654.0  # rank 0: the log line only
-    assert E.tensorboard_mem_mb(ROOT / "no-such-run") == {}
+    assert V.tensorboard_mem_mb(ROOT / "no-such-run") == {}
 
 
 # --------------------------------------------------------------------------- pipeline stages
@@ -209,7 +211,7 @@ def test_gpu_mem_gb_80_is_an_h100():
 
 
 def _records():
-    for d in E.RECORD_DIRS:
+    for d in V.RECORD_DIRS:
         for p in sorted((ROOT / d).glob("*/run.json")):
             yield json.loads(p.read_text())
 
@@ -220,7 +222,7 @@ def test_flops_are_megatrons_on_committed_runs():
     for rec in _records():
         if rec.get("status") != "ok" or not rec.get("tflops_per_gpu"):
             continue
-        est = E.estimate_record(rec)
+        est = V.estimate_record(rec)
         logged = rec["tflops_per_gpu"] * 1e12 * rec["step_ms_median"] / 1e3 * est.gpus
         assert est.flops_per_step == pytest.approx(logged, rel=0.01), rec["target"]
         n += 1
@@ -251,39 +253,39 @@ def test_step_time_is_a_model_of_its_own():
 
 
 def test_gpus_have_bandwidths():
-    from megalab.results import gpus
+    from megalab.core import gpus
 
     for g in gpus.GPUS:
         assert g.hbm_tbps and g.link_gbps, g.short
 
 
 def test_split_is_fixed_and_disjoint():
-    steps = E.step_rows(ROOT)
-    rows = E.validation_rows(ROOT)
+    steps = V.step_rows(ROOT)
+    rows = V.validation_rows(ROOT)
     for table in (steps, rows):
         sides = {}
         for r in table:
-            if r["set"] != E.OUT_OF_CATALOG:
+            if r["set"] != V.OUT_OF_CATALOG:
                 sides.setdefault(r["target"], set()).add(r["set"])
         assert all(len(v) == 1 for v in sides.values())  # every run of a target on one side
-        assert {r["set"] for r in table} == set(E.SETS)
+        assert {r["set"] for r in table} == set(V.SETS)
         # out of the catalog = the holdout runs, and only they: configurations no constant has seen
-        assert all((r["set"] == E.OUT_OF_CATALOG) == (f"/{E.HOLDOUT_DIR.split('/', 1)[1]}/" in f"/{r['run']}")
+        assert all((r["set"] == V.OUT_OF_CATALOG) == (f"/{V.HOLDOUT_DIR.split('/', 1)[1]}/" in f"/{r['run']}")
                    for r in table)
-    assert E.split("101-gpt2xl-dp1-gbs1-bf16") == E.CALIBRATION  # sha1 % 3: fixed, never re-drawn
-    held = [r for r in steps if r["set"] == E.HELD_OUT]
+    assert V.split("101-gpt2xl-dp1-gbs1-bf16") == V.CALIBRATION  # sha1 % 3: fixed, never re-drawn
+    held = [r for r in steps if r["set"] == V.HELD_OUT]
     assert len(held) >= 10
 
 
 def test_step_constants_are_fitted_on_the_calibration_set_only():
-    steps = E.step_rows(ROOT)
-    assert E.fit_steptime(steps) == steptime.fitted()
+    steps = V.step_rows(ROOT)
+    assert V.fit_steptime(steps) == steptime.fitted()
     # the held-out rows do not move the fit: drop them and refit
-    assert E.fit_steptime([r for r in steps if r["set"] == E.CALIBRATION]) == steptime.fitted()
+    assert V.fit_steptime([r for r in steps if r["set"] == V.CALIBRATION]) == steptime.fitted()
 
 
 def test_estimate_page_is_up_to_date():
-    text = E.validation_table(ROOT)
+    text = V.validation_table(ROOT)
     assert (ROOT / "results" / "estimate-vs-measured.md").read_text() == text, \
         "results/estimate-vs-measured.md is out of date: run `python -m megalab plan --validate`"
     assert "- step time, held-out: median |error|" in text and "- memory, held-out: median |error|" in text
@@ -299,7 +301,7 @@ def test_render_names_formulas_in_gib():
 # --------------------------------------------------------------------------- validation
 
 def test_validation_on_committed_records():
-    rows = E.validation_rows(ROOT)
+    rows = V.validation_rows(ROOT)
     ran = [r for r in rows if r["status"] == "ok"]
     ooms = [r for r in rows if r["status"] == "oom"]
     assert len(ran) >= 20 and ooms
@@ -309,7 +311,7 @@ def test_validation_on_committed_records():
 
 
 def test_validation_table_is_generated_markdown():
-    text = E.validation_table(ROOT)
+    text = V.validation_table(ROOT)
     assert text.startswith("# Memory estimate vs measured")
     assert "generated by" in text.splitlines()[2]
     assert "OOM, predicted" in text
@@ -318,13 +320,13 @@ def test_validation_table_is_generated_markdown():
 # --------------------------------------------------------------------------- CLI
 
 def test_cli_unknown_target_exits_2(capsys):
-    assert E.cli(["plan", "999-nope"]) == 2
+    assert main(["plan", "999-nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("megalab: unknown target") and "\n" not in err
 
 
 def test_cli_plan_prints_render(capsys):
-    assert E.cli(["plan", "111", "--spec", "local", "--gpu-mem-gb", "80"]) == 0
+    assert main(["plan", "111", "--spec", "local", "--gpu-mem-gb", "80"]) == 0
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "79.6 GiB" in out
 
@@ -333,32 +335,32 @@ def test_cli_plan_reads_the_fast_path_as_the_launcher_does(monkeypatch, capsys):
     """`plan TARGET` plans the levers a launch would use: today's default keeps the bf16 logits only
     (bf16_ce), FAST=none Megatron's fp32 copy too; an unknown lever is one line and exit 2."""
     monkeypatch.delenv("FAST", raising=False)
-    assert E.cli(["plan", "111"]) == 0
+    assert main(["plan", "111"]) == 0
     default = capsys.readouterr().out
     monkeypatch.setenv("FAST", "none")
-    assert E.cli(["plan", "111"]) == 0
+    assert main(["plan", "111"]) == 0
     plain = capsys.readouterr().out
     assert "bf16_ce" in default and "(2 bf16 + 4 fp32)" in plain
     peak = [float(re.search(r"= ([0-9.]+) GiB", t.split("peak at")[1]).group(1)) for t in (default, plain)]
     assert peak[0] < peak[1]
     monkeypatch.setenv("FAST", "bogus")
-    assert E.cli(["plan", "111"]) == 2
+    assert main(["plan", "111"]) == 2
     err = capsys.readouterr().err
     assert "FAST=bogus" in err and "fix" in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_validate_writes_the_table(tmp_path, capsys):
-    for d in E.RECORD_DIRS:
+    for d in V.RECORD_DIRS:
         (tmp_path / d).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / d).symlink_to(ROOT / d)
-    assert E.cli(["plan", "--validate", "--root", str(tmp_path)]) == 0
+    assert main(["plan", "--validate", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "results" / "estimate-vs-measured.md").read_text().startswith("# Memory estimate")
     out = capsys.readouterr().out
     assert "within 10%" in out and "held-out runs" in out
 
 
 def test_cli_no_target_exits_2(capsys):
-    assert E.cli(["plan"]) == 2
+    assert main(["plan"]) == 2
 
 
 @pytest.mark.parametrize("extra, modelled", [
@@ -368,7 +370,7 @@ def test_cli_no_target_exits_2(capsys):
     ("--cross-entropy-loss-fusion", False),
 ])
 def test_records_with_only_planned_extra_args_are_modelled(extra, modelled):
-    assert (E.not_modelled({"config": {"extra_args": extra}}) is None) == modelled
+    assert (V.not_modelled({"config": {"extra_args": extra}}) is None) == modelled
 
 
 def test_gzipped_tensorboard_events_read_as_the_plain_file(tmp_path):
@@ -378,9 +380,9 @@ def test_gzipped_tensorboard_events_read_as_the_plain_file(tmp_path):
 
     pytest.importorskip("tensorboard")
     gz = next(iter(sorted((ROOT / "results" / "runs").glob("*/tensorboard/*tfevents*.gz"))))
-    packed = E.tensorboard_mem_mb(gz.parent.parent)
+    packed = V.tensorboard_mem_mb(gz.parent.parent)
     assert packed and all(v > 0 for v in packed.values())
     plain = tmp_path / "run" / "tensorboard"
     plain.mkdir(parents=True)
     (plain / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
-    assert E.tensorboard_mem_mb(plain.parent) == packed
+    assert V.tensorboard_mem_mb(plain.parent) == packed

@@ -1,7 +1,7 @@
-"""CUDA_GRAPH=auto's policy (megalab/harness/graphs.py): on where verified and where memory allows."""
+"""CUDA_GRAPH=auto's policy (megalab/core/graphs.py): on where verified and where memory allows."""
 import pytest
 
-from megalab.harness import catalog, graphs
+from megalab.core import catalog, graphs
 
 
 def decide(target, requested="auto", predicted=None, capacity=80.0, **kw):

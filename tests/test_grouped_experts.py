@@ -21,8 +21,9 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from megalab.runtime import grouped_experts
-from megalab.harness import launch, plan  # noqa: E402
-from megalab.harness.catalog import get as target  # noqa: E402
+from megalab.core import plan
+from megalab.harness import launch  # noqa: E402
+from megalab.core.catalog import get as target  # noqa: E402
 from megalab.runtime.grouped_experts import GroupedMLP  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import launch, monitor, plan
+from megalab.core import plan
+from megalab.harness import launch, monitor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,14 +80,14 @@ def test_bad_make_variable():
 
 
 def test_nnodes_must_divide_gpus():
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     with pytest.raises(launch.LaunchError, match="do not split over NNODES=3"):
         plan.gpus_per_node(catalog.get("128"), launch.Options(nnodes=3))
 
 
 def test_two_nodes_halves_processes_per_node():
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     cmd = plan.build(catalog.get("128"), launch.Options(nnodes=2, node_rank=1, master_addr="n0")).command
     assert "--nproc_per_node 4 --nnodes 2 --node_rank 1 --master_addr n0" in cmd
@@ -139,7 +140,7 @@ def test_monitor_without_nvml_does_not_break_the_run(monkeypatch, tmp_path):
 
 
 def test_megatron_lm_checkout_runs_upstreams_entry_point(tmp_path):
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     p = plan.build(catalog.get("101"), launch.Options(megatron_lm=str(tmp_path)))
     assert f"{tmp_path}/pretrain_gpt.py --num-layers 48" in p.command
@@ -174,7 +175,7 @@ def test_context_parallel_runs_on_megalab_spec_and_is_refused_on_the_local_spec(
 
 
 def test_ring_attention_needs_attention_dropout_off():
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     exp = catalog.get("005")
     te = plan.Machine(te="2.1")
@@ -193,7 +194,7 @@ def test_ring_attention_needs_attention_dropout_off():
 
 
 def test_real_data_flags_and_missing_dataset(tmp_path):
-    from megalab.harness import catalog
+    from megalab.core import catalog
 
     data = {"DATA": str(tmp_path / "owt_text_document"), "TOKENIZER_MODEL": str(tmp_path / "tok"), "SPLIT": "98,2,0"}
     p = plan.build(catalog.get("101"), launch.Options.from_env(data))
@@ -233,8 +234,9 @@ def test_record_keeps_the_catalogs_extra_flags_and_the_users(tmp_path):
     import shutil
     from types import SimpleNamespace
 
-    from megalab.harness import catalog, record
-    from megalab.results import logparse
+    from megalab.core import catalog
+    from megalab.harness import record
+    from megalab.core import logparse
 
     exp = catalog.get("302")
     assert exp.extra_args

@@ -2,7 +2,7 @@
 import json
 
 from megalab.results import launchtime
-from megalab.results.records import RunRecord
+from megalab.core.records import RunRecord
 
 LOG = """\
 [before library-setup] datetime: 2026-11-23 12:15:07.000000

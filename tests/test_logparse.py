@@ -1,4 +1,4 @@
-"""Tests for megalab.results.logparse.
+"""Tests for megalab.core.logparse.
 
 Fixtures in tests/fixtures/logs/ are small logs written from Megatron-Core 0.19.2's
 format strings (training_log, report_memory, report_theoretical_memory, print_datetime,
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.results.logparse import (
+from megalab.core.logparse import (
     IterationLine,
     LogReadError,
     LogSummary,
@@ -517,7 +517,7 @@ def test_committed_logs_are_gzipped_and_read_the_same(tmp_path):
     is gone, and the bytes (and the parse) are the same; gzipping twice writes the same bytes."""
     import gzip
 
-    from megalab.results import logparse
+    from megalab.core import logparse
 
     run = tmp_path / "results" / "runs" / "20260101_000000___101-x"
     run.mkdir(parents=True)
@@ -538,7 +538,7 @@ def test_committed_logs_are_gzipped_and_read_the_same(tmp_path):
 def test_tensorboard_events_are_gzipped_but_not_a_leftover_temporary(tmp_path):
     """compress_logs takes a run's TensorBoard event files too; the .gz.tmp an interrupted earlier call
     left beside one is not an event file to pack."""
-    from megalab.results import logparse
+    from megalab.core import logparse
 
     tb = tmp_path / "results" / "runs" / "20260101_000000___101-x" / "tensorboard"
     tb.mkdir(parents=True)
@@ -549,7 +549,7 @@ def test_tensorboard_events_are_gzipped_but_not_a_leftover_temporary(tmp_path):
 
 
 def test_a_damaged_gzipped_log_is_a_read_error_not_a_crash(tmp_path):
-    from megalab.results import logparse
+    from megalab.core import logparse
 
     good = __import__("gzip").compress((LOGS / "ok_1gpu_v019.txt").read_bytes())
     for name, data in (("truncated", good[: len(good) // 2]), ("garbage", b"\x1f\x8b" + b"x" * 50)):

@@ -164,7 +164,7 @@ def test_a_llama_like_gpt_builds_and_trains_on_megalabs_spec(cpu_rope):
 def test_estimator_counts_the_same_parameters_as_megatron_builds(world1):
     """params of the tiny Llama-like model: estimate.total_params (SwiGLU's 3 matrices, GQA's smaller
     K/V, RMSNorm's one vector, the untied output layer) equals what Megatron built."""
-    from megalab.results import estimate
+    from megalab.core import estimate
 
     model = _llama_like(untie=True)
     built = sum(p.numel() for p in model.parameters())
@@ -179,8 +179,9 @@ def test_estimator_counts_the_same_parameters_as_megatron_builds(world1):
 # ---- the launcher side: presets become Megatron's flags, and Megatron's build accepts them --------------
 
 def test_chapter6_presets_reach_megatrons_model_config():
-    from megalab.harness import catalog, plan, validate
-    from megalab.harness.variables import Options
+    from megalab.core import catalog, plan
+    from megalab.harness import validate
+    from megalab.core.variables import Options
     from megatron.training.argument_utils import core_transformer_config_from_args
 
     p = plan.build(catalog.get("600"), Options(iters=5))
@@ -192,13 +193,14 @@ def test_chapter6_presets_reach_megatrons_model_config():
         ("rope", 500000, True)
 
 
-@pytest.mark.skipif(__import__("megalab.harness.plan", fromlist=["x"]).te_available() is not None,
+@pytest.mark.skipif(__import__("megalab.core.plan", fromlist=["x"]).te_available() is not None,
                     reason="with Transformer Engine the fused RoPE is available")
 def test_the_preflight_check_builds_the_config_so_fused_rope_fails_before_launch():
     """Without TE Megatron's argument check accepts fused RoPE; only building the config refuses it
     ("apply_rope_fusion is not available"): the preflight does both, so it fails there, not at start-up."""
-    from megalab.harness import catalog, plan, validate
-    from megalab.harness.variables import Options
+    from megalab.core import catalog, plan
+    from megalab.harness import validate
+    from megalab.core.variables import Options
 
     argv = [a for a in plan.build(catalog.get("600"), Options(iters=5)).entry_args if a != "--no-rope-fusion"]
     with pytest.raises(validate.MegatronRejected, match="apply_rope_fusion is not available"):
@@ -209,9 +211,10 @@ def test_the_preflight_check_builds_the_config_so_fused_rope_fails_before_launch
 def test_estimated_flops_are_megatrons_for_swiglu_gqa_and_untied(target):
     """plan's FLOPs per step (SwiGLU's 3 matrices, GQA's smaller K/V, the untied logits) equal Megatron's
     own num_floating_point_operations for the chapter-6 presets."""
-    from megalab.harness import catalog, plan, validate
-    from megalab.harness.variables import Options
-    from megalab.results import estimate
+    from megalab.core import catalog, plan
+    from megalab.harness import validate
+    from megalab.core.variables import Options
+    from megalab.core import estimate
     from megatron.training.training import num_floating_point_operations
 
     exp = catalog.get(target)

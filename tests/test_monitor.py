@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, launch, monitor, ports, record
+from megalab.core import catalog, ports
+from megalab.harness import launch, monitor, record
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -89,7 +90,7 @@ def _build(tmp_path, log, busy=None, baseline=(), outcome=None):
     mon = monitor.GpuMemoryMonitor(tmp_path / "m.csv")
     mon._idx, mon.baseline_mib = list(range(len(baseline))), list(baseline)
     now = dt.datetime.now(dt.timezone.utc)
-    from megalab.harness import plan
+    from megalab.core import plan
 
     p = plan.build(catalog.get("101"), launch.Options(), plan.Machine(gpus=1, te=None), run_dir=tmp_path)
     return record.build(plan=p, returncode=1, interrupted=False, monitor=mon, inventory={},

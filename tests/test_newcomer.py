@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, launch, plan, pyinfo
-from megalab.harness.variables import LaunchError, Options
-from megalab.results import estimate, gpus
+from megalab.core import catalog, plan
+from megalab.harness import launch, pyinfo
+from megalab.core.variables import LaunchError, Options
+from megalab.core import estimate, gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,7 +103,7 @@ def test_an_unknown_gpu_is_one_line_with_the_choices():
 
 
 def test_gpu_is_a_make_variable_forwarded_to_slurm():
-    from megalab.harness import variables
+    from megalab.core import variables
 
     assert variables.BY_NAME["GPU"].forwarded
     assert Options.from_env({"GPU": "h200"}).gpu == "h200"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from megalab.harness import launch, progress, resume
-from megalab.results import logparse
+from megalab.core import logparse
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(NUM_LAYERS="2", HIDDEN_SIZE="64", NUM_HEADS="4", SEQ_LEN="128", GBS="1", MBS="1", DRY_RUN="1")

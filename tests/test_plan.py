@@ -1,4 +1,4 @@
-"""The run plan (megalab/harness/plan.py) and the make-variable table (variables.py).
+"""The run plan (megalab/core/plan.py) and the make-variable table (variables.py).
 
 scripts/train_gpt.sh is the readable view of the flags; the launcher runs plan.argv. These tests run
 the wrapper for every catalog target, and for the variables that change flags, and require its
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, launch, plan, slurm, variables
-from megalab.harness.variables import Options
+from megalab.core import catalog, plan, variables
+from megalab.harness import launch, slurm
+from megalab.core.variables import Options
 
 ROOT = Path(__file__).resolve().parent.parent
 TE = plan.Machine(te="2.1")

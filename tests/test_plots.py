@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog
+from megalab.core import catalog
 from megalab.results import plots, tables
-from megalab.harness.catalog import Experiment
+from megalab.core.catalog import Experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, plan, variables
-from megalab.results import provenance, records, tables
-from megalab.results.records import RunRecord
+from megalab.core import catalog, plan, variables
+from megalab.core import provenance, records
+from megalab.results import tables
+from megalab.core.records import RunRecord
 from megalab.runtime import levers
 
 T101 = "101-gpt2xl-dp1-gbs1-bf16"

@@ -63,7 +63,7 @@ def test_fill_updates_the_values_and_names_the_ones_that_moved():
 def test_make_tables_refuses_a_tutorial_quote_of_an_unknown_row(tmp_path, capsys):
     import shutil
 
-    from megalab.harness.catalog import ROOT
+    from megalab.core.paths import ROOT
     from megalab.results import tables
 
     root = tmp_path / "root"
@@ -83,7 +83,7 @@ def test_make_tables_refuses_a_tutorial_quote_of_an_unknown_row(tmp_path, capsys
 
 
 def test_the_tutorials_quote_their_measurements():
-    from megalab.harness.catalog import ROOT
+    from megalab.core.paths import ROOT
 
     n = 0
     for path in sorted((ROOT / "tutorials").glob("*.md")):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, plan
-from megalab.harness.variables import Options
+from megalab.core import catalog, plan
+from megalab.core.variables import Options
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab.results import logparse, tables
+from megalab.core import logparse
+from megalab.results import tables
 from megalab.harness import record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,16 +53,16 @@ def test_committed_checks_page_is_up_to_date():
 
 
 def test_committed_estimate_validation_is_up_to_date():
-    from megalab.results import estimate
+    from megalab.results import validation
 
-    text = estimate.validation_table(ROOT)
+    text = validation.validation_table(ROOT)
     assert (ROOT / "results" / "estimate-vs-measured.md").read_text(encoding="utf-8") == text, \
         "run `python -m megalab plan --validate` and commit"
 
 
 # --------------------------------------------------------------------------- the typed record reader
 
-from megalab.results import gpus, markdown, records  # noqa: E402
+from megalab.core import gpus, markdown, records  # noqa: E402
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.parent.name)

@@ -6,8 +6,8 @@ import io
 import json
 from pathlib import Path
 
-from megalab.harness import catalog
-from megalab.results import index, tables
+from megalab.core import catalog
+from megalab.results import compare, index, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
@@ -55,7 +55,9 @@ def test_chapter_6_renders_every_row_not_run_with_no_published_columns():
 
 def test_the_index_links_every_chapter_page_csv_and_figure():
     text = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
-    assert text == index.render(ROOT, tables.load_records())  # current (make tables writes it)
+    records = tables.load_records()
+    frames = {ch: tables.table_frame(ch, records) for ch in catalog.chapters()}
+    assert text == index.render(ROOT, frames)  # current (make tables writes it)
     for meta in catalog.chapters().values():
         name = Path(meta["table"]).name
         assert f"]({name})" in text and f"]({Path(name).with_suffix('.csv')})" in text
@@ -72,7 +74,7 @@ def test_compare_writes_your_runs_beside_the_committed_ones_elsewhere(tmp_path):
     before = {p: p.read_bytes() for p in sorted((ROOT / "results").rglob("*")) if p.is_file()}
     outdir = tmp_path / "outdir"
     _write(outdir, "2099-03-01___101", step_ms_median=200.0)
-    assert index.cli([str(outdir)]) == 0
+    assert compare.cli([str(outdir)]) == 0
     out = outdir / "compare" / "results"
     page = (out / "01-dp-zero2.md").read_text(encoding="utf-8")
     rows = list(csv.DictReader((out / "01-dp-zero2.csv").open(encoding="utf-8")))
@@ -87,7 +89,7 @@ def test_compare_writes_your_runs_beside_the_committed_ones_elsewhere(tmp_path):
 
 
 def test_compare_refuses_a_missing_outdir_and_results_itself(tmp_path, capsys):
-    assert index.cli([str(tmp_path / "nope")]) == 2
+    assert compare.cli([str(tmp_path / "nope")]) == 2
     assert "fix:" in capsys.readouterr().err
     (tmp_path / "o").mkdir()
-    assert index.cli([str(tmp_path / "o"), "--out", str(ROOT)]) == 2
+    assert compare.cli([str(tmp_path / "o"), "--out", str(ROOT)]) == 2

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog, launch, record, slurm
+from megalab.core import catalog
+from megalab.harness import launch, record, slurm
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.harness import catalog
+from megalab.core import catalog
 from megalab.results import tables
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,11 +13,11 @@ import argparse
 import re
 import sys
 import warnings
+from megalab._compat import ensure_typing_override
+from megalab.harness.validate import megatron_available
 
 
 def parser() -> argparse.ArgumentParser:
-    from megalab._compat import ensure_typing_override
-
     ensure_typing_override()
     with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected on CPU
         warnings.simplefilter("ignore")
@@ -51,8 +51,6 @@ def cli(argv: list[str]) -> int:
     if len(rest) > 1 or any(a.startswith("-") for a in rest):
         print("usage: python -m megalab arguments [--count] [PATTERN]", file=sys.stderr)
         return 2
-    from megalab.harness.validate import megatron_available
-
     version = megatron_available()
     if version is None:
         print("megalab arguments: megatron-core is not installed; fix: make setup "

@@ -1,11 +1,11 @@
 """`make bench`: Megatron's stock local spec vs megalab's TE-free spec, measured in one GPU run.
 
-    python -m megalab.harness.bench run            the whole benchmark (configs/bench.yaml) -> results/bench/
-    python -m megalab.harness.bench matmul         the bf16 8192^3 matmul ceiling only
-    python -m megalab.harness.bench trace FILE     where a step's time goes, from a torch profiler trace
-    python -m megalab.harness.bench wgrad TARGET   fused_wgrad's kernels against Megatron's unfused accumulation
-    python -m megalab.harness.bench cp TARGET      one rank's ring-attention compute against 1/CP of one flash call
-    python -m megalab.harness.bench report         rebuild results/bench/README.md from the committed runs
+    python -m megalab bench run            the whole benchmark (configs/bench.yaml) -> results/bench/
+    python -m megalab bench matmul         the bf16 8192^3 matmul ceiling only
+    python -m megalab bench trace FILE     where a step's time goes, from a torch profiler trace
+    python -m megalab bench wgrad TARGET   fused_wgrad's kernels against Megatron's unfused accumulation
+    python -m megalab bench cp TARGET      one rank's ring-attention compute against 1/CP of one flash call
+    python -m megalab bench-report         rebuild results/bench/README.md from the committed runs
 
 Every case is an ordinary megalab launch (`launch.run`): same wrapper, same monitor, same record,
 so a bench number and a table number are measured the same way. Cases that differ from a catalog
@@ -24,13 +24,15 @@ from collections import defaultdict
 from pathlib import Path
 
 
-from megalab.results import markdown
+from megalab.core import markdown
 
 # What a run is and how its record is found live on the results side (benchruns), which the report reads
 # too: the report never imports this launcher, so the two cannot import each other.
-from megalab.results.benchruns import (  # noqa: F401  (re-exported: bench.Run, bench.make_run, ...)
+from megalab.core.benchruns import (  # noqa: F401  (re-exported: bench.Run, bench.make_run, ...)
     BENCH_DIR, CONFIG, Run, ablation_runs, expert_runs, fits, load_config, load_runs, make_run, parity_runs,
     record_key, spec_run)
+from megalab.core import catalog
+from megalab.harness import launch
 
 
 class BenchError(RuntimeError):
@@ -90,8 +92,6 @@ def _ms_per_call(fn, reps: int, warmup: int, cuda: bool = True) -> float:
 def wgrad_shapes(target: str) -> tuple[int, list[tuple[str, int, int, int]]]:
     """(tokens per micro-batch, [(name, out, in, how many per step)]): the linear layers of a catalog
     target whose weight gradients Megatron accumulates into main_grad (TP=1 shapes)."""
-    from megalab.harness import catalog
-
     exp = catalog.get(target)
     m = exp.model_cfg
     h, L = m["hidden_size"], m["num_layers"]
@@ -110,7 +110,7 @@ def wgrad_accum(target: str, reps: int = 20) -> list[dict]:
     error against an fp64 reference on 256 tokens."""
     import torch
 
-    from megalab.runtime import fastpath
+    from megalab.runtime import fastpath  # torch: imported only where a GPU benchmark runs
 
     require_gpu()
     tokens, shapes = wgrad_shapes(target)
@@ -149,8 +149,6 @@ def render_wgrad(target: str, rows: list[dict]) -> str:
 # --------------------------------------------------------------------------- context-parallel attention compute
 def cp_shapes(target: str) -> tuple[int, int, int, int, int]:
     """(micro-batch, heads, sequence, head dim, CP) of a catalog target's attention."""
-    from megalab.harness import catalog
-
     exp = catalog.get(target)
     m = exp.model_cfg
     heads = m["num_attention_heads"]
@@ -174,7 +172,7 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from megalab.runtime import cp_attention
+    from megalab.runtime import cp_attention  # torch: imported only where the benchmark runs
 
     if device == "cuda":
         require_gpu()
@@ -405,8 +403,6 @@ class Runner:
         if self.budget_s is not None and time.monotonic() - self.start > self.budget_s:
             self.out_of_time = True
             return None
-        from megalab.harness import launch
-
         exp = run.experiment()
         if exp.gpus > self.gpus:
             return None
@@ -482,7 +478,7 @@ PARTS = ("matmul", "cases", "ablation", "search", "parity", "experts")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m megalab.harness.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m megalab bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("matmul")
     w = sub.add_parser("wgrad", help="time fused_wgrad against Megatron's unfused accumulation, per linear shape")
@@ -495,7 +491,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     r.add_argument("--budget-s", type=float, default=None,
                    help="start no new launch after this many seconds (run again to resume)")
-    sub.add_parser("report")
     args = p.parse_args(argv)
     try:
         if args.cmd == "run":
@@ -504,15 +499,9 @@ def main(argv: list[str] | None = None) -> int:
             if bad:
                 raise BenchError(f"bench: unknown part(s) {bad}; fix: --parts from {','.join(PARTS)}")
             runner = run_all(load_config(), BENCH_DIR / "runs", args.budget_s, parts)
-            from megalab.results import benchreport
-
-            benchreport.write(BENCH_DIR)
+            # the page: `python -m megalab bench run` writes it next (results/benchreport.py)
             if runner.out_of_time:
                 print("bench: time budget spent; run it again to measure the rest (finished runs are kept)")
-        elif args.cmd == "report":
-            from megalab.results import benchreport
-
-            print(benchreport.write(BENCH_DIR))
         elif args.cmd == "matmul":
             print(json.dumps(matmul_tflops()))
         elif args.cmd == "wgrad":

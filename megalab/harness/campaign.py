@@ -31,9 +31,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from megalab.harness import catalog
-from megalab.harness.catalog import CatalogError, Experiment
-from megalab.harness.variables import LaunchError, Options
+from megalab.core import catalog
+from megalab.core.catalog import CatalogError, Experiment
+from megalab.core.variables import LaunchError, Options
+from megalab.core.paths import ROOT
+from megalab.core import provenance
+from megalab.core.records import read_records
+from megalab.harness import launch as launcher
+from megalab.core import estimate
+from megalab.harness import monitor
 
 DEFAULT_REPEATS = 3
 ANOTHER_MACHINE = "(another machine)"  # DRY_RUN=1 GPUS=N: the GPUs are elsewhere, a machine none of the runs came from
@@ -70,13 +76,9 @@ def by_gpus(exps: list[Experiment], gpus_here: int) -> tuple[list[Experiment], l
 def todays_runs(root=None, machine: str | None = None, outdir=None) -> dict[str, tuple[int, bool]]:
     """target -> (its ok runs whose provenance is `today`, on `machine` (provenance.host_key) or, without
     one, on the machine with the most of them; whether a `today` run ran out of memory, on any machine):
-    what a table row stands on now (megalab/results/provenance.py), counting the committed runs and those
+    what a table row stands on now (megalab/core/provenance.py), counting the committed runs and those
     under OUTDIR (a campaign stopped by BUDGET_S goes on where it stopped)."""
     import itertools
-
-    from megalab.harness.catalog import ROOT
-    from megalab.results import provenance
-    from megalab.results.records import read_records
 
     root = root or ROOT
     ok: dict[str, Counter] = {}  # target -> machine -> ok runs
@@ -100,8 +102,6 @@ def this_machine(inventory: dict) -> str | None:
     """This machine as provenance.host_key names a record's (host name, first GPU, its UUID); None
     without GPUs."""
     import socket
-
-    from megalab.results import provenance
 
     if not inventory.get("count"):
         return None
@@ -160,7 +160,7 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
     """Launch the schedule (topping each target up from `have` ok runs to `repeats`); print the summary. 0
     when every planned launch ran and ended ok or oom."""
     if launch is None:
-        from megalab.harness.launch import launch
+        launch = launcher.launch
     start = clock()
     results: dict[str, list[dict]] = {e.id: [] for e in exps}
     out_of_time = False
@@ -197,9 +197,6 @@ def committed_durations() -> dict[str, list[tuple[float, float]]]:
     """target -> (start-up s, s per iteration) of each committed ok run (results/runs), and (OOM, target)
     -> the same of its out-of-memory runs; read once for a whole campaign. A run's duration is start-up
     plus its iterations at its median step, so a record of ITERS=25 still times a launch of ITERS=100."""
-    from megalab.harness.catalog import ROOT
-    from megalab.results.records import read_records
-
     out: dict = {}
     for r in read_records(ROOT / "results" / "runs", None):
         raw = r.raw
@@ -224,8 +221,6 @@ def launch_seconds(exp: Experiment, opts: Options, durations: dict) -> tuple[flo
         secs = statistics.median(up for up, _ in past_oom)
         return secs, f"out of memory: median of {len(past_oom)} committed run(s); runs once", True
     try:
-        from megalab.results import estimate
-
         est = estimate.estimate(exp)
     except Exception:
         return STARTUP_GUESS_S, "no record, no estimate", False
@@ -253,15 +248,13 @@ def cli(argv: list[str], environ=os.environ) -> int:
     """make campaign: CHAPTER / IDS / STALE select, REPEATS (3), BUDGET_S (none), the run variables as for make <target>."""
     if argv:
         raise LaunchError("usage: make campaign CHAPTER=N | IDS=\"101 111\" | STALE=1 [REPEATS=3] [BUDGET_S=seconds]")
-    from megalab.harness.monitor import gpu_inventory
-
     ids = environ.get("IDS", "").split()
     chapter = _int_env("CHAPTER", None, environ, least=0) if not ids else None  # chapter 0: the two-GPU tour
     repeats = _int_env("REPEATS", DEFAULT_REPEATS, environ)
     budget = _int_env("BUDGET_S", None, environ)
     only_stale = environ.get("STALE", "").strip().lower() not in ("", "0", "false", "no")
     opts = Options.from_env()
-    inventory = gpu_inventory()
+    inventory = monitor.gpu_inventory()
     gpus_here, machine = inventory["count"] or 0, this_machine(inventory)
     if environ.get("GPUS", "").strip():
         if not opts.dry_run:

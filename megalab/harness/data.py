@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+from megalab._compat import ensure_typing_override
 
 DEFAULT_SOURCE = "stas/openwebtext-10k"
 DEFAULT_OUT_DIR = "data"
@@ -693,8 +694,6 @@ def _pid_alive(pid: int) -> bool:
 def _builder_class():
     """megatron-core's IndexedDatasetBuilder (imported late: it pulls in torch)."""
     import warnings
-
-    from megalab._compat import ensure_typing_override
 
     ensure_typing_override()
     with warnings.catch_warnings():

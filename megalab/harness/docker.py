@@ -13,7 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from megalab.harness.variables import ROOT, LaunchError, value
+from megalab.core.paths import ROOT
+from megalab.core.variables import LaunchError, value
 
 WORKDIR = "/workspace/megalab"  # where docker/Dockerfile installs the repo
 

@@ -1,12 +1,13 @@
 """`make <target>`: preflight, run the plan's torchrun argv, monitor the GPUs, write the run record.
 
 The launcher is thin on purpose: the numbers come from the catalog, the decisions from the plan
-(megalab/harness/plan.py, built once), the training loop from Megatron. What it adds is what a
+(megalab/core/plan.py, built once), the training loop from Megatron. What it adds is what a
 measurement needs around a run: checks before a GPU hour is spent, a memory sampler for the whole
 run, and a record of what ran. It imports no torch: dry runs work with the base dependencies.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -15,10 +16,12 @@ import os
 import socket
 from pathlib import Path
 
-from megalab.harness import catalog, plan as planner, ports, pyinfo, record, resume
-from megalab.harness.catalog import CatalogError, Experiment
-from megalab.harness.plan import WRAPPER, RunPlan, profile_start, wandb_mode  # noqa: F401 (re-exported)
-from megalab.harness.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
+from megalab.core import catalog, estimate, plan as planner, ports
+from megalab.core.catalog import CatalogError, Experiment
+from megalab.core.plan import WRAPPER, RunPlan, profile_start, wandb_mode  # noqa: F401 (re-exported)
+from megalab.core.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
+from megalab.harness import data, monitor, progress as progress_line, pyinfo, record, resume, supervise, validate
+from megalab.runtime.levers import CP_MODES
 
 SUPPORTED_MCORE = "0.19."
 
@@ -182,8 +185,6 @@ def data_problem(plan: RunPlan) -> str | None:
         return None
     if not Path(prefix + ".idx").is_file():
         return f"DATA={prefix}: {prefix}.idx not found; fix: make prepare-data (it prints DATA=...)"
-    from megalab.harness import data
-
     return data.split_problem(prefix, plan.opts.split, int(plan.exp.model_cfg["seq_length"]))
 
 
@@ -200,8 +201,6 @@ def cp_problem(plan: RunPlan) -> str | None:
         return (f"target {exp.id} uses context parallelism (CP={exp.cp}), which Megatron's local spec lacks "
                 "(only Transformer Engine's attention has it); fix: drop SPEC=local (megalab's spec has CP) "
                 "or run with Transformer Engine (TE=1)")
-    from megalab.runtime.levers import CP_MODES
-
     mode = exp.cp_comm or "p2p"
     if mode not in CP_MODES:
         return (f"target {exp.id}: cp_comm {mode} is not one of megalab's CP modes ({', '.join(CP_MODES)}); "
@@ -214,8 +213,6 @@ def cp_problem(plan: RunPlan) -> str | None:
 
 def megatron_check(plan: RunPlan) -> str:
     """Megatron's own verdict on the plan's flags, when megatron-core is importable here."""
-    from megalab.harness import validate
-
     exp = plan.exp
     skipped = "megatron   not installed here: Megatron's own argument check skipped"
     if validate.megatron_available() is None:
@@ -233,14 +230,13 @@ def megatron_check(plan: RunPlan) -> str:
             + (f" (the same check passed before; verdict cached in {validate.cache_dir()})" if cached else ""))
 
 
-def plan_lines(plan: RunPlan, inv: dict) -> str:
-    """The estimator's prediction (megalab/results/estimate.py); warns, never refuses: OOM is a lesson too."""
-    from megalab.results import estimate
-
+def plan_lines(plan: RunPlan, mfu: float | None = None) -> str:
+    """The estimator's prediction (megalab/core/estimate.py); warns, never refuses: OOM is a lesson too.
+    The preflight and `python -m megalab plan TARGET` print this, from the same plan."""
     opts = plan.opts
     try:  # the machine's GPU: the one found, else the planning GPU (GPU=, GPU_MEM_GB)
         est = estimate.estimate(plan.exp, gpu_mem_gib=plan.machine.gpu_memory_gib, spec=opts.spec,
-                                gpu_name=plan.machine.gpu_name, model_cfg=dict(plan.model),
+                                gpu_name=plan.machine.gpu_name, model_cfg=dict(plan.model), mfu=mfu,
                                 cuda_graph=plan.cuda_graph, **estimate.lever_flags(plan.fast))
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
@@ -253,9 +249,7 @@ def plan_lines(plan: RunPlan, inv: dict) -> str:
 def check_megatron_installed(opts: Options | None = None) -> None:
     if (opts or Options.from_env()).megatron_lm:
         return
-    from megalab.harness.validate import megatron_available
-
-    v = megatron_available()
+    v = validate.megatron_available()
     if v is None:
         raise LaunchError("megatron-core is not installed; fix: pip install --no-deps megatron-core==0.19.2 "
                           "(Python 3.12) or `make setup`")
@@ -306,8 +300,6 @@ def _tail(log_path: Path, n: int = 15) -> str:
 
 def check_busy(per_node: int, opts: Options) -> list[dict]:
     """GPUs of this run that other processes use: refused in one line unless ALLOW_BUSY_GPUS=1."""
-    from megalab.harness import monitor
-
     busy = monitor.busy_gpus(monitor.run_gpu_indices(per_node))
     if busy and not opts.allow_busy_gpus:
         raise LaunchError(f"GPUs in use by other processes ({monitor.describe_busy(busy)}); fix: wait for "
@@ -325,8 +317,6 @@ def train_argv(plan: RunPlan) -> list[str]:
 def _execute(plan: RunPlan, env: dict[str, str], progress):
     """Run the plan (no shell) under the supervisor (supervise.py): its own process group, the log
     into run_dir/logs.txt and the progress line, a watchdog, and signals to us end the whole run."""
-    from megalab.harness import supervise
-
     opts = plan.opts
     quiet_node = opts.nnodes > 1 and opts.node_rank != opts.nnodes - 1  # the last node logs the iterations
     limits = supervise.Limits(silent_s=math.inf if quiet_node else opts.watchdog_silent_s,
@@ -360,16 +350,14 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     opts = check_options(opts)
     asked_port = opts.master_port  # resolved once, so the dry-run plan and the run plan agree
     opts = dataclasses.replace(opts, master_port=ports.master_port(asked_port, opts.nnodes))
-    from megalab.harness.monitor import GpuMemoryMonitor, gpu_inventory
-
-    inv = gpu_inventory()
+    inv = monitor.gpu_inventory()
     machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
                                    memory_mib=inv.get("memory_mib") or (), opts=opts)
     plan = planner.build(exp, opts, machine)
     print("\n".join(preflight(plan)))
     print(pyinfo.line(gpus=inv["count"]))
     print(megatron_check(plan))
-    print(plan_lines(plan, inv))
+    print(plan_lines(plan))
     print(ports.describe(asked_port, opts.master_port, opts.nnodes))
 
     problem = cp_problem(plan) or data_problem(plan)  # a dry run only warns
@@ -390,10 +378,8 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     print(f"run dir    {run_dir}  (full log: logs.txt)")
 
     started = dt.datetime.now(dt.timezone.utc)
-    from megalab.harness.progress import Progress
-
-    progress = Progress(verbose=opts.verbose)
-    with GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
+    progress = progress_line.Progress(verbose=opts.verbose)
+    with monitor.GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
         outcome = _execute(plan, {**os.environ, **plan.env}, progress)
     if outcome.reason:
         print(f"ended      {outcome.reason}: {outcome.detail}")
@@ -412,3 +398,33 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     if outcome.reason == "killed":  # a stop asked for stops every caller (bench, resume, batch) too
         raise SystemExit(outcome.exit_code)
     return rec, run_dir
+
+
+def plan_cli(argv: list[str]) -> int:
+    """`python -m megalab plan TARGET`: the preflight's prediction alone, from the same plan a launch
+    would build here (the make variables GPU, GPU_MEM_GB, FAST, CUDA_GRAPH, EXTRA_ARGS, SPEC included);
+    the options below override those variables."""
+    ap = argparse.ArgumentParser(prog="python -m megalab plan", description=plan_cli.__doc__.splitlines()[0])
+    ap.add_argument("target")
+    ap.add_argument("--gpu-mem-gb", default=None,
+                    help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
+    ap.add_argument("--spec", choices=("megalab", "local"), default=None, help="as SPEC=")
+    ap.add_argument("--gpu", default=None, help="GPU key (h100, h200, a100, ...) or NVML name, as GPU=")
+    ap.add_argument("--mfu", type=float, default=None, help="step time at this constant MFU instead of the model")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:  # argparse has said why (usage, or --help)
+        return int(e.code or 0)
+    opts = Options.from_env()
+    overrides = {k: v for k, v in (("gpu_mem_gb", args.gpu_mem_gb), ("spec", args.spec), ("gpu", args.gpu))
+                 if v is not None}
+    opts = dataclasses.replace(opts, dry_run=True, **overrides)
+    exp, variant = resolve(args.target)
+    if variant == "profile":
+        exp, opts = profiled(exp, opts)
+    exp.validate()
+    inv = monitor.gpu_inventory()
+    machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
+                                   memory_mib=inv.get("memory_mib") or (), opts=opts)
+    print(plan_lines(planner.build(exp, opts, machine), mfu=args.mfu))
+    return 0

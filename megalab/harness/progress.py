@@ -11,7 +11,7 @@ import statistics
 import sys
 from typing import TextIO
 
-from megalab.results.logparse import parse_iteration_line
+from megalab.core.logparse import parse_iteration_line
 
 PACE_WINDOW = 10  # recent steps the ETA is based on: a median, so a slow checkpoint step does not swing it
 

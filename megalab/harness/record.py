@@ -13,10 +13,12 @@ import platform
 import subprocess
 from pathlib import Path
 
-from megalab.harness.catalog import ROOT
-from megalab.results.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
+from megalab.core.paths import ROOT
+from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
-from megalab.results.records import SCHEMA  # 2 adds `intent` (the plan) and `observed` (what ran)
+from megalab.core.records import SCHEMA  # 2 adds `intent` (the plan) and `observed` (what ran)
+from megalab.core import logparse
+from megalab.harness.monitor import describe_busy
 
 
 def _git_commit() -> str | None:
@@ -77,8 +79,6 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
     `ok` with a note when every iteration ran, else `hung`). A run that started on GPUs other
     processes held (`busy`) and ran out of memory is `oom_busy`, never a plain `oom`: not a result.
     """
-    from megalab.results import logparse
-
     summary = summary or logparse.parse_file(log)
     fields = logparse.summary_fields(summary, warmup=warmup)
     status = fields.pop("status")
@@ -105,15 +105,13 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
 
 
 def busy_note(busy: list[dict]) -> str:
-    from megalab.harness.monitor import describe_busy
-
     return (f"busy_gpus: started beside other processes ({describe_busy(busy)}); its memory and step "
             "times are not its own (ALLOW_BUSY_GPUS=1)")
 
 
 def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, hostname, outputs=None,
           outcome=None, busy_gpus=None, preflight_s: float | None = None) -> dict:
-    """The record of one launch of `plan` (megalab/harness/plan.py) into plan.run_dir.
+    """The record of one launch of `plan` (megalab/core/plan.py) into plan.run_dir.
 
     `outcome`: the supervisor's (supervise.Outcome); `busy_gpus`: what the preflight found busy
     (monitor.busy_gpus) when ALLOW_BUSY_GPUS=1 let the run start anyway.
@@ -122,8 +120,6 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
     `observed`, what the entry point reported it ran (its `megalab: k=v` line: impl, fast path, CP
     mode, expert kernel); the two differ when, e.g., a lever found nothing to replace.
     """
-    from megalab.results import logparse
-
     exp, opts, impl, run_dir = plan.exp, plan.opts, plan.impl, plan.run_dir
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from megalab.harness import plan as planner, record
-from megalab.harness.catalog import Experiment
-from megalab.harness.variables import LaunchError
-from megalab.results import logparse
+from megalab.core import plan as planner
+from megalab.harness import record
+from megalab.core.catalog import Experiment
+from megalab.core.variables import LaunchError
+from megalab.core import logparse
 
 
 def check(saved_log, resumed_log, stop_at: int) -> dict:

@@ -19,9 +19,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from megalab.harness import catalog, launch, plan as planner
-from megalab.harness.catalog import ROOT, Experiment
-from megalab.harness.variables import FORWARDED, LaunchError, Options
+from megalab.core import catalog, plan as planner
+from megalab.harness import launch
+from megalab.core.paths import ROOT
+from megalab.core.catalog import Experiment
+from megalab.core.variables import FORWARDED, LaunchError, Options
 
 DEFAULT_GPUS_PER_NODE = 8
 # Make variables a node's `make <target>` reads (variables.py marks them forwarded): those set at

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from megalab.results.logparse import end_of_training, parse_iteration_line
+from megalab.core.logparse import end_of_training, parse_iteration_line
 
 TOKEN_VAR = "MEGALAB_RUN_TOKEN"  # marks every process of one supervised run (inherited environment)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -16,6 +16,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from megalab._compat import ensure_typing_override
 
 
 class MegatronRejected(ValueError):
@@ -51,8 +52,6 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     Some checks depend on the GPU generation; without a GPU they are answered for `device_arch`
     (9 = Hopper, the H100/H200 the catalog is measured on).
     """
-    from megalab._compat import ensure_typing_override
-
     ensure_typing_override()
     with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected here
         warnings.simplefilter("ignore")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from megalab.harness import catalog
-from megalab.harness.catalog import ROOT
-from megalab.results import provenance
-from megalab.results.records import RunRecord, load_records, num
+from megalab.core import catalog
+from megalab.core.paths import ROOT
+from megalab.core import provenance
+from megalab.core.records import RunRecord, load_records, num
 
 REFERENCE_DIR = ROOT / "configs" / "reference"
 RUNS_DIR = ROOT / "results" / "runs"
@@ -105,8 +105,6 @@ class Context:
     def host(self, exp: catalog.Experiment) -> str | None:
         """The host and code a row's record ran on (None without a record): a ratio of two rows' step
         times is only made between runs of one host with one code and defaults (provenance.py)."""
-        from megalab.results import provenance
-
         rec = self.rec(exp)
         return None if rec is None else provenance.comparable_key(rec, self.tree)
 

@@ -31,9 +31,11 @@ from typing import Any
 
 import yaml
 
-from megalab.harness.catalog import ROOT
-from megalab.results import markdown, provenance
-from megalab.results.records import USABLE, RunRecord, load_records, read_records, repeats, stamp
+from megalab.core.paths import ROOT
+from megalab.core import markdown, provenance
+from megalab.core.records import USABLE, RunRecord, load_records, read_records, repeats, stamp
+from megalab.core import catalog
+from megalab.core.catalog import CatalogError
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 OUTPUT = Path("results") / "checks.md"
@@ -502,8 +504,6 @@ def other_hosts(c: Claim, records: Mapping[str, dict]) -> str:
     a ratio of two hosts' runs mixes the hosts' difference (5-23% on identical commands) into it."""
     if c.kind == "status":
         return ""
-    from megalab.results import provenance
-
     hosts = {t: h for t in c.reads if (h := provenance.comparable_key(records[t])) is not None}
     if len(set(hosts.values())) <= 1:
         return ""
@@ -669,8 +669,6 @@ def render(results: list[Result]) -> str:
 
 def evaluate_root(root: Path = ROOT, claims_path: Path | None = None) -> list[Result]:
     """Every claim against ROOT's committed records: the newest per target, or one machine's runs."""
-    from megalab.harness import catalog
-
     setup = lambda r: provenance.setup_key(r, root)  # noqa: E731
     records = load_records(root / "results" / "runs", setup)
     return evaluate_all(load_claims(claims_path), records, catalog.catalog(), machine_groups(root, setup))
@@ -702,8 +700,6 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     ap.add_argument("--claims", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from megalab.harness.catalog import CatalogError
-
     try:
         results, _ = write_checks(args.root, args.claims)
     except (ChecksError, CatalogError) as e:

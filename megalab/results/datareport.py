@@ -26,9 +26,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from megalab.results import logparse, markdown, plots, records, tables
-from megalab.results.records import RunRecord
-from megalab.harness.catalog import ROOT
+from megalab.core import logparse, markdown, records
+from megalab.results import plots, tables
+from megalab.core.records import RunRecord
+from megalab.core.paths import ROOT
+from megalab.core import provenance
 
 PAGE = Path("results") / "data" / "README.md"
 RUNS = Path("results") / "data" / "runs"
@@ -139,8 +141,6 @@ def _ratio(real: dict | None, mock: dict | None, v: int | None) -> str:
         return ""
     if v is None:
         return "vocabulary unknown"
-    from megalab.results import provenance
-
     ka, kb = provenance.comparable_key(real), provenance.comparable_key(mock)
     if ka and kb and ka != kb:
         return tables.OTHER_HOST  # two hosts or two codes: no ratio (identical commands differ 5-23% between hosts)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 
-from megalab.harness import catalog
-from megalab.harness.catalog import ROOT
-from megalab.results import chapter, markdown, provenance
-from megalab.results.gpus import short_gpu_name
-from megalab.results.records import RunRecord, read_records, repeats
+from megalab.core import catalog
+from megalab.core.paths import ROOT
+from megalab.core import markdown, provenance
+from megalab.results import chapter
+from megalab.core.gpus import short_gpu_name
+from megalab.core.records import RunRecord, read_records, repeats
 
 
 def _reference(exp, anchor, twogpu) -> tuple[float, float] | None:
@@ -120,7 +121,7 @@ def section(root=ROOT) -> list[str]:
     return ["## Fast by default: every 1-2 GPU row with a published TE time", "",
             "A plain `make <target>` (CUDA_GRAPH=auto, the default fast path) against the Transformer Engine "
             "reference. *Before*: the newest record made before today's defaults (schema 1); *now*: the records "
-            "whose provenance is `today` (megalab/results/provenance.py): the newest run, or where it was repeated on "
+            "whose provenance is `today` (megalab/core/provenance.py): the newest run, or where it was repeated on "
             "the same host with the same code, the median of the runs' medians with the number of runs and their "
             "range. Memory in GiB (the 8x H100 "
             "reference converted as on the chapter pages). A ratio compares like hardware only: R rows were "

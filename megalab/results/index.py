@@ -1,18 +1,16 @@
 """results/README.md: where every results page, table CSV and figure is, one line per chapter.
 
 Written by `make tables` (tables.write_tables) from the catalog, the chapter tables' rows and the
-files present, so it is never stale. `python -m megalab compare OUTDIR` (`make compare`) writes the
-same pages for the committed records plus an outdir's own runs into a separate folder.
+files present, so it is never stale (results/compare.py writes the same for `make compare`).
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any, Mapping
 
-from megalab.harness import catalog
-from megalab.results import markdown
+from megalab.core import catalog
+from megalab.core import markdown
 
 # Results pages besides the chapters: path under results/ and what it holds.
 OTHER_PAGES = (
@@ -49,14 +47,14 @@ def today_summary(cells: list[str]) -> str:
     return f" ({today} of {len(measured)} measured with today's code and defaults)"
 
 
-def render(root: Path, records: dict[str, dict], *, title: str = "Results", intro: str = "") -> str:
-    from megalab.results import tables  # pandas: only when a page is written
-
+def render(root: Path, frames: Mapping[int, Any], *, title: str = "Results", intro: str = "") -> str:
+    """The index page from the chapter tables' rows (tables.write_tables hands them over: chapter ->
+    its table's DataFrame)."""
     results = root / "results"
     rows = []
     for chapter, meta in catalog.chapters().items():
         page = Path(meta["table"]).name
-        df = tables.table_frame(chapter, records)
+        df = frames[chapter]
         gpus = sorted({h.split("x ", 1)[-1].rstrip(" †‡*") for h in df["hardware"] if h and "x " in h})
         tut = meta.get("tutorial")
         rows.append([str(chapter), f"[{meta.get('title', page)}]({page})", f"[csv]({Path(page).with_suffix('.csv')})",
@@ -84,56 +82,12 @@ def render(root: Path, records: dict[str, dict], *, title: str = "Results", intr
     return "\n".join(lines) + "\n"
 
 
-def write(root: Path, records: dict[str, dict], *, check: bool = False, **kw) -> list[Path]:
+def write(root: Path, frames: Mapping[int, Any], *, check: bool = False, **kw) -> list[Path]:
     path = root / "results" / "README.md"
-    text = render(root, records, **kw)
+    text = render(root, frames, **kw)
     old = path.read_text(encoding="utf-8") if path.exists() else None
     if old == text:
         return []
     if not check:
         markdown.write_atomic(path, text)
     return [path]
-
-
-def compare(outdir: Path, out: Path | None = None) -> list[Path]:
-    """The committed records plus OUTDIR's runs (newest per target wins) as results pages in OUT
-    (default OUTDIR/compare/results/): results/ itself is never written."""
-    from megalab.results import tables
-
-    outdir = Path(outdir)
-    if not outdir.is_dir():
-        raise FileNotFoundError(f"compare: {outdir} is not a folder; fix: give the OUTDIR your runs went to "
-                                "(make <target> writes outdir/<time>___<target>/run.json)")
-    out = Path(out) if out is not None else outdir / "compare"
-    if out.resolve() == catalog.ROOT.resolve() or catalog.ROOT.resolve() / "results" in (out / "results").resolve().parents \
-            or (out / "results").resolve() == (catalog.ROOT / "results").resolve():
-        raise ValueError(f"compare: {out} would overwrite the committed results/; fix: --out another folder")
-    committed = tables.load_records()
-    yours = tables.load_records(outdir)
-    records = dict(committed)
-    for target, rec in yours.items():  # the newer record of a target stands in its row
-        if target not in records or tables._started_key(rec) >= tables._started_key(records[target]):
-            records[target] = rec
-    changed = tables.write_tables(out, records=records)
-    mine = sorted(t for t in yours if records.get(t) is yours[t])
-    intro = (f"Your runs from `{outdir}` ({len(mine)} row(s): {', '.join(mine) or 'none'}) with the committed "
-             "records of results/runs for every other row.")
-    changed += write(out, records, title="Results: your runs beside the committed ones", intro=intro)
-    return changed
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """`python -m megalab compare OUTDIR [--out DIR]` (make compare OUTDIR=...)."""
-    ap = argparse.ArgumentParser(prog="python -m megalab compare",
-                                 description="Your outdir's runs beside the committed ones, in a folder of their own.")
-    ap.add_argument("outdir", type=Path)
-    ap.add_argument("--out", type=Path, default=None, help="where the pages go (default OUTDIR/compare)")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        changed = compare(args.outdir, args.out)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"megalab: {e}", file=sys.stderr)
-        return 2
-    out = args.out or args.outdir / "compare"
-    print(f"compare: wrote {len(changed)} file(s); open {out / 'results' / 'README.md'}")
-    return 0

@@ -11,9 +11,11 @@ import re
 import sys
 from pathlib import Path
 
-from megalab.harness.catalog import ROOT
-from megalab.results import benchreport, gpus, logparse, markdown
-from megalab.results.records import read_records
+from megalab.core.paths import ROOT
+from megalab.core import gpus, logparse, markdown
+from megalab.results import benchreport
+from megalab.core.records import read_records
+from megalab.core import provenance
 
 DIR = ROOT / "results" / "integrity"
 # The terminal transcripts: file, what it shows, and where its excerpt starts (a regex; None: the last lines).
@@ -66,8 +68,6 @@ def graph_parity(runs: list, table_runs: list) -> list[str]:
     same target, in results/runs or here, on the same machine (provenance.host_key) with the same code
     inside torchrun (provenance.code_key); each pair once. Loss parity by the bench's rule, and what the
     graph changed in step time and memory: the evidence behind graphs.py's policy."""
-    from megalab.results import provenance
-
     rows, pairs = [], set()
     pool = [*table_runs, *runs]  # a twin may be here: the graph-off launch alternated with the graph-on ones
     for r in runs:

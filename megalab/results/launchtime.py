@@ -13,8 +13,8 @@ import datetime as dt
 import statistics
 from pathlib import Path
 
-from megalab.results import logparse, markdown, provenance
-from megalab.results.records import RunRecord, read_records
+from megalab.core import logparse, markdown, provenance
+from megalab.core.records import RunRecord, read_records
 
 # (phase, what it is, start marker, end marker); "started"/"ended" are the record's own times.
 PHASES = (

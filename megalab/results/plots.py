@@ -32,9 +32,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from megalab.harness import catalog
-from megalab.results import provenance, chapter as chapters, gpus, markdown, records as run_records
-from megalab.harness.catalog import ROOT
+from megalab.core import catalog
+from megalab.core import provenance, gpus, markdown, records as run_records
+from megalab.results import chapter as chapters
+from megalab.core.paths import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
 SIZE, DPI = (9.0, 4.5), 100

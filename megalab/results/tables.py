@@ -37,18 +37,19 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from megalab.harness import catalog
-from megalab.harness.catalog import ROOT
-from megalab.results import logparse, markdown, plots, provenance, quotes
+from megalab.core import catalog
+from megalab.core.paths import ROOT
+from megalab.core import logparse, markdown, provenance
+from megalab.results import index, plots, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.X kept for callers and tests)
     MISSING as _MISSING, REF_GB_TO_GIB, REFERENCE_DIR, REFERENCE_KINDS, RUNS_DIR, Context, context as _context, load_reference,
     load_twogpu_reference, measured as _measured, reference_kind, row_id as _row_id, scaling_series,
     virtual_stages)
-from megalab.results.gpus import nominal_gb_to_gib, short_gpu_name
-from megalab.results.markdown import report_changes, write_atomic as _write_atomic  # noqa: F401
-from megalab.results.records import (  # noqa: F401
+from megalab.core.gpus import nominal_gb_to_gib, short_gpu_name
+from megalab.core.markdown import report_changes, write_atomic as _write_atomic  # noqa: F401
+from megalab.core.records import (  # noqa: F401
     USABLE, RunRecord, mark_shared, num as _num, read_records, stamp as _stamp)
-from megalab.results import records as _records
+from megalab.core import records as _records
 
 # The rig these tables are measured on has one or two GPUs; targets needing more are listed
 # with their reference numbers and a "not run" status.
@@ -756,7 +757,7 @@ def not_today(records: dict[str, dict], tree: Path) -> dict[str, list[str]]:
 
 
 def write_tables(root: Path | None = None, *, check: bool = False, strict: bool = False,
-                 records: dict[str, dict] | None = None) -> list[Path]:
+                 records: dict[str, dict] | None = None, index_page: dict | None = None) -> list[Path]:
     """Write every chapter's table page (and its CSV, same rows) under ROOT; return the paths whose
     content changed.
 
@@ -791,9 +792,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
             if not check:
                 markdown.write_atomic(path, text)
             changed.append(path)
-    from megalab.results import index  # results/README.md: every page, CSV and figure (an import circle otherwise)
-
-    changed += index.write(root, records, check=check)
+    changed += index.write(root, frames, check=check, **(index_page or {}))  # results/README.md
     blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root)
               for ch in catalog.chapters()}
     for path in sorted((root / "tutorials").glob("*.md")):

@@ -10,7 +10,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from megalab.core.paths import ROOT
+from megalab.runtime import levers
 
 
 class LaunchError(RuntimeError):
@@ -42,16 +43,12 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, plus grouped_gemm where a MoE preset
     asks for moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers),
     a record's provenance and `python -m megalab plan` all read it here."""
-    from megalab.runtime import levers  # torch-free, like this module
-
     moe = bool(num_experts) and bool((model_cfg or {}).get("moe_grouped_gemm"))
     return DEFAULT_FAST + ((levers.GROUPED_GEMM,) if moe else ())
 
 
 def fast_names(value: str) -> list[str]:
     """A FAST value as lever names (none, all, or a list); LaunchError naming the unknown ones and the fix."""
-    from megalab.runtime import levers
-
     try:
         return levers.requested({"MEGALAB_FAST": value})
     except ValueError as e:

@@ -22,9 +22,12 @@ import os
 import subprocess
 from pathlib import Path
 
-from megalab.harness.catalog import ROOT
-from megalab.harness import variables
-from megalab.results.records import RunRecord, settings
+from megalab.core.paths import ROOT
+from megalab.core import variables
+from megalab.core.records import RunRecord, settings
+from megalab.core import catalog, plan
+from megalab.core.catalog import CatalogError
+from megalab.core.variables import LaunchError, Options
 
 CURRENT, OLDER, UNKNOWN = "current", "older", "unknown"
 # The code inside torchrun: a net change to it since a record's commit makes the record "other code".
@@ -38,7 +41,7 @@ FEATURE_FILES = {
     "megalab/runtime/cp_attention.py": lambda cfg: (cfg.get("cp") or 1) > 1,
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.get("num_experts")),
 }
-DEFAULT_WARMUP = 3  # megalab/harness/variables.py WARMUP's default (tests keep the two equal)
+DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
 LEGEND = ("provenance: `today` = a schema-2 record run with today's defaults (FAST, CUDA_GRAPH, EXTRA_ARGS "
@@ -163,10 +166,6 @@ def replan_differs(r: RunRecord) -> str | None:
     again with its variables on a machine like its own (intent.machine) and compares the Megatron argv
     (its port and run dir aside): any other flag, lever or CUDA-graph decision makes the row older.
     The one place the results side asks the launcher: what it would do now."""
-    from megalab.harness import catalog, plan
-    from megalab.harness.catalog import CatalogError
-    from megalab.harness.variables import LaunchError, Options
-
     intent, cfg = r.intent or {}, r.config or {}
     try:
         exp = catalog.get(r.target)

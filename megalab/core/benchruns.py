@@ -11,8 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from megalab.harness.catalog import ROOT
-from megalab.results.records import read_records
+from megalab.core.paths import ROOT
+from megalab.core.records import read_records
+from megalab.core import catalog
 
 CONFIG = ROOT / "configs" / "bench.yaml"
 BENCH_DIR = ROOT / "results" / "bench"
@@ -44,8 +45,6 @@ class Run:
         return (self.id, self.spec, self.fast, self.cuda_graph, self.iters, self.extra_args)
 
     def experiment(self):
-        from megalab.harness import catalog
-
         exp = catalog.get(self.target)
         if self.zero2 is not None and self.zero2 != exp.zero2:
             exp = dataclasses.replace(exp, id=self.id, zero2=self.zero2, ref=None, analogue_of=None)

@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "configs"
+from megalab.core.paths import CONFIGS, ROOT  # noqa: F401 (catalog.ROOT: callers and tests)
 
 
 class CatalogError(ValueError):

@@ -46,24 +46,12 @@ step-time prediction (see `flops_breakdown`).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import gzip
-import hashlib
 import math
-import os
-import statistics
-import re
-import shlex
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from megalab.harness import catalog
-from megalab.harness.variables import LaunchError
-from megalab.results import gpus, markdown, steptime
-from megalab.results.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
+from megalab.core import gpus, steptime
+from megalab.core.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
 
 GIB = 2**30
 MIB = 2**20
@@ -126,7 +114,7 @@ ALLOCATOR_SLACK = 0.05
 RING_STRANDED_CHUNKS_PER_STEP = 1.0
 
 # ---- GPUs -----------------------------------------------------------------------------------------
-# Memory and peak from the one datasheet table (megalab/results/gpus.py); GPU_MEM_GB=N caps to
+# Memory and peak from the one datasheet table (megalab/core/gpus.py); GPU_MEM_GB=N caps to
 # N x 81559/80 MiB (an H100 80GB at 80), nominal_gb_to_gib.
 DEFAULT_MFU = 0.35
 SPECS = ("megalab", "local")
@@ -406,7 +394,7 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
 # The full-iteration CUDA graph's extra memory (its private pool, static inputs and outputs), as a share
 # of the peak without it. Seen on the rig, graph on vs off at the same layout: 111 +6.0% (1x H100),
 # 002 +8.8% and 232 +3.0% (2x H200), and 003 about 0% against this estimator's graph-off peak. The
-# estimate takes the middle of that range; CUDA_GRAPH=auto (megalab/harness/graphs.py) plans with a
+# estimate takes the middle of that range; CUDA_GRAPH=auto (megalab/core/graphs.py) plans with a
 # larger safety margin of its own, since a wrong "on" costs an out-of-memory run.
 GRAPH_MEMORY_SHARE = 0.05
 GRAPH_MEMORY_MIN_GIB = 0.5
@@ -430,7 +418,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
     spec: 'megalab' (SDPA attention, no s x s scores; also right for Transformer Engine) or 'local'
     (Megatron's DotProductAttention). model_cfg overrides exp.model_cfg (a run record's preset).
-    Step time: the model of megalab/results/steptime.py, or with `mfu` the old constant-MFU guess."""
+    Step time: the model of megalab/core/steptime.py, or with `mfu` the old constant-MFU guess."""
     if spec not in SPECS:
         raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
     e = exp  # a catalog.Experiment (for a run record: rebuilt from its config)
@@ -525,7 +513,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
 
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
                   fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False) -> steptime.Features:
-    """The step-time model's inputs for a layout (megalab/results/steptime.py): per stage and micro-batch
+    """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, kernel launches and in-micro-batch communication; per step the optimizer's HBM
     traffic and the DP reduction. Datasheet bandwidths (gpus.py); nothing here is fitted."""
     gpu = gpus.lookup(gpu_name) or gpus.default_gpu()
@@ -686,514 +674,15 @@ def render(est: Estimate) -> str:
     lines.append(f"flops        {e.flops_per_step / 1e12:.1f} TFLOP per step (Megatron num_floating_point_operations)"
                  f"{extra}")
     lines.append(f"time         {e.step_ms:.0f} ms per step{bub} (GEMMs by size, kernel launches, optimizer traffic, "
-                 f"communication: megalab/results/steptime.py): {e.tflops_per_gpu:.0f} TFLOP/s/GPU as Megatron "
+                 f"communication: megalab/core/steptime.py): {e.tflops_per_gpu:.0f} TFLOP/s/GPU as Megatron "
                  f"reports it, {e.mfu:.0%} of {e.peak_tflops:.0f}")
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- validation
-
-RECORD_DIRS = ("results/runs", "results/bench/runs", "results/holdout/runs")
-# The split of the records into a calibration set and a held-out set, fixed: a record is held out when
-# the SHA-1 of its target id (a bench variant such as 101-...gbs4 is a target of its own) is 0 modulo
-# HELD_OUT_EVERY. Every run of a target falls on one side. Only the calibration set may fit a constant.
-HELD_OUT_EVERY = 3
-CALIBRATION, HELD_OUT = "calibration", "held-out"
-# Configurations that were never catalog targets (other models, batch sizes and layouts, through EXTRA_ARGS'
-# model and layout flags), run after the allowances and the step-time constants were fixed: the clean
-# out-of-sample set. Nothing is calibrated on them.
-OUT_OF_CATALOG = "out-of-catalog"
-HOLDOUT_DIR = "results/holdout/runs"
-SETS = (CALIBRATION, HELD_OUT, OUT_OF_CATALOG)
-
-
-def set_of(records_dir: str, target: str) -> str:
-    """OUT_OF_CATALOG for the holdout runs, else split(target)."""
-    return OUT_OF_CATALOG if records_dir == HOLDOUT_DIR else split(target)
-
-
-def split(target: str) -> str:
-    """CALIBRATION or HELD_OUT for a target id (fixed, documented above)."""
-    return HELD_OUT if int(hashlib.sha1(target.encode()).hexdigest(), 16) % HELD_OUT_EVERY == 0 else CALIBRATION
-# Rows further off than this get a note saying where the difference sits (from the run's own figures).
-NOTE_ABOVE = 0.05
-
-
-def _record_layout(rec: dict) -> tuple[catalog.Experiment, dict[str, Any], str]:
-    cfg = rec["config"]
-    names = {f.name for f in dataclasses.fields(catalog.Experiment)}
-    lay = catalog.Experiment(**{n: cfg[n] for n in names if n in cfg})
-    preset = cfg.get("model_preset") or catalog.models()[lay.model]
-    spec = "local" if cfg.get("spec") == "local" and cfg.get("transformer_impl") != "transformer_engine" else "megalab"
-    return lay, preset, spec
-
-
-def record_capacity_gib(rec: dict) -> float:
-    cap = (rec.get("config") or {}).get("gpu_mem_gb")
-    if cap not in (None, "", "0"):
-        return nominal_gb_to_gib(float(cap))
-    if rec.get("gpu_memory_mib"):
-        return rec["gpu_memory_mib"] / 1024
-    return gpu_spec(rec.get("gpu_name"))[0]
-
-
-def estimate_record(rec: dict) -> Estimate:
-    lay, preset, spec = _record_layout(rec)
-    fast = (rec.get("config") or {}).get("fastpath") or ""
-    return estimate(lay, spec=spec, gpu_name=rec.get("gpu_name"), gpu_mem_gib=record_capacity_gib(rec),
-                    model_cfg=preset, cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")),
-                    **lever_flags(fast))
-
-
-def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
-    """Megatron's memory line per logged rank (its last report), from the raw log beside the record
-    (Megatron prints rank 0 and, with PP, the last stage's first rank), else from the record; the
-    last rank's maxima then from its TensorBoard series. The log line stops after iteration 2, and
-    the allocator may still reserve more after it: the series runs to the last iteration."""
-    from megalab.results import logparse
-
-    log = run_dir / ((rec.get("files") or {}).get("log") or "logs.txt")
-    try:
-        mem = {int(r): v for r, v in logparse.parse_file(log).megatron_mem.items()}
-    except logparse.LogReadError:
-        mem = {}
-    if not mem:
-        by_rank = rec.get("megatron_mem_by_rank") or {}
-        mem = {int(r): v for r, v in by_rank.items()} or ({0: rec["megatron_mem"]} if rec.get("megatron_mem") else {})
-    tb = tensorboard_mem_mb(run_dir)
-    if "mem-reserved-bytes" in tb and "mem-max-allocated-bytes" in tb:
-        last = int((rec.get("config") or {}).get("gpus") or rec.get("num_gpus") or 1) - 1
-        old = mem.get(last, {})
-        mem[last] = {**old, "max_reserved_mb": max(old.get("max_reserved_mb", 0.0), tb["mem-reserved-bytes"]),
-                     "max_allocated_mb": max(old.get("max_allocated_mb", 0.0), tb["mem-max-allocated-bytes"]),
-                     "to_last_iteration": True}
-    return mem
-
-
-def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
-    """Max over iterations of Megatron's TensorBoard memory scalars (mem-reserved-bytes, ...), in MB;
-    the last rank writes them every iteration. {} without the event files, or without the
-    tensorboard package (a dev dependency: then only the log's figures are used, and said so)."""
-    paths = sorted(run_dir.glob("tensorboard/*tfevents*"))
-    if not paths:
-        return {}
-    try:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-        from tensorboard.util import tensor_util
-    except ImportError:
-        print("megalab plan: tensorboard is not installed, so max reserved comes from the log line only "
-              "(fix: pip install tensorboard)", file=sys.stderr)
-        return {}
-    out: dict[str, float] = {}
-    for path in paths:
-        try:
-            for event in _events(path, EventFileLoader):
-                for v in event.summary.value:
-                    if v.tag.startswith("mem-"):
-                        x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
-                        out[v.tag] = max(out.get(v.tag, 0.0), x / MIB)
-        except Exception as e:  # a truncated or foreign file: skip it, as the log reader does
-            print(f"megalab plan: skipping {path}: {e}", file=sys.stderr)
-    return out
-
-
-def _events(path: Path, loader):
-    """The events of one TensorBoard file; a committed one is gzipped (logparse.compress_logs) and the
-    loader reads a path only, so it reads an unpacked temporary copy."""
-    if path.suffix != ".gz":
-        yield from loader(str(path)).Load()
-        return
-    with tempfile.NamedTemporaryFile(suffix=".tfevents") as tmp:
-        tmp.write(gzip.decompress(path.read_bytes()))
-        tmp.flush()
-        yield from loader(tmp.name).Load()
-
-
-def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str:
-    """Where nvidia-smi's peak went beyond the estimate, from the run's own allocator figures. Memory
-    outside the allocator is the same on every GPU of a layout: it is measured on the rank whose max
-    reserved runs to the last iteration (TensorBoard's), else on the busiest logged rank. The slack is
-    that of the GPU with the highest peak: its peak less that outside memory, over its max allocated
-    (or its stage's logged rank's). A note, not a fit."""
-    peaks = rec.get("mem_peak_mib") or []
-    logged = [r for r in mem if r < len(peaks)]
-    if not logged:
-        return ""
-    per_stage = est.gpus // est.pp
-    ref = max(logged, key=lambda r: (bool(mem[r].get("to_last_iteration")), mem[r]["max_reserved_mb"]))
-    outside = peaks[ref] - mem[ref]["max_reserved_mb"]
-    parts = []
-    assumed = (CUDA_CONTEXT_MIB + nccl_mib(est.gpus, est.pp, est.cp)) / 1024
-    if outside / 1024 > assumed + 0.5:
-        why = ""
-        if est.zero2 and est.dp > 1:
-            why = " (NCCL buffers beyond NCCL_MIB: ZeRO-2's reduce-scatter/all-gather" + (
-                ", the experts' all-to-all)" if est.ep > 1 else ")")
-        parts.append(f"outside the allocator {outside / 1024:.1f} GiB vs {assumed:.1f} assumed{why}")
-    top = max(range(len(peaks)), key=peaks.__getitem__)
-    stage_ranks = [r for r in mem if r // per_stage == top // per_stage]
-    if not stage_ranks:
-        return "; ".join(parts)
-    last = top // per_stage == est.pp - 1
-    stage = est.stages[min(top // per_stage, est.pp - 1)]
-    slack = (peaks[top] - outside) / mem[top if top in mem else stage_ranks[0]]["max_allocated_mb"] - 1
-    assumed_slack = ALLOCATOR_SLACK + stage.ring_slack_bytes / stage.allocated_bytes
-    if slack > assumed_slack + 0.02:
-        why = ""
-        if stage.ring_slack_bytes:
-            why = " (ring attention's K/V chunks held by NCCL, RING_STRANDED_CHUNKS_PER_STEP)"
-        elif est.spec == "local":
-            why = " (Megatron's local attention allocates and frees b x heads x s x s scores in every layer)"
-        elif est.pp > 1 and last:
-            why = (" (the last stage's multi-GiB logits blocks: once the Adam state, created after "
-                   "iteration 1, has taken cached blocks, iteration 2 reserves new ones for them)")
-        elif est.zero2:
-            why = " (every gpt2-xl ZeRO-2 run here is above the 5% median)"
-        elif est.num_microbatches > 1:
-            why = " (gradient accumulation: activations re-allocated around the held grads)"
-        parts.append(f"allocator slack {slack:.1%} vs {assumed_slack:.0%} assumed{why}")
-    return "; ".join(parts)
-
-
-def not_modelled(rec: dict) -> str | None:
-    """Why a run is outside what the estimator models (so it is not validated against it), or None."""
-    cfg = rec.get("config") or {}
-    if cfg.get("extra_args") and not _only_planned_flags(cfg["extra_args"]):
-        return f"extra Megatron flags ({cfg['extra_args']})"
-    return None
-
-
-def _only_planned_flags(extra: str) -> bool:
-    """EXTRA_ARGS made only of flags the plan reads into the record (catalog.MODEL_FLAGS: the model
-    as built; catalog.LAYOUT_FLAGS: batch and layout), each with its value: the record is then a
-    configuration the estimator models, whatever the catalog says."""
-    try:
-        args = catalog.argv_items(shlex.split(extra))
-    except ValueError:
-        return False
-    flags = {**catalog.MODEL_FLAGS, **catalog.LAYOUT_FLAGS}
-    i = 0
-    while i < len(args):
-        if args[i] not in flags:
-            return False
-        i += 1 if flags[args[i]][1] is None else 2
-    return True
-
-
-def _committed_records(root: Path):
-    """(records dir, RunRecord) for every readable committed record."""
-    from megalab.results.records import read_records
-
-    for d in RECORD_DIRS:
-        for rec in read_records(root / d, None):
-            yield d, rec
-
-
-def left_out(root: Path) -> list[str]:
-    return [f"{d}/{rec.run_dir.name}: {why}" for d, rec in _committed_records(root) if (why := not_modelled(rec.raw))]
-
-
-def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
-    root = Path(root) if root is not None else catalog.ROOT
-    rows = []
-    for d, rec in _committed_records(root):
-        if rec.raw.get("fixture") or not rec.config or not rec.mem_peak_mib:
-            continue
-        if rec.status not in ("ok", "oom") or not_modelled(rec.raw):
-            continue
-        est = estimate_record(rec.raw)
-        meas = max(rec.mem_peak_mib) / 1024
-        mem = megatron_mem_by_rank(rec.run_dir, rec.raw)
-        oom = rec.status == "oom"
-        err = (est.peak_gib - meas) / meas
-        ok = (not est.fits) if oom else abs(err) <= 0.10
-        rows.append({
-            "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status, "set": set_of(d, rec.target),
-            "spec": est.spec, "gpu": rec.gpu_name or "?", "gpus": est.gpus,
-            "layout": _layout_text(est), "capacity_gib": est.gpu_mem_gib,
-            "pred_gib": est.peak_gib, "meas_gib": meas, "err": None if oom else err,
-            "pred_alloc_mb": est.allocated_gib * 1024,
-            "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
-            "fits": est.fits, "ok": ok,
-            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec.raw, est, mem),
-        })
-    return rows
-
-
-def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
-    """Every committed ok run with a step time the model covers: predicted (the stored constants) and
-    measured ms, its set, and the model's inputs (for fitting). Profiled runs (their timers slow the
-    step), CUDA graphs and extra flags are left out, as for memory."""
-    root = Path(root) if root is not None else catalog.ROOT
-    rows = []
-    for d, rec in _committed_records(root):
-        if rec.raw.get("fixture") or not rec.config or rec.status != "ok" or rec.step_ms_median is None:
-            continue
-        if rec.target.startswith("profile-") or not_modelled(rec.raw):
-            continue
-        est = estimate_record(rec.raw)
-        old = estimate(_record_layout(rec.raw)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
-                       model_cfg=_record_layout(rec.raw)[1])
-        rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": set_of(d, rec.target),
-                     "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
-                     "features": est.step, "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
-                     "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1})
-    return rows
-
-
-def fit_steptime(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """steptime's four constants fitted on the calibration rows only (the held-out rows never enter)."""
-    calib = [r for r in rows if r["set"] == CALIBRATION]
-    return steptime.fit([r["features"] for r in calib], [r["meas_ms"] / 1e3 for r in calib])
-
-
-def error_summary(errs: list[float]) -> str:
-    """'median |error| 12% and worst -40% over 31 runs' (errors as fractions, signed)."""
-    if not errs:
-        return "no runs"
-    worst = max(errs, key=abs)
-    return (f"median |error| {statistics.median(abs(e) for e in errs):.1%}, worst {worst:+.1%} "
-            f"over {len(errs)} run{'s' * (len(errs) != 1)}")
-
-
-def _layout_text(est: Estimate) -> str:
-    parts = [f"MBS{est.mbs}"]
-    for k in ("tp", "pp", "cp", "dp"):
-        val = getattr(est, k)
-        if val > 1:
-            parts.append(f"{k.upper()}{val}")
-    if est.sp:
-        parts.append("SP")
-    if est.zero2:
-        parts.append("ZeRO-2")
-    if est.num_microbatches > 1:
-        parts.append(f"GA{est.num_microbatches}")
-    if est.recompute != "none":
-        parts.append(est.recompute)
-    return " ".join(parts)
-
-
-def _where(run: str) -> str:
-    return "bench" if "/bench/" in run else ("holdout" if "/holdout/" in run else "runs")
-
-
-def _validation_cells(r: dict[str, Any]) -> list[str]:
-    err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
-    meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
-    if r["status"] == "oom":
-        verdict = "OOM, predicted" if r["ok"] else "MISS: OOM not predicted"
-    else:
-        verdict = "ok" if r["ok"] else "MISS (outside 10%)"
-    where = _where(r["run"])
-    return [f"{r['run'].split('/')[-1]} ({where})", r["spec"], f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}",
-            r["layout"], f"{r['capacity_gib']:.1f}", f"{r['pred_gib']:.1f}", f"{r['meas_gib']:.1f}", err,
-            f"{r['pred_alloc_mb']:.0f} / {meas_alloc}", "fits" if r["fits"] else "does not fit", verdict, r["note"]]
-
-
-def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]] | None = None,
-                     steps: list[dict[str, Any]] | None = None) -> str:
-    """Markdown: predicted vs measured peak memory (max over GPUs) and step time for every committed
-    record, each on the calibration and the held-out set (`rows`, `steps`: validation_rows and
-    step_rows of records_root, when the caller already has them)."""
-    rows = validation_rows(records_root) if rows is None else rows
-    steps = step_rows(records_root) if steps is None else steps
-    ran = [r for r in rows if r["status"] == "ok"]
-    ooms = [r for r in rows if r["status"] == "oom"]
-    misses = [r for r in rows if not r["ok"]]
-    out = [
-        "# Memory estimate vs measured",
-        "",
-        "<!-- generated by `python -m megalab plan --validate` (megalab/results/estimate.py): do not edit by hand -->",
-        "",
-        "Predicted peak memory per GPU from `megalab/results/estimate.py` (Korthikanti activations with "
-        "SDPA's logsumexp in place of the s x s scores for the megalab spec, 18 or 6 + 12/DP bytes "
-        "per parameter, the b s V/t x 6 B logits, AdamW's step temporary, and the named allowances "
-        f"CUDA_CONTEXT_MIB={CUDA_CONTEXT_MIB}, NCCL_MIB={NCCL_MIB} (+ NCCL_PP_MIB={NCCL_PP_MIB} with PP, "
-        f"NCCL_CP_MIB={NCCL_CP_MIB} with CP), ALLOCATOR_SLACK={ALLOCATOR_SLACK:.0%}, and ring attention's "
-        f"K/V chunks held by NCCL, RING_STRANDED_CHUNKS_PER_STEP={RING_STRANDED_CHUNKS_PER_STEP:g} per step per layer) "
-        "against the nvidia-smi peak (max over GPUs) of every committed run record in results/runs "
-        "(runs), results/bench/runs (bench) and results/holdout/runs (holdout). `alloc` puts the allocator-level prediction (busiest "
-        "stage) beside Megatron's own `max allocated` (max over the ranks its log reports, and the last "
-        "rank's TensorBoard series). Goal: within 10% where the run ran, and every out-of-memory run "
-        "predicted not to fit.",
-        "",
-        f"**{sum(r['ok'] for r in ran)} of {len(ran)} runs within 10%"
-        + (f" (worst {max(ran, key=lambda r: abs(r['err']))['err']:+.1%})" if ran else "")
-        + f"; {sum(r['ok'] for r in ooms)} of {len(ooms)} out-of-memory runs predicted not to fit"
-        + (f"; misses: {', '.join(r['target'] for r in misses)}" if misses else "") + ".**",
-        "",
-        "## Calibration and held-out records",
-        "",
-        f"The records are split once, by target: a run is held out when the SHA-1 of its target id is 0 "
-        f"modulo {HELD_OUT_EVERY} (`estimate.split`; a bench variant such as `101-...gbs4` is a target of its "
-        "own), so every run of a target sits on one side. Memory: the allowances above (CUDA_CONTEXT_MIB, "
-        "NCCL_*, ALLOCATOR_SLACK, RING_STRANDED_CHUNKS_PER_STEP) were set by hand before this split, from "
-        "all the records, so the held-out memory error is not a clean out-of-sample figure; the step-time "
-        "model's constants are fitted on the calibration set only. The out-of-catalog set is the clean "
-        f"out-of-sample figure for both: configurations never in the catalog ({HOLDOUT_DIR}: other layer "
-        "counts, widths, sequence lengths, batch sizes, query groups, ZeRO-2 at DP=1, each a catalog target "
-        "with EXTRA_ARGS' model and layout flags), run after the allowances and constants were fixed.",
-        "",
-    ]
-    for which in SETS:
-        errs = [r["err"] for r in ran if r["set"] == which]
-        out.append(f"- memory, {which}: {error_summary(errs)}")
-    out += [""]
-    out += markdown.table(
-        ["run", "spec", "GPUs", "layout", "capacity GiB", "predicted GiB", "measured GiB", "error",
-         "alloc MB pred / Megatron", "predicted", "verdict", "where the difference sits"],
-        (_validation_cells(r) for r in rows), [None] * 4 + ["right"] * 5 + [None] * 3)
-    out += step_section(steps)
-    skipped = left_out(Path(records_root) if records_root is not None else catalog.ROOT)
-    if skipped:
-        out += ["", f"Not validated ({len(skipped)} runs outside what the estimator models; the benchmark's "
-                "levers and parity runs):", ""] + [f"- {x}" for x in skipped]
-    out += [
-        "",
-        "Notes",
-        "",
-        f"- The last column is filled where the error exceeds {NOTE_ABOVE:.0%}: it compares the run's own "
-        "figures (nvidia-smi peak minus Megatron's max reserved = memory outside PyTorch's allocator; "
-        "max reserved / max allocated = allocator slack) with the allowances. It explains; nothing is "
-        "tuned per row.",
-        "- `predicted` is the estimate against the run's capacity (the GPU_MEM_GB cap, else the GPU's "
-        "memory). On a capped H200 only PyTorch's allocator is capped; NCCL and the CUDA context are "
-        "not, so nvidia-smi may exceed the H100's 79.65 GiB on a run that completed.",
-        "- For an out-of-memory run the measured peak is the card's limit, so only the verdict counts.",
-    ]
-    return "\n".join(out) + "\n"
-
-
-def step_section(steps: list[dict[str, Any]]) -> list[str]:
-    """The page's step-time part: the model, its constants (stored and refitted), error per set, rows."""
-    consts = steptime.fitted()
-    refit = fit_steptime(steps) if any(r["set"] == CALIBRATION for r in steps) else consts
-    out = [
-        "",
-        "## Step time",
-        "",
-        "Predicted step time from `megalab/results/steptime.py` (not a constant MFU): every GEMM at "
-        "`peak x GEMM_EFF_MAX x mnk / (mnk + GEMM_HALF_MNK)` (forward once, backward twice, recomputed "
-        "forwards again), the stage's kernel launches at LAUNCH_US each (a micro-batch takes the larger of "
-        "GPU and CPU time: small batches are launch-bound), tensor/context/expert-parallel traffic by bytes "
-        "over the datasheet link bandwidth, the pipeline's (m + (p - 1)/v) slots, the optimizer's HBM traffic, "
-        "the DP reduction the backward does not hide, COMM_CALL_US per collective or p2p call, MOE_LAYER_MS "
-        "per MoE layer and micro-batch, and STEP_OVERHEAD_MS per step. Fitted on the calibration set only "
-        "(mean |log(predicted / measured)|, coordinate descent on the constants' logarithms): "
-        + ", ".join(f"{k}={consts[k]:g}" for k in steptime.CONSTANTS)
-        + (" (a refit on today's calibration records gives the same)." if refit == consts else
-           " (a refit on today's calibration records gives " + ", ".join(f"{k}={refit[k]:g}" for k in steptime.CONSTANTS)
-           + ": store them in steptime.py)."),
-        "",
-    ]
-    for which in SETS:
-        rows = [r for r in steps if r["set"] == which]
-        out.append(f"- step time, {which}: {error_summary([r['err'] for r in rows])}; the old constant "
-                   f"{DEFAULT_MFU:.0%} MFU guess on the same runs: "
-                   f"{error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in rows])}")
-    out += ["", *markdown.table(
-        ["run", "set", "GPUs", "layout", "predicted ms", "measured ms", "error", f"{DEFAULT_MFU:.0%} MFU ms"],
-        ([f"{r['run'].split('/')[-1]} ({_where(r['run'])})", r["set"],
-          f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}", r["layout"], f"{r['pred_ms']:.0f}",
-          f"{r['meas_ms']:.0f}", f"{r['err']:+.1%}", f"{r['mfu_ms']:.0f}"] for r in steps),
-        [None] * 4 + ["right"] * 4)]
-    return out
-
-
-def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None = None,
-                     steps: list[dict[str, Any]] | None = None) -> Path:
-    from megalab.results.markdown import write_atomic
-
-    root = Path(root) if root is not None else catalog.ROOT
-    path = root / "results" / "estimate-vs-measured.md"
-    write_atomic(path, validation_table(root, rows, steps))
-    return path
-
-
-# --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- levers
 
 def lever_flags(fast) -> dict[str, bool]:
     """estimate()'s lever arguments from a run's fast path (its lever names, or MEGALAB_FAST's string)."""
     names = set(fast.split(",")) if isinstance(fast, str) else set(fast)
     return {"fused_adam": "fused_adam" in names, "grouped_gemm": "grouped_gemm" in names,
             "bf16_ce": "bf16_ce" in names}
-
-
-def cli_levers(exp: Any, spec: str, fast: str | None) -> list[str]:
-    """The fast-path levers a launch of `exp` would use, as the launcher resolves them (plan.fast_levers,
-    which this results-side module may not import): FAST if set, else the spec's default
-    (variables.default_fast). LaunchError for an unknown lever."""
-    from megalab.harness import variables
-
-    if fast is not None:
-        return variables.fast_names(fast)
-    return list(variables.default_fast(exp.num_experts, exp.model_cfg)) if spec == "megalab" else []
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """plan TARGET [--gpu-mem-gb N] [--spec local|megalab] [--gpu NAME] [--mfu F] | plan --validate"""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "plan":
-        argv = argv[1:]
-    ap = argparse.ArgumentParser(prog="python -m megalab plan", description=__doc__.splitlines()[0])
-    ap.add_argument("target", nargs="?")
-    ap.add_argument("--gpu-mem-gb", type=float, default=None,
-                    help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
-    ap.add_argument("--spec", choices=SPECS, default="megalab")
-    ap.add_argument("--gpu", default=None, help="GPU key (h100, h200, a100, ...) or NVML name (default: the make "
-                    "variable GPU, else H100 80GB)")
-    ap.add_argument("--mfu", type=float, default=None, help="step time at this constant MFU instead of the model")
-    ap.add_argument("--validate", action="store_true", help="write results/estimate-vs-measured.md")
-    ap.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another tree
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if args.validate:
-        rows = validation_rows(args.root)
-        steps = step_rows(args.root)
-        path = write_validation(args.root, rows, steps)
-        for which in (HELD_OUT, OUT_OF_CATALOG):
-            print(f"megalab plan: step time, {which} runs: {error_summary([r['err'] for r in steps if r['set'] == which])}")
-            print(f"megalab plan: memory, {which} runs: "
-                  f"{error_summary([r['err'] for r in rows if r['set'] == which and r['status'] == 'ok'])}")
-        ran = [r for r in rows if r["status"] == "ok"]
-        ooms = [r for r in rows if r["status"] == "oom"]
-        worst = max(ran, key=lambda r: abs(r["err"]), default=None)
-        print(f"megalab plan: {sum(r['ok'] for r in ran)}/{len(ran)} runs within 10%"
-              + (f" (worst {worst['err']:+.1%}, {worst['target']})" if worst else "")
-              + f"; {sum(r['ok'] for r in ooms)}/{len(ooms)} OOM runs predicted not to fit; wrote {path}")
-        return 0 if all(r["ok"] for r in rows) else 1
-    if not args.target:
-        print("megalab: usage: python -m megalab plan TARGET [--gpu-mem-gb N] [--spec local|megalab] "
-              "| plan --validate", file=sys.stderr)
-        return 2
-    try:
-        exp = catalog.get(args.target)
-    except catalog.CatalogError as e:
-        print(f"megalab: {e}", file=sys.stderr)
-        return 2
-    # The make variables a preflight reads: GPU (planning GPU), GPU_MEM_GB, EXTRA_ARGS' model flags, FAST.
-    try:
-        mem_gb = args.gpu_mem_gb or (float(os.environ["GPU_MEM_GB"]) if os.environ.get("GPU_MEM_GB") else None)
-    except ValueError:
-        print(f"megalab: GPU_MEM_GB={os.environ['GPU_MEM_GB']} is not a number; fix: e.g. GPU_MEM_GB=80", file=sys.stderr)
-        return 2
-    try:
-        fast = cli_levers(exp, args.spec, os.environ.get("FAST"))
-        key = args.gpu or os.environ.get("GPU")
-        name = gpus.planning_name(key) if key else (gpus.holding(mem_gb) if mem_gb else None)
-        extra = [*exp.extra_args, *shlex.split(os.environ.get("EXTRA_ARGS", ""))]
-        cfg = catalog.effective_model(exp.model_cfg, extra)
-        exp = catalog.effective_experiment(exp, extra)  # its batch/layout flags, as the plan reads them
-    except (ValueError, catalog.CatalogError, LaunchError) as e:
-        print(f"megalab: {e}", file=sys.stderr)
-        return 2
-    mem = nominal_gb_to_gib(mem_gb) if mem_gb else None
-    print(render(estimate(exp, gpu_mem_gib=mem, spec=args.spec, gpu_name=name, mfu=args.mfu, model_cfg=cfg,
-                          **lever_flags(fast))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

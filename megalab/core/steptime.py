@@ -19,7 +19,7 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   data-parallel gradient reduction beyond what the backward pass hides (Megatron overlaps it:
   --overlap-grad-reduce), and STEP_OVERHEAD_MS (grad-norm sync, the optimizer's launches, logging).
 
-The six CONSTANTS are fitted on the calibration records only (fit(); estimate.split: a fixed hash of
+The six CONSTANTS are fitted on the calibration records only (fit(); validation.split in megalab/results/validation.py: a fixed hash of
 the target id); the held-out records never touch them. The launch counts, bytes per parameter and
 bandwidths are hand-derived or datasheet figures, not fitted.
 """
@@ -29,7 +29,7 @@ import dataclasses
 import math
 from typing import Any, Iterable
 
-# ---- fitted on the calibration set (estimate.fit_steptime; tests/test_estimate.py re-fits and compares)
+# ---- fitted on the calibration set (results/validation.py fit_steptime; tests/test_estimate.py re-fits and compares)
 GEMM_EFF_MAX = 0.449  # the efficiency a large bf16 GEMM reaches, of the dense peak
 GEMM_HALF_MNK = 1.22e10  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
 LAUNCH_US = 79.0  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds

@@ -23,6 +23,7 @@ import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+from megalab.core import logparse
 
 SCHEMA = 2  # what the launcher writes now (megalab/harness/record.py imports it)
 
@@ -168,8 +169,6 @@ class RunRecord:
     @property
     def log_path(self) -> Path | None:
         """The raw log (logparse.log_file: gzipped under results/); read it with logparse.read_log."""
-        from megalab.results import logparse
-
         return None if self.run_dir is None else logparse.log_file(self.run_dir / (self.files.get("log") or "logs.txt"))
 
     @cached_property
@@ -180,8 +179,6 @@ class RunRecord:
             return self.raw["observed"]
         if self.log_path is None:
             return None
-        from megalab.results import logparse
-
         try:
             return logparse.megalab_lines(logparse.read_log(self.log_path)) or None
         except OSError:

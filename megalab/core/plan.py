@@ -18,11 +18,14 @@ import shlex
 from pathlib import Path
 from types import MappingProxyType
 
-from megalab.harness import catalog, ports, variables
-from megalab.harness.catalog import ROOT, Experiment
-from megalab.harness.variables import LaunchError, Options
-from megalab.results import gpus as gpus_table
+from megalab.core import catalog, ports, variables
+from megalab.core.paths import ROOT
+from megalab.core.catalog import Experiment
+from megalab.core.variables import LaunchError, Options
+from megalab.core import gpus as gpus_table
 from megalab.runtime import levers
+from megalab.core import graphs
+from megalab.core import estimate
 
 WRAPPER = ROOT / "scripts" / "train_gpt.sh"
 ENTRY = ROOT / "megalab" / "runtime" / "pretrain_gpt.py"
@@ -169,19 +172,15 @@ def dropped_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> list[str
 
 def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast: tuple[str, ...],
                model: dict) -> tuple[bool, str]:
-    """CUDA_GRAPH=1 / 0 / auto -> (on, why), by megalab/harness/graphs.py's policy. A bool (the
+    """CUDA_GRAPH=1 / 0 / auto -> (on, why), by megalab/core/graphs.py's policy. A bool (the
     bench's levers) reads as 1 / 0. auto needs the memory plan: the estimator's peak without the
     graph, against the GPU_MEM_GB cap or the GPU's own memory, for `model` (effective_model: the model
     the run builds)."""
-    from megalab.harness import graphs
-
     requested = {True: "1", False: "0"}.get(opts.cuda_graph, opts.cuda_graph)
     features = graphs.features_of(exp, impl=impl, spec=opts.spec, profile=opts.profile, nnodes=opts.nnodes,
                                   exit_interval=opts.exit_interval)
     peak = capacity = None
     if requested == "auto" and not features:
-        from megalab.results import estimate
-
         # the GPU found, else the planning GPU (GPU=); never more than the GPU_MEM_GB cap
         capacity = machine.gpu_memory_gib
         if opts.gpu_mem_gb:
