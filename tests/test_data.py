@@ -1,4 +1,4 @@
-"""Tests for megalab/harness/data.py (`python -m megalab prepare-data`): CPU only, no network.
+"""Tests for megalab/harness/data/ (`python -m megalab prepare-data`): CPU only, no network.
 
 The corpus is tests/fixtures/corpus/founding-documents.jsonl (55 public-domain documents, see the
 README there), tokenized with a byte-level BPE of 512 tokens trained on it (`train:512`), so
@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("tokenizers", reason="prepare-data needs the `data` extra: pip install -e '.[data]'")
 
 from megalab.harness import data  # noqa: E402
+from megalab.harness.data import hub, tokenizer, writer  # noqa: E402
 from megalab._compat import ensure_typing_override  # noqa: E402
 
 ensure_typing_override()
@@ -90,7 +91,7 @@ def test_indexed_dataset_round_trip(built, hf_tok):
 def test_gpt2_style_vocab_merges_encode_identically(built, hf_tok):
     """vocab.json/merges.txt (what GPT-2-style loaders read) give the same ids as tokenizer.json."""
     info = built.info
-    gpt2_style = data._bytelevel_bpe(info["vocab_file"], info["merge_file"])
+    gpt2_style = tokenizer._bytelevel_bpe(info["vocab_file"], info["merge_file"])
     for text in DOCS[:10]:
         assert gpt2_style.encode(text).ids == hf_tok.encode(text).ids
 
@@ -204,7 +205,7 @@ def _copy_built(built, tmp_path: Path) -> str:
 
 def test_finished_dataset_is_not_rebuilt(built, tmp_path, capsys, monkeypatch):
     out = _copy_built(built, tmp_path)
-    monkeypatch.setattr(data, "_builder_class", lambda: pytest.fail("rebuilt a finished dataset"))
+    monkeypatch.setattr(writer, "builder_class", lambda: pytest.fail("rebuilt a finished dataset"))
     rc, stdout, _ = _run(capsys, "--source", str(CORPUS), "--tokenizer", "train:512", "--out", out)
     assert rc == 0 and "already prepared" in stdout and "55 documents" in stdout
 
@@ -431,16 +432,16 @@ def test_hub_load_failure_is_one_line_naming_the_fix(tmp_path, capsys, monkeypat
     def offline_loader(name, split):
         raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\nmore")
 
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=5.0: True)
-    monkeypatch.setattr(data, "_load_hub", offline_loader)
+    monkeypatch.setattr(hub, "reachable", lambda timeout=5.0: True)
+    monkeypatch.setattr(hub, "load_dataset", offline_loader)
     err = _one_line_error(capsys, tmp_path, "--tokenizer", "train:300")  # default --source
     assert "stas/openwebtext-10k" in err and "ConnectionError" in err
     assert "--source path/to/*.jsonl|*.parquet|*.txt" in err
 
 
 def test_unreachable_hub_fails_before_loading(tmp_path, capsys, monkeypatch, online_env):
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=5.0: False)
-    monkeypatch.setattr(data, "_load_hub", lambda *a: pytest.fail("tried the network"))
+    monkeypatch.setattr(hub, "reachable", lambda timeout=5.0: False)
+    monkeypatch.setattr(hub, "load_dataset", lambda *a: pytest.fail("tried the network"))
     err = _one_line_error(capsys, tmp_path, "--source", "stas/openwebtext-10k",
                           "--tokenizer", "train:300")
     assert "cannot reach the Hugging Face Hub" in err and "--source path/to/" in err
@@ -452,7 +453,7 @@ def test_unreachable_hub_fails_before_loading(tmp_path, capsys, monkeypatch, onl
 def test_reachability_probe_is_bounded(monkeypatch, online_env):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # loopback, nothing listens
     t0 = time.monotonic()
-    assert data._hub_reachable(timeout=2.0) is False
+    assert hub.reachable(timeout=2.0) is False
     assert time.monotonic() - t0 < 3.0
 
 
@@ -463,8 +464,8 @@ def test_hub_dataset_rows_flow_through(tmp_path, monkeypatch, online_env):
         def select_columns(self, cols):
             return [{"text": r["text"]} for r in self]
 
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=5.0: True)
-    monkeypatch.setattr(data, "_load_hub", lambda name, split: Rows({"text": t, "meta": 0} for t in DOCS))
+    monkeypatch.setattr(hub, "reachable", lambda timeout=5.0: True)
+    monkeypatch.setattr(hub, "load_dataset", lambda name, split: Rows({"text": t, "meta": 0} for t in DOCS))
     monkeypatch.chdir(tmp_path)
     res = data.prepare(tokenizer="train:300", workers=1, limit_docs=20, quiet=True)
     assert res.paths.prefix == os.path.join("data", "openwebtext-10k-bpe300")
@@ -488,7 +489,7 @@ def test_gpt2_with_local_vocab_and_merges(built, tmp_path):
 def test_gpt2_files_are_downloaded_once_into_the_output_folder(built, tmp_path, monkeypatch,
                                                               online_env):
     """--tokenizer gpt2 without files: fetched from the Hub (mocked here) into data/, then reused."""
-    hub = pytest.importorskip("huggingface_hub")
+    hf_hub = pytest.importorskip("huggingface_hub")
     info = built.info
     fetched = []
 
@@ -496,14 +497,14 @@ def test_gpt2_files_are_downloaded_once_into_the_output_folder(built, tmp_path, 
         fetched.append((repo, filename))
         return info["vocab_file"] if filename == "vocab.json" else info["merge_file"]
 
-    monkeypatch.setattr(hub, "hf_hub_download", fake_download)
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=5.0: True)
+    monkeypatch.setattr(hf_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(hub, "reachable", lambda timeout=5.0: True)
     monkeypatch.chdir(tmp_path)
     res = data.prepare(source=str(CORPUS), tokenizer="gpt2", workers=1, quiet=True)
     assert fetched == [("openai-community/gpt2", "vocab.json"), ("openai-community/gpt2", "merges.txt")]
     assert res.paths.prefix == os.path.join("data", "founding-documents")
     assert os.path.isfile("data/gpt2-vocab.json") and os.path.isfile("data/gpt2-merges.txt")
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=5.0: False)  # now offline
+    monkeypatch.setattr(hub, "reachable", lambda timeout=5.0: False)  # now offline
     res = data.prepare(source=str(CORPUS), tokenizer="gpt2", out="data/again", workers=1, quiet=True)
     assert len(fetched) == 2 and res.info["documents"] == 55
 
