@@ -53,3 +53,11 @@ def world1():
     parallel_state.destroy_model_parallel()
     if own_group:
         dist.destroy_process_group()
+
+
+def typed(records: dict) -> dict:
+    """Hand-made records (target -> the run.json fields a test needs) as RunRecords, each record's target
+    its key unless it names one: pages and checks read typed records only."""
+    from megalab.core.records import RunRecord
+
+    return {t: r if isinstance(r, RunRecord) else RunRecord.of({"target": t, **r}) for t, r in records.items()}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from megalab.core import catalog, plan
+from megalab.core.records import RunRecord
 from megalab.harness import bench, launch
 from megalab.results import benchreport
 
@@ -83,7 +84,7 @@ def test_record_key_matches_the_run_that_made_it():
     opts = dataclasses.replace(launch.Options(), spec="megalab", fast=run.fast, cuda_graph=True, iters=15)
     config = {"id": run.experiment().id, "spec": "megalab", "fastpath": plan.fastpath(opts, "local"),
               "cuda_graph": True, "iters": 15, "extra_args": opts.extra_args}
-    assert bench.record_key({"config": config}) == run.key()
+    assert bench.record_key(RunRecord.of({"target": config["id"], "status": "ok", "config": config})) == run.key()
 
 
 def test_fast_path_defaults_differ_by_spec():
@@ -103,7 +104,7 @@ class _FakeRunner:
 
     def get(self, run):
         self.asked.append(run.gbs)
-        return {"status": "ok" if run.gbs <= self.limit else "oom"}
+        return RunRecord.of({"target": run.id, "status": "ok" if run.gbs <= self.limit else "oom"})
 
 
 @pytest.mark.parametrize("limit", [5, 15, 16, 17, 24])
@@ -135,7 +136,7 @@ def test_parity_verdicts(tmp_path):
         d = tmp_path / name
         d.mkdir()
         _log(d / "logs.txt", losses)
-        recs[name] = {"_dir": d, "files": {"log": "logs.txt"}}
+        recs[name] = RunRecord.of({"target": name, "status": "ok", "files": {"log": "logs.txt"}}, d)
     assert benchreport.parity(recs["a"], recs["same"])["pass"]
     assert not benchreport.parity(recs["a"], recs["off_at_start"])["pass"]  # a wrong function shows at once
     assert not benchreport.parity(recs["a"], recs["drift"])["pass"]  # a lasting offset fails the median

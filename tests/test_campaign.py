@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 
 from megalab.core import catalog
+from megalab.core.records import RunRecord
 from megalab.harness import campaign
 from megalab.core.variables import LaunchError, Options
 
@@ -36,7 +37,8 @@ def _fake(statuses):
     def launch(exp, opts):
         calls.append(exp.id)
         status = statuses.get(exp.id, "ok")
-        return {"status": status, "step_ms_median": 100.0 + len(calls), "gpu_uuids": ["GPU-abc"]}, None
+        return ({"target": exp.id, "status": status, "step_ms_median": 100.0 + len(calls), "gpu_uuids": ["GPU-abc"]},
+                None)
     return launch, calls
 
 
@@ -103,9 +105,12 @@ def test_a_refused_launch_ends_the_campaign_after_saying_what_ran(capsys):
 
 def test_the_summary_says_how_far_the_machine_drifted_between_passes():
     """This session's H100 campaign: 101 86 -> 93 ms and 113 405 -> 425 ms from the first pass to the last."""
-    res = {"101": [{"status": "ok", "step_ms_median": 86.0}, {"status": "ok", "step_ms_median": 93.0}],
-           "113": [{"status": "ok", "step_ms_median": 405.0}, {"status": "ok", "step_ms_median": 425.0}],
-           "301": [{"status": "oom"}]}
+    def rec(target, status, ms=None):
+        return RunRecord.of({"target": target, "status": status, "step_ms_median": ms})
+
+    res = {"101": [rec("101", "ok", 86.0), rec("101", "ok", 93.0)],
+           "113": [rec("113", "ok", 405.0), rec("113", "ok", 425.0)],
+           "301": [rec("301", "oom")]}
     drift = [ln for ln in campaign.summary(res, [], 2) if "drift" in ln]
     assert drift == ["campaign   drift: last launch against the first, median over 2 targets +6.5% (from +4.9% to +8.1%)"]
     assert not [ln for ln in campaign.summary({"101": res["101"][:1]}, [], 1) if "drift" in ln]  # one pass: nothing

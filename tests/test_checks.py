@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from megalab.core import catalog
-from megalab.results import checks, tables
+from megalab.results import checks, claims, tables
 from megalab.results.checks import FAIL, NOT_RUN, PASS
+from conftest import typed
 
 A, B, C = "901-a", "902-b", "903-c"
 KNOWN = {A: None, B: None, C: None}
@@ -33,7 +34,7 @@ def claim(metric: dict, expect, reads=None, **over) -> checks.Claim:
     entry = {"id": "c1", "claim": "a claim.", "source": "a source", "reads": reads, "metric": metric,
              "expect": expect, "published": {"value": 1, "source": "somewhere"}}
     entry.update(over)
-    return checks._claim(entry, 0)
+    return claims.parse(entry, 0)
 
 
 def _targets(spec) -> set[str]:
@@ -51,7 +52,7 @@ def _targets(spec) -> set[str]:
 
 
 def run(metric, expect, records, known=KNOWN, **kw) -> checks.Result:
-    return checks.evaluate(claim(metric, expect, **kw), records, known)
+    return checks.evaluate(claim(metric, expect, **kw), typed(records), known)
 
 
 # --------------------------------------------------------------------------- metric kinds
@@ -82,7 +83,7 @@ def test_difference_and_relative_change():
 
 
 def test_bytes_per_param():
-    recs = {A: rec(params_total=1e9, theoretical_mem_mb={"weight_and_optimizer": 18e9 / 2**20},
+    recs = {A: rec(params_total=10**9, theoretical_mem_mb={"weight_and_optimizer": 18e9 / 2**20},
                    mem_peak_mib=[25e9 / 2**20])}
     m = {"kind": "bytes_per_param", "field": "theoretical_mem_mb.weight_and_optimizer", "a": A}
     assert run(m, {"approx": 18, "rel": 0.005}, recs).status == PASS
@@ -95,7 +96,7 @@ def test_bytes_per_param():
 
 def test_bytes_per_param_of_a_difference():
     """The measured saving between two runs per parameter of the first (ZeRO-2's 12/DP B/param)."""
-    recs = {A: rec(params_total=1e9, mem_peak_mib=[20e9 / 2**20]), B: rec(mem_peak_mib=[14e9 / 2**20])}
+    recs = {A: rec(params_total=10**9, mem_peak_mib=[20e9 / 2**20]), B: rec(mem_peak_mib=[14e9 / 2**20])}
     m = {"kind": "bytes_per_param", "a": {"target": A, "field": "mem_peak_mib", "minus": B}}
     r = run(m, {"approx": 6, "rel": 0.15}, recs)
     assert r.status == PASS and math.isclose(r.values[0], 6.0) and "a difference of" in r.measured
@@ -247,10 +248,10 @@ def test_published_values_match_the_reference_rows():
     known = {t: None for t in ref}
     checked = 0
     for c in checks.load_claims():
-        value = c.published.get("value")
+        value = c.published.value
         if value is None or not set(c.reads) <= set(ref):
             continue
-        r = checks.evaluate(c, ref, known)
+        r = checks.evaluate(c, typed(ref), known)
         if r.status == NOT_RUN:  # needs a field the published rows lack (theoretical memory, params)
             continue
         assert r.status == PASS, f"{c.id}: the published rows themselves miss the expectation: {r.why}"
@@ -279,7 +280,7 @@ def test_page_on_the_committed_records():
 
     measured = 0
     for r in results:
-        usable = all(t in cat and records.get(t, {}).get("status") in ("ok", "oom") for t in r.claim.reads)
+        usable = all(t in cat and t in records and records[t].status in ("ok", "oom") for t in r.claim.reads)
         # a comparison divides runs of one host with one code and defaults only
         keys = {provenance.comparable_key(records[t]) for t in r.claim.reads if usable} - {None}
         if usable and (r.claim.kind == "status" or len(keys) <= 1):
@@ -351,7 +352,7 @@ def _failing_records(c: checks.Claim, rng) -> dict[str, dict]:
         for t in op.targets:
             v = float(rng.choice([0.5, 1, 2, 3, 5, 8, 13, 100, 1e4, 1e9])) * rng.uniform(0.9, 1.1)
             _set(recs[t], op.field, [v, v * rng.uniform(0.5, 2)] if op.field.startswith("mem_peak") else v)
-            _set(recs[t], c.params_field, float(rng.choice([1e8, 1e9, 1e10])))
+            _set(recs[t], c.params_field, rng.choice([10**8, 10**9, 10**10]))
     return recs
 
 
@@ -365,7 +366,7 @@ def test_every_claim_has_a_reachable_failing_value():
     unfailable = []
     for c in checks.load_claims():
         for _ in range(3000):
-            if checks.evaluate(c, _failing_records(c, rng), known).status == checks.FAIL:
+            if checks.evaluate(c, typed(_failing_records(c, rng)), known).status == checks.FAIL:
                 break
         else:
             unfailable.append(c.id)

@@ -28,7 +28,7 @@ def test_a_verdict_needs_the_references_gpu_kind():
     from megalab.core.records import RunRecord
 
     def run(gpu, cap=None):
-        return RunRecord.of({"target": "x", "gpu_name": gpu, "config": {"gpu_mem_gb": cap}})
+        return RunRecord.of({"target": "x", "status": "ok", "gpu_name": gpu, "config": {"gpu_mem_gb": cap}})
 
     t0, r1, r8 = (catalog.get(i) for i in ("001", "101", "122"))  # T0 (2x H200 set), R1 (1 GPU), R8 (2 GPUs)
     h100, h200, h200_80 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", ("NVIDIA H200", "80")

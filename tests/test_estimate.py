@@ -3,7 +3,7 @@ formula on a tiny config worked by hand, the pipeline-stage split, Megatron's FL
 committed records, the validation table on the committed runs, and the CLI's exit codes."""
 from __future__ import annotations
 
-import json
+
 import re
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from megalab.__main__ import main
 from megalab.core import estimate as E, steptime
 from megalab.results import validation as V
 from megalab.core.catalog import Experiment
+from megalab.core.records import RunRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 2**20
@@ -164,7 +165,7 @@ def test_tensorboard_memory_runs_past_the_log_line():
     tb = V.tensorboard_mem_mb(run)
     assert tb["mem-reserved-bytes"] == pytest.approx(16760, abs=1)
     assert tb["mem-max-allocated-bytes"] == pytest.approx(14509, abs=1)
-    mem = V.megatron_mem_by_rank(run, json.loads((run / "run.json").read_text()))
+    mem = V.megatron_mem_by_rank(RunRecord.load(run / "run.json"))
     assert mem[1]["max_reserved_mb"] == pytest.approx(16760, abs=1) and mem[1]["to_last_iteration"]
     assert mem[0]["max_reserved_mb"] == 15654.0  # rank 0: the log line only
     assert V.tensorboard_mem_mb(ROOT / "no-such-run") == {}
@@ -213,18 +214,18 @@ def test_gpu_mem_gb_80_is_an_h100():
 def _records():
     for d in V.RECORD_DIRS:
         for p in sorted((ROOT / d).glob("*/run.json")):
-            yield json.loads(p.read_text())
+            yield RunRecord.load(p)
 
 
 def test_flops_are_megatrons_on_committed_runs():
     """Megatron logs TFLOP/s = its FLOPs / step time / GPUs; ours times the same step must agree."""
     n = 0
     for rec in _records():
-        if rec.get("status") != "ok" or not rec.get("tflops_per_gpu"):
+        if rec.status != "ok" or not rec.tflops_per_gpu:
             continue
         est = V.estimate_record(rec)
-        logged = rec["tflops_per_gpu"] * 1e12 * rec["step_ms_median"] / 1e3 * est.gpus
-        assert est.flops_per_step == pytest.approx(logged, rel=0.01), rec["target"]
+        logged = rec.tflops_per_gpu * 1e12 * rec.step_ms_median / 1e3 * est.gpus
+        assert est.flops_per_step == pytest.approx(logged, rel=0.01), rec.target
         n += 1
     assert n >= 20
 
@@ -370,7 +371,8 @@ def test_cli_no_target_exits_2(capsys):
     ("--cross-entropy-loss-fusion", False),
 ])
 def test_records_with_only_planned_extra_args_are_modelled(extra, modelled):
-    assert (V.not_modelled({"config": {"extra_args": extra}}) is None) == modelled
+    rec = RunRecord.of({"target": "x", "status": "ok", "config": {"extra_args": extra}})
+    assert (V.not_modelled(rec) is None) == modelled
 
 
 def test_gzipped_tensorboard_events_read_as_the_plain_file(tmp_path):

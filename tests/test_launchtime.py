@@ -22,7 +22,7 @@ def test_phases_add_up_to_the_launch(tmp_path):
            "ended": "2026-11-23T12:15:37+00:00", "duration_s": 33.0, "preflight_s": 6.0,
            "files": {"log": "logs.txt"}}
     (tmp_path / "run.json").write_text(json.dumps(raw))
-    rec = RunRecord.of(raw | {"_dir": tmp_path})
+    rec = RunRecord.of(raw, tmp_path)
     p = launchtime.phases(rec)
     assert p == {"preflight": 6.0, "torchrun": 3.0, "imports": 13.0, "Megatron args": 4.0, "Megatron init": 3.0,
                  "model + data": 1.0, "training": 5.0, "exit": 4.0}
@@ -33,5 +33,5 @@ def test_a_log_without_markers_leaves_the_phases_empty(tmp_path):
     (tmp_path / "logs.txt").write_text("nothing here\n")
     raw = {"schema": 2, "target": "101", "status": "ok", "started": "2026-11-23T12:15:04+00:00",
            "ended": "2026-11-23T12:15:37+00:00", "files": {"log": "logs.txt"}}
-    p = launchtime.phases(RunRecord.of(raw | {"_dir": tmp_path}))
+    p = launchtime.phases(RunRecord.of(raw, tmp_path))
     assert p["preflight"] is None and all(v is None for k, v in p.items())

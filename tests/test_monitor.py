@@ -103,9 +103,9 @@ def test_an_oom_on_busy_gpus_is_not_a_plain_oom(tmp_path):
     rec = _build(tmp_path, "oom_rank1.txt", busy=busy)
     assert rec["status"] == "oom_busy" and rec["busy_gpus"] == busy
     assert any(n.startswith("busy_gpus: started beside other processes (GPU 0: PID 4101") for n in rec["notes"])
-    from megalab.results import tables
+    from megalab.core import records
 
-    assert "oom_busy" not in tables.USABLE  # never picked as a target's result
+    assert "oom_busy" not in records.USABLE  # never picked as a target's result
 
 
 def test_memory_in_use_at_start_marks_the_record_busy(tmp_path):

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from megalab.core import catalog
-from megalab.results import plots, tables
+from megalab.results import columns, plots, tables
 from megalab.core.catalog import Experiment
+from conftest import typed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +64,7 @@ def test_memory_series_are_the_reference_and_the_records():
     ours = d[d["source"] == "megalab"]
     assert len(ours) and ours["analogue"].any()
     for _, r in ours.iterrows():
-        assert r["y"] == pytest.approx(sum(records[r["target"]]["mem_peak_gib"]))
+        assert r["y"] == pytest.approx(sum(records[r["target"]].mem_peak_gib))
     assert (d["m"] == 1).all() and (d[["tp", "pp"]] == 1).all().all()  # pure DP, no accumulation
 
 
@@ -84,7 +85,7 @@ def test_efficiencies_match_the_table(name, column, scale):
     for _, r in d.iterrows():
         side = 0 if r["source"] == "published" else 1  # cells read `published / ours`
         cell = table.loc[r["target"], column].split(" / ")[side].rstrip("%")
-        assert tables._fixed(r["y"], 0 if scale == 100 else 2) == cell
+        assert columns._fixed(r["y"], 0 if scale == 100 else 2) == cell
 
 
 def test_bubble_model_starts_at_the_smallest_m():
@@ -132,7 +133,7 @@ def test_cp_with_a_measured_row():
     rec = {"target": "302", "status": "ok", "step_ms_median": 500.0, "gpu_name": "NVIDIA H200",
            "mem_peak_gib": [40.0, 40.0], "config": {}}
     base = {**rec, "target": "300-base", "step_ms_median": 900.0, "mem_peak_gib": [38.0]}
-    _, d = plots.chapter_figures(3, {"302": rec, "300-base": base}, exps=CP_EXPS)[0]
+    _, d = plots.chapter_figures(3, typed({"302": rec, "300-base": base}), exps=CP_EXPS)[0]
     ours = d[d["source"] == "megalab"]
     assert list(ours["y"]) == [pytest.approx(900.0 / 500.0)]
     fig = plots.FIGURES[[f.name for f in plots.FIGURES].index("cp-speedup")]

@@ -10,8 +10,9 @@ import pytest
 
 from megalab.core import catalog, plan, variables
 from megalab.core import provenance, records
-from megalab.results import tables
+from megalab.results import columns, tables
 from megalab.core.records import RunRecord
+from conftest import typed
 from megalab.runtime import levers
 
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
@@ -48,7 +49,7 @@ def test_a_record_whose_plan_today_differs_is_older(repo):
     head = _git(repo, "rev-parse", "HEAD")
     rec = _rec(commit=head)
     rec["intent"]["argv"] = [*rec["intent"]["argv"], "--seed", "7"]  # a flag today's plan no longer gives
-    assert provenance.of(rec, repo).cell == "older (today's plan differs (flags or CUDA graph))"
+    assert provenance.of(RunRecord.of(rec), repo).cell == "older (today's plan differs (flags or CUDA graph))"
 
 
 def _git(root: Path, *args: str) -> str:
@@ -76,7 +77,7 @@ def test_defaults_mirror_the_launcher():
 
 def test_schema_1_is_older_without_asking_git(tmp_path):
     rec = _rec(schema=1, intent=None)
-    assert provenance.of(rec, tmp_path).cell == "older (schema 1)"
+    assert provenance.of(RunRecord.of(rec), tmp_path).cell == "older (schema 1)"
 
 
 @pytest.mark.parametrize("change, why", [
@@ -89,8 +90,8 @@ def test_schema_1_is_older_without_asking_git(tmp_path):
 ])
 def test_other_defaults_are_older(repo, change, why):
     head = _git(repo, "rev-parse", "HEAD")
-    assert provenance.of(_rec(commit=head), repo).state == provenance.CURRENT
-    assert provenance.of(_rec(commit=head, **change), repo).cell == f"older ({why})"
+    assert provenance.of(RunRecord.of(_rec(commit=head)), repo).state == provenance.CURRENT
+    assert provenance.of(RunRecord.of(_rec(commit=head, **change)), repo).cell == f"older ({why})"
 
 
 @pytest.mark.parametrize("rec", [
@@ -101,7 +102,7 @@ def test_other_defaults_are_older(repo, change, why):
 def test_a_run_with_no_steps_to_drop_is_not_a_warmup_change(repo, rec):
     """warmup_iters counts the steps dropped: an OOM before the first step drops none under the default."""
     head = _git(repo, "rev-parse", "HEAD")
-    assert provenance.of(_rec(commit=head, **rec), repo).state == provenance.CURRENT
+    assert provenance.of(RunRecord.of(_rec(commit=head, **rec)), repo).state == provenance.CURRENT
 
 
 def test_moe_default_adds_grouped_gemm():
@@ -114,17 +115,17 @@ def test_code_changed_since_the_record_is_older(repo):
     (repo / "README.md").write_text("docs only\n")  # not run code: still current
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "docs")
-    assert provenance.of(_rec(commit=old), repo).state == provenance.CURRENT
+    assert provenance.of(RunRecord.of(_rec(commit=old)), repo).state == provenance.CURRENT
     (repo / "megalab" / "runtime" / "x.py").write_text("a = 2\n")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "code")
     provenance._code_state.cache_clear()
-    assert provenance.of(_rec(commit=old), repo).cell == "older (run code changed since (x.py))"
+    assert provenance.of(RunRecord.of(_rec(commit=old)), repo).cell == "older (run code changed since (x.py))"
 
 
 def test_no_git_or_unknown_commit_is_unknown(tmp_path, repo):
-    assert provenance.of(_rec(commit="abc1234"), tmp_path / "nogit").state == provenance.UNKNOWN
-    assert provenance.of(_rec(commit="0" * 40), repo).state == provenance.UNKNOWN
+    assert provenance.of(RunRecord.of(_rec(commit="abc1234")), tmp_path / "nogit").state == provenance.UNKNOWN
+    assert provenance.of(RunRecord.of(_rec(commit="0" * 40)), repo).state == provenance.UNKNOWN
 
 
 def _write(root: Path, name: str, rec: dict) -> None:
@@ -147,7 +148,7 @@ def test_strict_tables_refuse_rows_not_from_today(repo, capsys):
 def test_page_marks_each_row_and_has_the_legend(repo):
     head = _git(repo, "rev-parse", "HEAD")
     recs = {T101: _rec(commit=head), T111: _rec(T111, schema=1, intent=None)}
-    text = tables.render_chapter(1, recs, tree=repo)
+    text = tables.render_chapter(1, typed(recs), tree=repo)
     row = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| R")}
     assert "| today " in row[T101] and "| older (schema 1) " in row[T111]
     assert provenance.LEGEND in text and "Unit: every memory figure on this page is GiB" in text
@@ -165,9 +166,9 @@ def test_repeats_give_median_of_medians_and_range(tmp_path):
     (other / "run.json").write_text(json.dumps(_rec(commit="c1", step_ms_median=500.0, hostname="hostB",
                                                     started="2025-12-01T10:00:00+00:00")))
     rec = records.load_records(runs)[T101]
-    assert rec["_runs"]["n"] == 3 and (rec["_runs"]["lo_ms"], rec["_runs"]["hi_ms"]) == (100.0, 130.0)
-    assert RunRecord.of(rec).measured[0] == 110.0  # median of the three medians, not the newest (110 by chance)
-    rec["_runs"]["median_ms"] = 111.0
+    assert rec.runs.n == 3 and (rec.runs.lo_ms, rec.runs.hi_ms) == (100.0, 130.0)
+    assert rec.measured[0] == 110.0  # median of the three medians, not the newest (110 by chance)
+    rec = rec.grouped(rec.runs.model_copy(update={"median_ms": 111.0}))
     r = {c: v for c, v in tables.table_frame(1, {T101: rec}).set_index("make target").loc[T101].items()}
     assert (r["our ms"], r["runs"]) == ("111", "3 (100–130)")
 
@@ -177,10 +178,10 @@ def test_ratios_only_between_runs_of_one_host():
             catalog.Experiment(id="212-weak-tp2", chapter=2, about="", model="gpt2-xl", gpus=2, gbs=8, tp=2, ref="R2")]
     recs = {"211-weak-tp1": _rec("211-weak-tp1", step_ms_median=100.0),
             "212-weak-tp2": _rec("212-weak-tp2", step_ms_median=125.0, hostname="hostB")}
-    df = tables.table_frame(2, recs, exps=exps).set_index("make target")
-    assert df.loc["212-weak-tp2", "weak eff."] == f"77% / {tables.OTHER_HOST}"
+    df = tables.table_frame(2, typed(recs), exps=exps).set_index("make target")
+    assert df.loc["212-weak-tp2", "weak eff."] == f"77% / {columns.OTHER_HOST}"
     recs["212-weak-tp2"]["hostname"] = "hostA"
-    df = tables.table_frame(2, recs, exps=exps).set_index("make target")
+    df = tables.table_frame(2, typed(recs), exps=exps).set_index("make target")
     assert df.loc["212-weak-tp2", "weak eff."] == "77% / 80%"
 
 
@@ -193,10 +194,10 @@ def test_checks_compare_runs_of_one_host_only():
     recs = {a: _rec(a, step_ms_median=100.0), b: _rec(b, step_ms_median=100.0, hostname="hostB")}
     for r in recs.values():
         r["config"] = {}
-    res = checks.evaluate(claim, recs, known)
+    res = checks.evaluate(claim, typed(recs), known)
     assert res.status == checks.NOT_RUN and "different hosts" in res.why
     recs[b]["hostname"] = "hostA"
-    assert checks.evaluate(claim, recs, known).status == checks.PASS
+    assert checks.evaluate(claim, typed(recs), known).status == checks.PASS
 
 
 def test_checks_read_one_machine_that_has_every_target(tmp_path):
@@ -221,26 +222,30 @@ def test_checks_read_one_machine_that_has_every_target(tmp_path):
     assert res.status == checks.PASS and "(runs on hostA NVIDIA H100 80GB HBM3 @ c1)" in res.measured
     assert checks.evaluate(claim, newest, known).status == checks.NOT_RUN  # without the groups: as before
     # hostA's b is 1.5x: the check reads hostA's runs, so it FAILs there, it does not pick a passing machine
-    groups["hostA NVIDIA H100 80GB HBM3 @ c1"][b]["step_ms_median"] = 150.0
+    group = groups["hostA NVIDIA H100 80GB HBM3 @ c1"]
+    group[b] = group[b].model_copy(update={"step_ms_median": 150.0})
     assert checks.evaluate(claim, newest, known, groups).status == checks.FAIL
     del groups["hostA NVIDIA H100 80GB HBM3 @ c1"]
     res = checks.evaluate(claim, newest, known, groups)
     assert res.status == checks.NOT_RUN and "different hosts" in res.why
     # two machines with both targets: the newer runs win
-    groups["hostD @ c1"] = {a: dict(newest[a], started="2026-02-01T10:00:00+00:00"),
-                            b: dict(newest[a], target=b, started="2026-02-01T10:00:00+00:00")}
-    groups["hostE @ c1"] = {a: dict(newest[a], started="2026-01-05T10:00:00+00:00"),
-                            b: dict(newest[a], target=b, step_ms_median=500.0, started="2026-01-05T10:00:00+00:00")}
+    def like_a(**change):
+        return newest[a].model_copy(update=change)
+
+    groups["hostD @ c1"] = {a: like_a(started="2026-02-01T10:00:00+00:00"),
+                            b: like_a(target=b, started="2026-02-01T10:00:00+00:00")}
+    groups["hostE @ c1"] = {a: like_a(started="2026-01-05T10:00:00+00:00"),
+                            b: like_a(target=b, step_ms_median=500.0, started="2026-01-05T10:00:00+00:00")}
     assert "(runs on hostD @ c1)" in checks.evaluate(claim, newest, known, groups).measured
 
 
 def test_bench_and_data_ratios_only_between_runs_of_one_host():
     from megalab.results import benchreport, datareport
 
-    a = {"target": T101, "status": "ok", "step_ms_median": 200.0, "hostname": "hostA"}
-    b = {"target": T101, "status": "ok", "step_ms_median": 100.0, "hostname": "hostA"}
+    a = RunRecord.of({"target": T101, "status": "ok", "step_ms_median": 200.0, "hostname": "hostA"})
+    b = RunRecord.of({"target": T101, "status": "ok", "step_ms_median": 100.0, "hostname": "hostA"})
     assert benchreport._speedup(a, b) == "2.00x" and datareport._ratio(a, b, 50257) == "2.00x"
-    b["hostname"] = "hostB"
+    b = b.model_copy(update={"hostname": "hostB"})
     assert benchreport._speedup(a, b) == "≠host" and datareport._ratio(a, b, 50257) == "≠host"
 
 
@@ -250,7 +255,7 @@ def test_the_checkouts_path_is_not_a_decision(repo):
     rec = _rec(commit=head)
     rec["intent"]["argv"] = [a.replace(str(plan.ROOT), "/elsewhere/megalab") for a in rec["intent"]["argv"]]
     assert any(a.startswith("/elsewhere/megalab") for a in rec["intent"]["argv"])
-    assert provenance.of(rec, repo).state == provenance.CURRENT
+    assert provenance.of(RunRecord.of(rec), repo).state == provenance.CURRENT
 
 
 def test_a_feature_file_counts_only_for_runs_that_use_it(repo):
@@ -263,10 +268,10 @@ def test_a_feature_file_counts_only_for_runs_that_use_it(repo):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "cp faster")
     provenance._code_state.cache_clear()
-    assert provenance.of(_rec(commit=old), repo).state == provenance.CURRENT  # _rec: CP=1
+    assert provenance.of(RunRecord.of(_rec(commit=old)), repo).state == provenance.CURRENT  # _rec: CP=1
     cp2 = _rec(commit=old)
     cp2["config"]["cp"] = 2
-    assert provenance.of(cp2, repo).cell == "older (run code changed since (cp_attention.py))"
+    assert provenance.of(RunRecord.of(cp2), repo).cell == "older (run code changed since (cp_attention.py))"
 
 
 def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch, repo):
@@ -318,11 +323,11 @@ def test_older_commits_with_the_same_run_code_are_one_code(repo):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "run code")
     provenance._code_content.cache_clear()
-    keys = {c: provenance.code_key(_rec(commit=c), repo) for c in (first, docs, cp)}
+    keys = {c: provenance.code_key(RunRecord.of(_rec(commit=c)), repo) for c in (first, docs, cp)}
     assert keys[first] == keys[docs] != provenance.CURRENT and keys[first].startswith("code ")
     assert keys[cp] == keys[first]  # cp_attention.py is not this CP=1 run's code
     def cp2_run(commit):  # a CP=2 run executes cp_attention.py: the change splits its code
-        return provenance.code_key(_rec(commit=commit, config={"cp": 2}), repo)
+        return provenance.code_key(RunRecord.of(_rec(commit=commit, config={"cp": 2})), repo)
 
     assert cp2_run(cp) != cp2_run(first)
-    assert provenance.code_key(_rec(commit=_git(repo, "rev-parse", "HEAD")), repo) == provenance.CURRENT
+    assert provenance.code_key(RunRecord.of(_rec(commit=_git(repo, "rev-parse", "HEAD"))), repo) == provenance.CURRENT

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from megalab.core import catalog
-from megalab.results import compare, index, tables
+from megalab.results import columns, compare, index, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
@@ -22,10 +22,10 @@ def _write(root: Path, run: str, **fields) -> Path:
 
 def test_tokens_per_second_per_gpu_is_gbs_times_seq_over_step_time_and_gpus():
     exp = catalog.get("122")  # GBS 32, seq 1024, 2 GPUs
-    assert tables.tokens_per_s_per_gpu(exp, 500.0) == 32 * 1024 / 0.5 / 2
-    assert tables.tokens_per_s_per_gpu(exp, None) is None
+    assert columns.tokens_per_s_per_gpu(exp, 500.0) == 32 * 1024 / 0.5 / 2
+    assert columns.tokens_per_s_per_gpu(exp, None) is None
     for chapter in catalog.chapters():
-        assert "tok/s/GPU" in tables.columns(chapter)
+        assert "tok/s/GPU" in columns.columns(chapter)
 
 
 def test_the_tokens_cell_reads_the_record(tmp_path):
@@ -41,7 +41,7 @@ def test_every_chapter_page_has_a_csv_with_the_same_rows():
         rows = list(csv.DictReader(io.StringIO(page.with_suffix(".csv").read_text(encoding="utf-8"))))
         df = tables.table_frame(chapter)
         assert [r["make target"] for r in rows] == list(df["make target"]), page.name
-        assert list(rows[0]) == tables.columns(chapter)
+        assert list(rows[0]) == columns.columns(chapter)
 
 
 def test_chapter_6_renders_every_row_not_run_with_no_published_columns():

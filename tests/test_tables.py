@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from megalab.core import catalog
-from megalab.results import tables
+from megalab.core.records import RunRecord
+from megalab.results import chapter as chapters, columns, tables
+from conftest import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDS = FIXTURES / "records"
@@ -40,7 +42,7 @@ def _write(root: Path, run: str, **fields) -> Path:
 
 
 def _row(target: str, records: dict, chapter: int = 1) -> dict:
-    df = tables.table_frame(chapter, records)
+    df = tables.table_frame(chapter, typed(records))
     return df[df["make target"] == target].iloc[0].to_dict()
 
 
@@ -70,7 +72,7 @@ def test_golden_chapter_0():
 @pytest.mark.parametrize("chapter", sorted(catalog.chapters()))
 def test_table_rows_follow_catalog_order(chapter):
     df = tables.table_frame(chapter, {})
-    assert list(df.columns) == tables.columns(chapter)
+    assert list(df.columns) == columns.columns(chapter)
     assert list(df["make target"]) == [e.id for e in catalog.catalog().values() if e.chapter == chapter]
     assert (df["status"] != "").all()
 
@@ -94,19 +96,19 @@ def test_newest_ok_record_wins_over_newer_failed(tmp_path):
     _write(tmp_path, "a", status="ok", started="2025-03-01T10:00:00+00:00", step_ms_median=111.0)
     _write(tmp_path, "b", status="ok", started="2025-03-02T10:00:00+00:00", step_ms_median=222.0)
     _write(tmp_path, "c", status="failed", started="2025-03-03T10:00:00+00:00", step_ms_median=None)
-    assert tables.load_records(tmp_path)[T101]["step_ms_median"] == 222.0
+    assert tables.load_records(tmp_path)[T101].step_ms_median == 222.0
 
 
 def test_newest_of_any_status_when_none_usable(tmp_path):
     _write(tmp_path, "a", status="failed", started="2025-03-01T10:00:00+00:00", returncode=1)
     _write(tmp_path, "b", status="incomplete", started="2025-03-02T10:00:00+00:00", returncode=2)
-    assert tables.load_records(tmp_path)[T101]["status"] == "incomplete"
+    assert tables.load_records(tmp_path)[T101].status == "incomplete"
 
 
 def test_oom_counts_as_usable(tmp_path):
     _write(tmp_path, "a", target=T121, status="oom", started="2025-03-01T10:00:00+00:00")
     _write(tmp_path, "b", target=T121, status="failed", started="2025-03-02T10:00:00+00:00")
-    assert tables.load_records(tmp_path)[T121]["status"] == "oom"
+    assert tables.load_records(tmp_path)[T121].status == "oom"
 
 
 def test_broken_json_is_skipped_with_warning(tmp_path, capsys):
@@ -129,10 +131,10 @@ def test_missing_runs_dir_gives_no_records(tmp_path):
 
 def test_not_run_reasons():
     cat = catalog.catalog()
-    assert tables.not_run_reason(cat["118-gpt2xl-dp8-fit-8x80GB"]) == "not run: needs 8 GPUs"
-    assert tables.not_run_reason(cat["104-gpt2xl-dp4-gbs4"]) == "not run: needs 4 GPUs"
-    assert tables.not_run_reason(cat["102-gpt2xl-dp2-gbs2"]) == "not run yet"
-    assert tables.not_run_reason(cat[T101]) == "not run yet"
+    assert columns.not_run_reason(cat["118-gpt2xl-dp8-fit-8x80GB"]) == "not run: needs 8 GPUs"
+    assert columns.not_run_reason(cat["104-gpt2xl-dp4-gbs4"]) == "not run: needs 4 GPUs"
+    assert columns.not_run_reason(cat["102-gpt2xl-dp2-gbs2"]) == "not run yet"
+    assert columns.not_run_reason(cat[T101]) == "not run yet"
     r = _row("102-gpt2xl-dp2-gbs2", {})
     assert (r["Row"], r["ref GB (pub.)"], r["ref GiB"], r["ref ms"]) == ("~R2", "—", "—", "—")
     assert r["our GiB"] == r["our ms"] == r["hardware"] == ""
@@ -144,7 +146,7 @@ def test_not_run_reasons():
     (231, 220, "+5%"), (None, 220, ""), (250, None, ""),
 ])
 def test_delta_percent(ours, ref, want):
-    assert tables.fmt_delta_pct(ours, ref) == want
+    assert columns.fmt_delta_pct(ours, ref) == want
 
 
 @pytest.mark.parametrize("ours, ref, want", [
@@ -152,14 +154,14 @@ def test_delta_percent(ours, ref, want):
     (None, 33.3, ""), (30.0, None, ""),
 ])
 def test_delta_gb(ours, ref, want):
-    assert tables.fmt_delta_gb(ours, ref) == want
+    assert columns.fmt_delta_gb(ours, ref) == want
 
 
 def test_memory_cell():
-    assert tables.fmt_mem([]) == ("", None)
-    assert tables.fmt_mem([70.0, 70.9]) == ("70.9", 70.9)
-    assert tables.fmt_mem([60.0, 70.04]) == ("60.0 / 70.0", 70.04)
-    assert tables.fmt_mem([60.0, 61.0, 65.0, 62.0])[0] == "60.0–65.0"
+    assert columns.fmt_mem([]) == ("", None)
+    assert columns.fmt_mem([70.0, 70.9]) == ("70.9", 70.9)
+    assert columns.fmt_mem([60.0, 70.04]) == ("60.0 / 70.0", 70.04)
+    assert columns.fmt_mem([60.0, 61.0, 65.0, 62.0])[0] == "60.0–65.0"
 
 
 def test_status_against_reference_oom():
@@ -178,16 +180,17 @@ def test_status_against_reference_oom():
 
 
 def test_a_capped_run_whose_nvml_peak_passed_the_cap_is_marked():
-    def rec(status, peak_mib, cap="80"):
-        return {"status": status, "mem_peak_mib": [1000, peak_mib], "num_gpus": 2, "gpu_name": "NVIDIA H200",
-                "config": {"gpu_mem_gb": cap}}
+    def rec(status, peak_mib, cap="80"):  # the cap as schema 1 and 2 launchers wrote it: text
+        return RunRecord.of({"target": T101, "status": status, "mem_peak_mib": [1000, peak_mib], "num_gpus": 2,
+                             "gpu_name": "NVIDIA H200", "config": {"gpu_mem_gb": cap}})
     # 80 nominal GB = 81559 MiB (an H100 80GB): NCCL's buffers outside the allocator can push past it
-    assert tables.over_cap_gib(rec("ok", 83885)) == pytest.approx((83885 - 81559) / 1024)
-    assert tables.fmt_hardware(rec("ok", 83885)) == "2x H200, capped 80 GB ‡"
-    assert tables.over_cap_gib(rec("ok", 81000)) is None
-    assert tables.over_cap_gib(rec("oom", 84679)) is None  # an OOM says so itself
-    assert tables.over_cap_gib(rec("ok", 90000, cap=None)) is None  # uncapped: nothing to pass
-    assert tables.fmt_hardware(rec("ok", 81000)) == "2x H200, capped 80 GB"
+    assert columns.over_cap_gib(rec("ok", 83885)) == pytest.approx((83885 - 81559) / 1024)
+    assert columns.fmt_hardware(rec("ok", 83885)) == "2x H200, capped 80 GB ‡"
+    assert columns.over_cap_gib(rec("ok", 81000)) is None
+    assert columns.over_cap_gib(rec("oom", 84679)) is None  # an OOM says so itself
+    assert columns.over_cap_gib(rec("ok", 90000, cap=None)) is None  # uncapped: nothing to pass
+    assert columns.fmt_hardware(rec("ok", 81000)) == "2x H200, capped 80 GB"
+    assert columns.fmt_hardware(rec("ok", 81000, cap=80.0)) == "2x H200, capped 80 GB"  # a number now: the same
 
 
 def test_reference_tables_load():
@@ -201,8 +204,8 @@ def test_reference_tables_load():
 # --------------------------------------------------------------------------- chapter 0 (2x H200 reference)
 
 def test_chapter_0_is_diffed_against_the_twogpu_reference():
-    assert tables.reference_kind(0) == "twogpu" and tables.reference_kind(1) == "anchor"
-    cols = tables.columns(0)
+    assert chapters.reference_kind(0) == "twogpu" and chapters.reference_kind(1) == "anchor"
+    cols = columns.columns(0)
     for name in ("idea", "ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB"):
         assert name in cols
     assert "our GiB" not in cols and "ZeRO-2" not in cols
@@ -244,8 +247,8 @@ def test_context_parallel_runs_without_te_so_only_the_gpu_count_stops_it():
     assert (r["idea"], r["ref GiB GPU0"], r["ref GiB GPU1"], r["status"]) == ("CP=2", "80.0", "79.6", "not run yet")
     other = catalog.Experiment(id="999-anything", chapter=3, about="", model="gpt2-large", gpus=2, gbs=8,
                                mbs=8, cp=2)
-    assert tables.not_run_reason(other) == "not run yet"
-    assert tables.not_run_reason(dataclasses.replace(other, gpus=8, cp=8)) == "not run: needs 8 GPUs"
+    assert columns.not_run_reason(other) == "not run yet"
+    assert columns.not_run_reason(dataclasses.replace(other, gpus=8, cp=8)) == "not run: needs 8 GPUs"
 
 
 def test_chapter3_speedup_is_against_the_recompute_row_of_the_same_sequence(tmp_path):
@@ -284,7 +287,7 @@ def test_chapter_2_efficiencies_and_tp_arithmetic():
     ]
     recs = {e.id: _ok(e.id, ms) for e, ms in zip(exps, (100.0, 125.0, 160.0, None, 300.0, 200.0, 50.0, 80.0))
             if ms is not None}
-    df = tables.table_frame(2, recs, exps=exps).set_index("make target")
+    df = tables.table_frame(2, typed(recs), exps=exps).set_index("make target")
     weak, strong = df["weak eff."], df["strong eff."]
     assert weak["211-weak-tp1"] == "100% / 100%"
     assert weak["212-weak-tp2"] == "77% / 80%"  # 209/273 and 100/125
@@ -318,7 +321,7 @@ def test_chapter_4_pipeline_columns():
     assert list(df.loc["404-pp2-m4", ["m", "v", "bubble"]]) == ["4", "1", "25.0%"]
     assert list(df.loc["406-pp2-v3-m4", ["m", "v", "bubble"]]) == ["4", "3", "8.3%"]  # 18 layers/stage / 6
     assert list(df.loc["420-tp2", ["TP", "SP", "PP", "m", "v", "bubble"]]) == ["2", "yes", "1", "1", "1", ""]
-    assert tables.bubble_fraction(exps[0]) == 1.0
+    assert columns.bubble_fraction(exps[0]) == 1.0
 
 
 def test_chapter_5_expert_columns():
@@ -338,8 +341,7 @@ def test_missing_inputs_give_empty_cells(chapter):
     bad = catalog.Experiment(id="299-no-such-model", chapter=chapter, about="", model="no-such-model",
                              gpus=2, gbs=8, mbs=4, tp=2, pp=1, ref="R999",
                              layers_per_virtual_stage=3)
-    df = tables.table_frame(chapter, {bad.id: {"target": bad.id, "status": "ok", "mem_peak_gib": "x",
-                                               "step_ms_median": "n/a"}}, exps=[bad])
+    df = tables.table_frame(chapter, typed({bad.id: {"status": "ok"}}), exps=[bad])  # a record without numbers
     row = df.iloc[0]
     assert row["make target"] == bad.id and row["status"] == "ok"
     for name in ("GMAC/rank (MLP up)", "all-reduce MB/call", "v", "bubble", "experts/GPU", "seq"):
@@ -348,9 +350,9 @@ def test_missing_inputs_give_empty_cells(chapter):
 
 
 def test_chapter_footnotes_explain_computed_columns():
-    for chapter, cols in tables.CHAPTER_COLUMNS.items():
+    for chapter, cols in columns.CHAPTER_COLUMNS.items():
         assert len({c.name for c in cols}) == len(cols), chapter
-    notes = " ".join(c.note or "" for c in tables.CHAPTER_COLUMNS[2])
+    notes = " ".join(c.note or "" for c in columns.CHAPTER_COLUMNS[2])
     assert "TP1 ms / TPN ms" in notes and "b·s·h·4h" in notes
 
 

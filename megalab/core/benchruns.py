@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from megalab.core.paths import ROOT
-from megalab.core.records import read_records
+from megalab.core.records import RunRecord, read_records
 from megalab.core import catalog
 
 CONFIG = ROOT / "configs" / "bench.yaml"
@@ -116,31 +116,29 @@ def expert_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
             for pair in ex["pairs"]]
 
 
-def record_key(rec: dict) -> tuple:
-    c = rec.get("config") or {}
-    return (c.get("id"), c.get("spec") or "local", c.get("fastpath") or "none", bool(c.get("cuda_graph")),
-            c.get("iters"), c.get("extra_args") or "")
+def record_key(rec: RunRecord) -> tuple:
+    c = rec.config
+    return (c.id, c.spec or "local", c.fastpath or "none", bool(c.cuda_graph), c.iters, c.extra_args or "")
 
 
-def load_runs(runs_dir: Path) -> dict[tuple, dict]:
-    """Newest record per run key (its directory under `_dir`), from the bench's runs and the table
-    rows' (a parity pair may compare two catalog runs as they are)."""
-    found: dict[tuple, dict] = {}
+def load_runs(runs_dir: Path) -> dict[tuple, RunRecord]:
+    """Newest record per run key, from the bench's runs and the table rows' (a parity pair may compare
+    two catalog runs as they are)."""
+    found: dict[tuple, RunRecord] = {}
     table_runs = ROOT / "results" / "runs"
     dirs = [runs_dir] + ([table_runs] if runs_dir.resolve() != table_runs.resolve() else [])
-    for rec in (r for d in dirs for r in read_records(d, None)):
-        raw = rec.raw | {"_dir": rec.run_dir}
-        k = record_key(raw)
-        if k not in found or raw.get("started", "") >= found[k].get("started", ""):
-            found[k] = raw
+    for rec in (r for d in dirs for r in read_records(d, "megalab bench")):
+        k = record_key(rec)
+        if k not in found or (rec.started or "") >= (found[k].started or ""):
+            found[k] = rec
     return found
 
 
-def fits(rec: dict | None) -> bool | None:
+def fits(rec: RunRecord | None) -> bool | None:
     if rec is None:
         return None
-    if rec["status"] == "ok":
+    if rec.status == "ok":
         return True
-    if rec["status"] == "oom":
+    if rec.status == "oom":
         return False
     return None

@@ -4,15 +4,22 @@ A target is a model preset (configs/models.yaml) plus the few numbers that make 
 (GPUs, batch sizes, parallel layout). Everything a run needs is derived here, in one place:
 data-parallel size, gradient-accumulation steps, and the checks Megatron would otherwise make
 only after a 40-second start-up.
+
+The files are typed at the edge (pydantic, as the run record and checks.yaml are): a chapter file is a
+ChapterFile, each entry a CatalogEntry (a strict model made from Experiment's own fields, so the
+dataclass stays the one definition and `dataclasses.replace` keeps working), each preset a Preset. A
+wrong type, an unknown or missing key is one CatalogError line naming the file, the entry and the field.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from megalab.core.paths import CONFIGS, ROOT  # noqa: F401 (catalog.ROOT: callers and tests)
 
@@ -179,20 +186,51 @@ class Experiment:
 # Megatron's --cp-comm-type values (a2a+p2p also needs --hierarchical-context-parallel-sizes).
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
-# Preset keys and what they are (plan.py turns each into flags, as scripts/train_gpt.sh does from
-# plan.wrapper_env). Anything else in configs/models.yaml is a typo and refused.
-PRESET_KEYS = {
-    "about", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
-    "vocab_size", "ffn_hidden_size", "disable_bias_linear",
-    # modern decoders (chapter 6): normalization LayerNorm|RMSNorm, swiglu, position_embedding
-    # learned_absolute|rope, rotary_base, num_query_groups (GQA), untie_embeddings
-    "normalization", "swiglu", "position_embedding", "rotary_base", "num_query_groups", "untie_embeddings",
-    "moe_ffn_hidden_size", "moe_router_topk", "moe_router_force_load_balancing", "moe_token_dispatcher",
-    "moe_grouped_gemm", "moe_permute_fusion",
-}
-
 # Preset keys with a fixed set of values (the first is Megatron's default).
 PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding": ("learned_absolute", "rope")}
+
+
+class Preset(BaseModel):
+    """One preset of configs/models.yaml (plan.py turns each key into flags, as scripts/train_gpt.sh
+    does from plan.wrapper_env). Anything else in the file is a typo and refused."""
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    about: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    max_position_embeddings: int
+    vocab_size: int
+    ffn_hidden_size: int | None = None
+    disable_bias_linear: bool | None = None
+    # modern decoders (chapter 6): RMSNorm, SwiGLU, rotary positions, grouped-query attention (GQA)
+    normalization: Literal[PRESET_CHOICES["normalization"]] | None = None
+    swiglu: bool | None = None
+    position_embedding: Literal[PRESET_CHOICES["position_embedding"]] | None = None
+    rotary_base: int | None = None
+    num_query_groups: int | None = None
+    untie_embeddings: bool | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int | None = None
+    moe_router_force_load_balancing: bool | None = None
+    moe_token_dispatcher: str | None = None
+    moe_grouped_gemm: bool | None = None
+    moe_permute_fusion: bool | None = None
+
+
+PRESET_KEYS = frozenset(Preset.model_fields)
+
+
+class ChapterFile(BaseModel):
+    """A configs/experiments/NN-*.yaml: the chapter's page and tutorial, defaults, and its targets."""
+    model_config = ConfigDict(strict=True, extra="forbid")
+    chapter: int
+    title: str
+    table: str  # its results page, e.g. results/01-dp-zero2.md
+    tutorial: str | None = None
+    reference: str | None = None  # the published table it is diffed against (results/chapter.py)
+    defaults: dict[str, Any] = {}
+    experiments: list[dict[str, Any]]
 
 # Megatron flags that change the model, as the preset key each overrides: (key, value type); a None
 # type is a switch (present: True). EXTRA_ARGS may carry them; the estimator and the preflight read
@@ -264,54 +302,85 @@ def effective_experiment(exp: "Experiment", args: tuple[str, ...] | list[str]) -
     return out
 
 
-def _experiment_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(Experiment)}
+@lru_cache(maxsize=None)
+def _entry_model() -> type[BaseModel]:
+    """A catalog entry as written: Experiment's fields, typed strictly (a quoted "2" is no GPU count)."""
+    hints = typing.get_type_hints(Experiment)
+    fields = {f.name: (hints[f.name], ... if f.default is dataclasses.MISSING else f.default)
+              for f in dataclasses.fields(Experiment)}
+    return create_model("CatalogEntry", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
+
+
+def _why(e: ValidationError) -> str:
+    """One line from pydantic's errors: unknown keys together, else the first problem's field."""
+    errs = e.errors()
+    unknown = sorted(str(x["loc"][-1]) for x in errs if x["type"] == "extra_forbidden")
+    if unknown:
+        return f"unknown keys {unknown}"
+    first = errs[0]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+
+
+def _load_yaml(path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CatalogError(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: unreadable "
+                           f"({first}); fix the file") from None
 
 
 @lru_cache(maxsize=None)
 def models() -> dict[str, dict[str, Any]]:
-    with open(CONFIGS / "models.yaml") as f:
-        presets = yaml.safe_load(f)
+    """The presets by name, each as written (plan.py and the estimator read them by key), every one a
+    valid Preset."""
+    presets = _load_yaml(CONFIGS / "models.yaml")
+    if not isinstance(presets, dict):
+        raise CatalogError("configs/models.yaml: expected a mapping of preset name -> keys; fix the file")
     for name, preset in presets.items():
-        for key, allowed in PRESET_CHOICES.items():
-            if key in preset and preset[key] not in allowed:
-                raise CatalogError(f"configs/models.yaml: {name}: {key} '{preset[key]}' is not one of "
-                                   f"{', '.join(allowed)}; fix the preset")
-        unknown = set(preset) - PRESET_KEYS
-        if unknown:
-            raise CatalogError(f"configs/models.yaml: {name}: unknown keys {sorted(unknown)}; "
-                               f"fix: use {', '.join(sorted(PRESET_KEYS))}")
+        try:
+            Preset.model_validate(preset)
+        except ValidationError as e:
+            raise CatalogError(f"configs/models.yaml: {name}: {_why(e)}; fix the preset (keys: "
+                               f"{', '.join(sorted(PRESET_KEYS))})") from None
     return presets
+
+
+@lru_cache(maxsize=None)
+def _chapter_files() -> dict[int, tuple[Any, ChapterFile]]:
+    out = {}
+    for path in sorted((CONFIGS / "experiments").glob("*.yaml")):
+        try:
+            doc = ChapterFile.model_validate(_load_yaml(path))
+        except ValidationError as e:
+            raise CatalogError(f"configs/experiments/{path.name}: {_why(e)}; fix the chapter file") from None
+        if doc.chapter in out:
+            raise CatalogError(f"configs/experiments/{path.name}: chapter {doc.chapter} is also "
+                               f"{out[doc.chapter][0].name}'s; fix: one file per chapter")
+        out[doc.chapter] = (path, doc)
+    return out
 
 
 @lru_cache(maxsize=None)
 def chapters() -> dict[int, dict[str, Any]]:
     """Chapter metadata (title, table, tutorial) keyed by chapter number."""
-    out = {}
-    for path in sorted((CONFIGS / "experiments").glob("*.yaml")):
-        with open(path) as f:
-            doc = yaml.safe_load(f)
-        out[int(doc["chapter"])] = {k: v for k, v in doc.items() if k != "experiments"} | {"file": path}
-    return out
+    return {chapter: doc.model_dump(exclude={"experiments"}, exclude_unset=True) | {"file": path}
+            for chapter, (path, doc) in _chapter_files().items()}
 
 
 @lru_cache(maxsize=None)
 def catalog() -> dict[str, Experiment]:
     """All experiments, in catalog order, keyed by target id."""
     out: dict[str, Experiment] = {}
-    fields = _experiment_fields()
-    for chapter, meta in chapters().items():
-        with open(meta["file"]) as f:
-            doc = yaml.safe_load(f)
-        defaults = doc.get("defaults", {})
-        for entry in doc["experiments"]:
-            spec = {**defaults, **entry, "chapter": chapter}
-            unknown = set(spec) - fields
-            if unknown:
-                raise CatalogError(f"{meta['file'].name}: {entry.get('id')}: unknown keys {sorted(unknown)}")
-            if "extra_args" in spec:
+    for chapter, (path, doc) in _chapter_files().items():
+        for entry in doc.experiments:
+            spec = {**doc.defaults, **entry, "chapter": chapter}
+            if isinstance(spec.get("extra_args"), list):
                 spec["extra_args"] = tuple(spec["extra_args"])
-            exp = Experiment(**spec)
+            try:
+                exp = Experiment(**dict(_entry_model().model_validate(spec)))
+            except ValidationError as e:
+                raise CatalogError(f"{path.name}: {entry.get('id')}: {_why(e)}; fix the catalog entry") from None
             if exp.id in out:
                 raise CatalogError(f"duplicate target id {exp.id}")
             if exp.model not in models():

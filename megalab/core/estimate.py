@@ -163,25 +163,26 @@ class Shape:
     moe_ffn: int | None = None
 
     @classmethod
-    def of(cls, cfg: dict[str, Any], exp: Any = None) -> "Shape":
-        h = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        num_experts = getattr(exp, "num_experts", None) or cfg.get("num_experts")
-        topk = getattr(exp, "topk", None) or cfg.get("moe_router_topk") or cfg.get("topk") or 1
-        ffn = int(cfg.get("ffn_hidden_size") or 4 * h)
-        return cls(layers=int(cfg["num_layers"]), h=h, heads=heads, seq=int(cfg["seq_length"]),
-                   max_pos=int(cfg.get("max_position_embeddings", cfg["seq_length"])),
-                   vocab=int(cfg["vocab_size"]), ffn=ffn,
-                   groups=int(cfg.get("num_query_groups", heads)),
-                   bias=not cfg.get("disable_bias_linear", False), swiglu=bool(cfg.get("swiglu", False)),
-                   norm=1 if cfg.get("normalization") == "RMSNorm" else 2,
+    def of(cls, preset: dict[str, Any], exp: Any = None) -> "Shape":
+        h = int(preset["hidden_size"])
+        heads = int(preset["num_attention_heads"])
+        num_experts = getattr(exp, "num_experts", None) or preset.get("num_experts")
+        topk = getattr(exp, "topk", None) or preset.get("moe_router_topk") or preset.get("topk") or 1
+        ffn = int(preset.get("ffn_hidden_size") or 4 * h)
+        return cls(layers=int(preset["num_layers"]), h=h, heads=heads, seq=int(preset["seq_length"]),
+                   max_pos=int(preset.get("max_position_embeddings", preset["seq_length"])),
+                   vocab=int(preset["vocab_size"]), ffn=ffn,
+                   groups=int(preset.get("num_query_groups", heads)),
+                   bias=not preset.get("disable_bias_linear", False), swiglu=bool(preset.get("swiglu", False)),
+                   norm=1 if preset.get("normalization") == "RMSNorm" else 2,
                    # the preset keys (position_embedding, untie_embeddings) or Megatron's own names
-                   learned_pos=cfg.get("position_embedding", cfg.get("position_embedding_type", "learned_absolute"))
-                   == "learned_absolute",
-                   tied=not (cfg.get("untie_embeddings") or cfg.get("untie_embeddings_and_output_weights", False)),
+                   learned_pos=preset.get("position_embedding",
+                                          preset.get("position_embedding_type", "learned_absolute")) == "learned_absolute",
+                   tied=not (preset.get("untie_embeddings")
+                             or preset.get("untie_embeddings_and_output_weights", False)),
                    num_experts=int(num_experts) if num_experts else None,
                    topk=int(topk) if num_experts else None,
-                   moe_ffn=int(cfg.get("moe_ffn_hidden_size") or ffn) if num_experts else None)
+                   moe_ffn=int(preset.get("moe_ffn_hidden_size") or ffn) if num_experts else None)
 
     @property
     def kv(self) -> int:  # key (= value) projection width

@@ -25,6 +25,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import variables
 from megalab.core.records import RunRecord, settings
+from megalab.core.schema import Config
 from megalab.core import catalog, plan
 from megalab.core.catalog import CatalogError
 from megalab.core.variables import LaunchError, Options
@@ -38,8 +39,8 @@ CODE_PATHS = ("megalab/runtime",)
 # code as it was (the spec imports them, but calls them only for that feature). Keyed by file, the value
 # says whether a record's run used it, from its config.
 FEATURE_FILES = {
-    "megalab/runtime/cp_attention.py": lambda cfg: (cfg.get("cp") or 1) > 1,
-    "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.get("num_experts")),
+    "megalab/runtime/cp_attention.py": lambda cfg: (cfg.cp or 1) > 1,
+    "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
 }
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
 
@@ -66,12 +67,12 @@ class Provenance:
 def default_fastpath(rec: RunRecord) -> str:
     """The fast path a plain `make <target>` resolves for this record's target and implementation."""
     cfg = rec.config
-    if cfg.get("transformer_impl") == "transformer_engine":
+    if cfg.transformer_impl == "transformer_engine":
         return "none"
-    spec = (rec.intent or {}).get("spec") or cfg.get("spec") or "megalab"
+    spec = (rec.intent.spec if rec.intent else None) or cfg.spec or "megalab"
     if spec != "megalab":
         return "none"
-    return ",".join(variables.default_fast(cfg.get("num_experts"), cfg.get("model_preset") or {}))
+    return ",".join(variables.default_fast(cfg.num_experts, cfg.model_preset or {}))
 
 
 def settings_differ(rec: RunRecord) -> str:
@@ -79,18 +80,18 @@ def settings_differ(rec: RunRecord) -> str:
     if rec.schema < 2 or rec.intent is None:
         return "schema 1"
     intent, cfg = rec.intent, rec.config
-    fast = intent.get("fastpath", cfg.get("fastpath"))
+    fast = intent.fastpath if "fastpath" in intent.model_fields_set else cfg.fastpath
     if fast != default_fastpath(rec):
         return f"FAST={fast}"
-    if str(intent.get("cuda_graph_reason") or "").startswith("CUDA_GRAPH="):
-        return intent["cuda_graph_reason"]  # the user chose; the default is the auto policy
-    if cfg.get("extra_args"):
+    if (intent.cuda_graph_reason or "").startswith("CUDA_GRAPH="):
+        return intent.cuda_graph_reason  # the user chose; the default is the auto policy
+    if cfg.extra_args:
         return "EXTRA_ARGS"
     # The WARMUP setting. Records from before it was kept have only the steps dropped, which tell the
     # setting only where the run logged more steps than that (an OOM at step 1 dropped none).
-    warmup = cfg.get("warmup")
-    if warmup is None and (rec.raw.get("iters_logged") or 0) > DEFAULT_WARMUP:
-        warmup = rec.raw.get("warmup_iters")
+    warmup = cfg.warmup
+    if warmup is None and (rec.iters_logged or 0) > DEFAULT_WARMUP:
+        warmup = rec.warmup_iters
     if warmup is not None and warmup != DEFAULT_WARMUP:
         return f"WARMUP={warmup}"
     return ""
@@ -103,9 +104,9 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
         return None
 
 
-def unused_files(cfg: dict) -> frozenset[str]:
+def unused_files(cfg: Config) -> frozenset[str]:
     """The FEATURE_FILES a run with this config never executed."""
-    return frozenset(f for f, used in FEATURE_FILES.items() if not used(cfg or {}))
+    return frozenset(f for f, used in FEATURE_FILES.items() if not used(cfg))
 
 
 def code_state(commit: str | None, root: Path = ROOT, unused: frozenset[str] = frozenset()) -> tuple[str, str]:
@@ -166,29 +167,32 @@ def replan_differs(r: RunRecord) -> str | None:
     again with its variables on a machine like its own (intent.machine) and compares the Megatron argv
     (its port and run dir aside): any other flag, lever or CUDA-graph decision makes the row older.
     The one place the results side asks the launcher: what it would do now."""
-    intent, cfg = r.intent or {}, r.config or {}
+    intent, cfg = r.intent, r.config
     try:
         exp = catalog.get(r.target)
     except CatalogError:
         return "target no longer in the catalog"
-    machine = plan.Machine(**{k: v for k, v in (intent.get("machine") or {}).items()
-                              if k in {f.name for f in dataclasses.fields(plan.Machine)}})
-    opts = Options(iters=cfg.get("iters") or 100, gpu_mem_gb=cfg.get("gpu_mem_gb"), nnodes=cfg.get("nnodes") or 1,
-                   node_rank=cfg.get("node_rank") or 0, master_port=intent.get("master_port") or 6000,
-                   data=cfg.get("data") or "mock")
+    fields = {f.name for f in dataclasses.fields(plan.Machine)}
+    machine = plan.Machine(**{k: v for k, v in intent.machine.model_dump(exclude_unset=True).items() if k in fields})
+    opts = Options(iters=cfg.iters or 100, gpu_mem_gb=_cap_text(cfg.gpu_mem_gb), nnodes=cfg.nnodes or 1,
+                   node_rank=cfg.node_rank or 0, master_port=intent.master_port or 6000, data=cfg.data or "mock")
     try:
-        today = plan.build(exp, opts, machine, run_dir=Path(intent["run_dir"]) if intent.get("run_dir") else None)
+        today = plan.build(exp, opts, machine, run_dir=Path(intent.run_dir) if intent.run_dir else None)
     except (LaunchError, ValueError, KeyError) as e:
         return f"not plannable today ({e})"
-    if _decisions(today.argv, intent.get("run_dir")) != _decisions(intent.get("argv") or [], intent.get("run_dir")):
+    if _decisions(today.argv, intent.run_dir) != _decisions(intent.argv, intent.run_dir):
         return "today's plan differs (flags or CUDA graph)"
     return None
 
 
-def of(rec: RunRecord | dict, root: Path = ROOT) -> Provenance:
+def _cap_text(cap: float | None) -> str | None:
+    """GPU_MEM_GB as Options took it when the records were written: the make variable's text ("80")."""
+    return None if cap is None else f"{cap:g}"
+
+
+def of(r: RunRecord, root: Path = ROOT) -> Provenance:
     """The record's verdict: settings first (a schema-1 record says nothing more), then what the
     launcher would plan today, then the code inside torchrun."""
-    r = RunRecord.of(rec)
     why = settings_differ(r)
     if why:
         return Provenance(OLDER, why)
@@ -196,16 +200,15 @@ def of(rec: RunRecord | dict, root: Path = ROOT) -> Provenance:
         why = replan_differs(r)
         if why:
             return Provenance(OLDER, why)
-    state, why = code_state(r.versions.get("megalab_commit"), Path(root), unused_files(r.config))
+    state, why = code_state(r.versions.megalab_commit, Path(root), unused_files(r.config))
     return Provenance(state, why)
 
 
-def code_key(rec: RunRecord | dict, root: Path = ROOT) -> str:
+def code_key(r: RunRecord, root: Path = ROOT) -> str:
     """Which code a record ran: 'current' for any commit with today's code, else the content of
     CODE_PATHS at its commit (the run's unused feature files aside), so that two older commits with the
     same run code are one code; the commit itself where git cannot read it."""
-    r = RunRecord.of(rec)
-    commit = r.versions.get("megalab_commit")
+    commit = r.versions.megalab_commit
     unused = unused_files(r.config)
     if code_state(commit, Path(root), unused)[0] == CURRENT:
         return CURRENT
@@ -231,23 +234,25 @@ def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
     return (host_key(rec), code_key(rec, root), *settings(rec))
 
 
-def comparable_key(rec: RunRecord | dict, root: Path = ROOT) -> str | None:
+def comparable_key(r: RunRecord, root: Path = ROOT) -> str | None:
     """Which runs' step times may be divided by each other: one host, and one code and defaults (both
     `today`, or the same commit). None for a record without a host (it cannot be told apart)."""
-    r = RunRecord.of(rec)
     host = host_key(r)
     if host is None:
         return None
-    code = "today" if of(r, root).state == CURRENT else str(r.versions.get("megalab_commit"))
+    code = "today" if of(r, root).state == CURRENT else str(r.versions.megalab_commit)
     return f"{host} @ {code}"
 
 
-def host_key(rec: RunRecord | dict) -> str | None:
+def host_key(r: RunRecord) -> str | None:
     """Which machine a record ran on (None without a host name)."""
-    r = RunRecord.of(rec)
-    if r.hostname is None:
+    return machine_key(r.hostname, r.gpu_name, r.gpu_uuids)
+
+
+def machine_key(hostname: str | None, gpu_name: str | None, gpu_uuids: list[str] | tuple = ()) -> str | None:
+    """A machine's name: host, first GPU's name and UUID (None without a host name)."""
+    if hostname is None:
         return None
     # every rig machine is called "vm": the first GPU's UUID names the host where the record has it
     # (records from before it was kept fall back to the name, and their commit tells them apart)
-    uuids = r.raw.get("gpu_uuids") or []
-    return f"{r.hostname} {r.gpu_name or ''}".strip() + (f"/{uuids[0][:13]}" if uuids else "")
+    return f"{hostname} {gpu_name or ''}".strip() + (f"/{gpu_uuids[0][:13]}" if gpu_uuids else "")

@@ -32,6 +32,7 @@ from megalab.core.benchruns import (  # noqa: F401  (re-exported: bench.Run, ben
     BENCH_DIR, CONFIG, Run, ablation_runs, expert_runs, fits, load_config, load_runs, make_run, parity_runs,
     record_key, spec_run)
 from megalab.core import catalog
+from megalab.core.records import RunRecord
 from megalab.harness import launch
 
 
@@ -396,7 +397,7 @@ class Runner:
         self.records = load_runs(runs_dir)
         self.out_of_time = False
 
-    def get(self, run: Run) -> dict | None:
+    def get(self, run: Run) -> RunRecord | None:
         rec = self.records.get(run.key())
         if rec is not None:
             return rec

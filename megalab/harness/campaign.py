@@ -36,7 +36,7 @@ from megalab.core.catalog import CatalogError, Experiment
 from megalab.core.variables import LaunchError, Options
 from megalab.core.paths import ROOT
 from megalab.core import provenance
-from megalab.core.records import read_records
+from megalab.core.records import RunRecord, read_records
 from megalab.harness import launch as launcher
 from megalab.core import estimate
 from megalab.harness import monitor
@@ -87,7 +87,7 @@ def todays_runs(root=None, machine: str | None = None, outdir=None) -> dict[str,
     if outdir is not None and Path(outdir).resolve() != dirs[0].resolve():
         dirs.append(Path(outdir))
     seen: set[str] = set()  # a run folder copied from OUTDIR into results/runs (and kept there) counts once
-    for r in itertools.chain.from_iterable(read_records(d, None) for d in dirs):
+    for r in itertools.chain.from_iterable(read_records(d, "megalab campaign") for d in dirs):
         if r.run_dir.name in seen or r.status not in ("ok", "oom") or provenance.of(r, root).state != provenance.CURRENT:
             continue
         seen.add(r.run_dir.name)
@@ -105,8 +105,7 @@ def this_machine(inventory: dict) -> str | None:
 
     if not inventory.get("count"):
         return None
-    return provenance.host_key({"hostname": socket.gethostname(), "gpu_name": inventory["names"][0],
-                                "gpu_uuids": inventory.get("uuids") or []})
+    return provenance.machine_key(socket.gethostname(), inventory["names"][0], inventory.get("uuids") or [])
 
 
 def stale(exps: list[Experiment], repeats: int, today: dict[str, tuple[int, bool]]) -> list[Experiment]:
@@ -126,16 +125,16 @@ def schedule(exps: list[Experiment], repeats: int, have: dict[str, int] | None =
     return [(p, e) for p in range(1, repeats + 1) for e in exps if p > have.get(e.id, 0)]
 
 
-def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repeats: int,
+def summary(results: dict[str, list[RunRecord]], skipped: list[tuple[str, str]], repeats: int,
             have: dict[str, int] | None = None) -> list[str]:
     """One line per target: its launches' statuses and, over the ok ones, median step and range; `have`:
     the ok runs it had before (STALE=1), counted towards `repeats`."""
     have = have or {}
     lines = ["campaign   target: launches (statuses) -> median of the ok runs' median step [lowest-highest]"]
-    ok_ms = {target: [r["step_ms_median"] for r in recs if r.get("status") == "ok" and r.get("step_ms_median")]
+    ok_ms = {target: [r.step_ms_median for r in recs if r.status == "ok" and r.step_ms_median]
              for target, recs in results.items()}  # in launch order
     for target, recs in results.items():
-        statuses = [r.get("status", "?") for r in recs]
+        statuses = [r.status for r in recs]
         ms = ok_ms[target]
         what = (f"{statistics.median(ms):.0f} ms [{min(ms):.0f}-{max(ms):.0f}]" if ms else "no ok run")
         before = have.get(target, 0)
@@ -148,7 +147,7 @@ def summary(results: dict[str, list[dict]], skipped: list[tuple[str, str]], repe
     if drift:  # passes run one after another: a shift common to every target is the machine's, not the rows'
         lines.append(f"campaign   drift: last launch against the first, median over {len(drift)} targets "
                      f"{statistics.median(drift):+.1%} (from {min(drift):+.1%} to {max(drift):+.1%})")
-    machines = {u for recs in results.values() for r in recs for u in (r.get("gpu_uuids") or [])[:1]}
+    machines = {u for recs in results.values() for r in recs for u in (r.gpu_uuids or [])[:1]}
     if machines:
         lines.append(f"campaign   machine: first GPU {', '.join(sorted(m[:13] for m in machines))} "
                      "(one machine: its rows may be compared)")
@@ -162,10 +161,10 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
     if launch is None:
         launch = launcher.launch
     start = clock()
-    results: dict[str, list[dict]] = {e.id: [] for e in exps}
+    results: dict[str, list[RunRecord]] = {e.id: [] for e in exps}
     out_of_time = False
     for p, exp in schedule(exps, repeats, have):
-        if any(r.get("status") == "oom" for r in results[exp.id]):
+        if any(r.status == "oom" for r in results[exp.id]):
             continue  # an out-of-memory row is its result; a repeat adds nothing
         if budget_s is not None and clock() - start > budget_s:
             out_of_time = True
@@ -177,13 +176,13 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
             for line in summary(results, skipped, repeats, have):
                 print(line)
             raise
-        if done is not None:
-            results[exp.id].append(done[0])
+        if done is not None:  # (the record the launcher wrote, its folder)
+            results[exp.id].append(RunRecord.of(done[0], done[1]))
     for line in summary(results, skipped, repeats, have):
         print(line)
     if out_of_time:
         print(f"campaign   BUDGET_S={budget_s:g} spent: no launch started after it")
-    bad = any(r.get("status") not in ("ok", "oom") for recs in results.values() for r in recs)
+    bad = any(r.status not in ("ok", "oom") for recs in results.values() for r in recs)
     return 1 if bad or out_of_time else 0
 
 
@@ -198,12 +197,11 @@ def committed_durations() -> dict[str, list[tuple[float, float]]]:
     -> the same of its out-of-memory runs; read once for a whole campaign. A run's duration is start-up
     plus its iterations at its median step, so a record of ITERS=25 still times a launch of ITERS=100."""
     out: dict = {}
-    for r in read_records(ROOT / "results" / "runs", None):
-        raw = r.raw
-        if r.status not in ("ok", "oom") or not raw.get("duration_s"):
+    for r in read_records(ROOT / "results" / "runs", "megalab campaign"):
+        if r.status not in ("ok", "oom") or not r.duration_s:
             continue
-        per_iter = (raw.get("step_ms_median") or 0) / 1e3 if r.status == "ok" else 0.0
-        startup = max(raw["duration_s"] - per_iter * (raw.get("train_iters") or 0), 0.0)
+        per_iter = (r.step_ms_median or 0) / 1e3 if r.status == "ok" else 0.0
+        startup = max(r.duration_s - per_iter * (r.train_iters or 0), 0.0)
         out.setdefault(r.target if r.status == "ok" else (OOM, r.target), []).append((startup, per_iter))
     return out
 

@@ -1,8 +1,8 @@
 """The run record (`run.json`): what ran, what it measured, and where every number comes from.
 
-Field names other tools rely on: target, status, step_ms_median, step_ms_p10, step_ms_p90,
-tflops_per_gpu, mfu, mem_peak_gib (one per GPU), gpu_name, num_gpus. Measured numbers are
-computed from the raw log and memory CSV kept beside the record, never typed in.
+The fields are megalab/core/schema.py's RunRecord: a record is built as that model and written as its
+dump, so what is written is what every reader accepts. Measured numbers are computed from the raw
+log and memory CSV kept beside the record, never typed in.
 """
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from megalab.core.paths import ROOT
 from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
-from megalab.core.records import SCHEMA  # 2 adds `intent` (the plan) and `observed` (what ran)
+from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none  # 2 adds `intent`, `observed`
 from megalab.core import logparse
 from megalab.harness.monitor import describe_busy
 
@@ -150,7 +151,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         # whose context parallelism ran: TE's attention, or megalab/runtime/cp_attention.py without TE
         "cp_impl": None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),
     }
-    rec = {
+    rec = finite_or_none({  # a diverged loss (NaN) is written as null: JSON has no NaN
         "schema": SCHEMA,
         "target": exp.id,
         "status": meas.pop("status"),
@@ -184,42 +185,55 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         "files": {"log": "logs.txt", "memory": "gpu_memory.csv",
                   **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}
                      if (run_dir / "torch_profile").is_dir() else {})},
-    }
-    return rec
+    })
+    try:
+        return RunRecord.of(rec).dump(like=rec)  # validated: what is written is a record every reader takes
+    except RecordError:
+        return rec  # never lose a run's measurements: write() writes it as it is, and says why no reader will
 
 
-def write(rec: dict, path: Path) -> None:
+def write(rec: dict | RunRecord, path: Path) -> None:
+    """Write a record through the schema (the launcher's dict, e.g. with resume.py's `resume_check`
+    added, or a RunRecord), keeping its keys' order. A record the schema refuses is still written, as
+    it is, so a run's measurements are never lost, and the refusal is said in one line."""
+    try:
+        data = rec.dump() if isinstance(rec, RunRecord) else RunRecord.of(finite_or_none(rec)).dump(like=rec)
+    except RecordError as e:
+        print(f"megalab: {path}: written as measured, but no reader will use it: {e}; fix: report this "
+              "(the launcher wrote a field the schema refuses)", file=sys.stderr)
+        data = finite_or_none(rec)
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     tmp.replace(path)
 
 
-def load(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
-def one_line(rec: dict) -> str:
-    step = rec.get("step_ms_median")
-    mem = rec.get("mem_peak_gib") or []
+def one_line(rec: dict | RunRecord) -> str:
+    try:
+        r = rec if isinstance(rec, RunRecord) else RunRecord.of(rec)
+    except RecordError as e:  # write() has said so already; the terminal line still says how it ended
+        return f"result     a record no reader takes: {e}"
+    step, mem = r.step_ms_median, r.mem_peak_gib
     parts = [
-        f"result     {rec['target']}: {rec['status']}",
-        f"step {step:.0f} ms (p10 {rec['step_ms_p10']:.0f}, p90 {rec['step_ms_p90']:.0f}, n={rec['step_count']})"
+        f"result     {r.target}: {r.status}",
+        f"step {step:.0f} ms (p10 {r.step_ms_p10:.0f}, p90 {r.step_ms_p90:.0f}, n={r.step_count})"
         if step else "step n/a",
-        f"{rec['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {rec['mfu']:.1%}" if rec.get("tflops_per_gpu") and rec.get("mfu")
-        else "",
+        f"{r.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {r.mfu:.1%}" if r.tflops_per_gpu and r.mfu else "",
         f"peak memory {' / '.join(f'{m:.1f}' for m in mem)} GiB" if mem else "peak memory n/a",
     ]
     return " | ".join(p for p in parts if p)
 
 
-def profile_lines(rec: dict, run_dir: Path) -> list[str]:
+def profile_lines(rec: dict | RunRecord, run_dir: Path) -> list[str]:
     """The step breakdown (Megatron's timers) and where the profiler traces are, when there are any."""
+    try:
+        r = rec if isinstance(rec, RunRecord) else RunRecord.of(rec)
+    except RecordError:
+        return []
     out = []
-    b = rec.get("breakdown_ms")
-    if b:
-        out.append("breakdown  median ms per step: " + " | ".join(f"{k} {v:.1f}" for k, v in b.items()))
-    for trace in rec.get("files", {}).get("traces", []):
+    if b := r.breakdown_ms:
+        out.append("breakdown  median ms per step: " + " | ".join(
+            f"{k} {v:.1f}" for k, v in b.model_dump().items()))
+    for trace in r.files.traces:
         out.append(f"trace      {run_dir / trace}  (open it in https://ui.perfetto.dev)")
     return out
 
@@ -245,19 +259,27 @@ def refresh(run_dir: Path) -> dict:
     import datetime as dt
 
     run_dir = Path(run_dir)
-    rec = load(run_dir / "run.json")
-    cfg = rec.get("config") or {}
-    used = memory_peaks_from_csv(run_dir / rec["files"]["memory"], rec["num_gpus"])
+    path = run_dir / "run.json"
+    try:
+        old = RunRecord.load(path)
+    except RecordError as e:
+        raise RecordError(f"{path}: {e}; fix: mend it first (refresh derives the measurements, "
+                          "not the rest)") from None
+    raw = json.loads(path.read_text(encoding="utf-8"))  # its keys' order, kept when rewritten
+    cfg = old.config
+    if old.files.memory is None or old.num_gpus is None:
+        raise RecordError(f"{path}: no memory CSV or GPU count to derive the peaks from; fix: nothing to refresh")
+    used = memory_peaks_from_csv(run_dir / old.files.memory, old.num_gpus)
     # the log cannot tell a user's interrupt or the watchdog: keep what the launcher recorded
-    warmup = cfg.get("warmup", rec.get("warmup_iters") or 3)  # the WARMUP setting; older records: what was dropped
-    meas = measured(run_dir / rec["files"]["log"], warmup, rec.get("returncode"),
-                    rec.get("status") == "incomplete", used, rec.get("peak_tflops"),
-                    one_node=cfg.get("nnodes", 1) == 1, ended_by=rec.get("ended_by"),
-                    end_detail=rec.get("end_detail") or "", busy=bool(rec.get("busy_gpus")))
-    meas["notes"] += [n for n in rec.get("notes") or [] if not n.startswith("exit_hang:")]
-    rec.update(meas,
-               mem_baseline_mib=(rec.get("mem_baseline_mib") or [])[: rec["num_gpus"]])
-    rec.setdefault("refreshed", []).append(
-        {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"})
-    write(rec, run_dir / "run.json")
-    return rec
+    # the WARMUP setting; older records: what was dropped
+    warmup = cfg.warmup if "warmup" in cfg.model_fields_set else (old.warmup_iters or 3)
+    meas = measured(run_dir / old.files.log, warmup, old.returncode, old.status == "incomplete", used,
+                    old.peak_tflops, one_node=(cfg.nnodes if cfg.nnodes is not None else 1) == 1,
+                    ended_by=old.ended_by, end_detail=old.end_detail or "", busy=bool(old.busy_gpus))
+    meas["notes"] += [n for n in old.notes if not n.startswith("exit_hang:")]
+    stamp = {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "by": "megalab refresh"}
+    new = finite_or_none({**raw, **meas, "mem_baseline_mib": list(old.mem_baseline_mib[: old.num_gpus]),
+                          "refreshed": [*old.refreshed, stamp]})
+    out = RunRecord.of(new).dump(like=new)
+    write(out, path)
+    return out

@@ -12,8 +12,8 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import defaults, launchtime, tables
-from megalab.core.records import RunRecord, read_records
+from megalab.results import columns, defaults, launchtime
+from megalab.core.records import RunRecord, mark_shared, read_records
 from megalab.core import catalog
 from megalab.results import chapter
 from megalab.core import provenance
@@ -70,45 +70,44 @@ def _default_goal_rows(root: Path = ROOT) -> list[list[str]]:
 def _ref_row(case: dict) -> dict | None:
     """The published row a case compares with: the 8x H100 series (`ref`) or the 2x H200 set (`ref2`)."""
     if case.get("ref"):
-        r = tables.load_reference().loc[(1, case["ref"])]
+        r = chapter.load_reference().loc[(1, case["ref"])]
         return {"ms": float(r["step_ms"]), "gb": float(r["mem_gb_per_gpu"])}
     if case.get("ref2"):
-        r = tables.load_twogpu_reference().loc[case["ref2"]]
+        r = chapter.load_twogpu_reference().loc[case["ref2"]]
         return {"ms": float(r["step_ms"]), "gb": round(float(r["mem_mib_gpu0"]) / 1024, 1)}
     return None
 
 
-def _ms(rec: dict | None) -> str:
+def _ms(r: RunRecord | None) -> str:
     """'312 (300-330)': median step and its p10-p90 of an ok run; what became of it otherwise."""
-    if rec is None:
+    if r is None:
         return "not run"
-    r = RunRecord.of(rec)
     if r.status != "ok":
         return "out of memory" if r.status == "oom" else r.status
-    shared = " †" if rec.get("_concurrent") else ""
+    shared = " †" if r.concurrent else ""
     return f"{r.step_ms_median:.0f} ({r.step_ms_p10:.0f}-{r.step_ms_p90:.0f}){shared}"
 
 
-def _gib(rec: dict | None) -> str:
-    peaks = RunRecord.of(rec).mem_peak_gib if rec is not None else ()
+def _gib(r: RunRecord | None) -> str:
+    peaks = r.mem_peak_gib if r is not None else ()
     return f"{max(peaks):.1f}" if peaks else ""
 
 
-def _gb(rec: dict) -> float:
+def _gb(r: RunRecord) -> float:
     """Peak GiB: the published "GB" is nvidia-smi's MiB / 1024, as the chapter tables compare it."""
-    return max(RunRecord.of(rec).mem_peak_mib) / 1024
+    return max(r.mem_peak_mib) / 1024
 
 
-def _ok(rec: dict | None) -> bool:
-    return rec is not None and RunRecord.of(rec).status == "ok"
+def _ok(r: RunRecord | None) -> bool:
+    return r is not None and r.status == "ok"
 
 
-def _losses(rec: dict) -> dict[int, float]:
-    s = logparse.parse_file(RunRecord.of(rec).log_path)
+def _losses(r: RunRecord) -> dict[int, float]:
+    s = logparse.parse_file(r.log_path)
     return {it.iteration: it.lm_loss for it in s.iterations if it.lm_loss is not None}
 
 
-def parity(a: dict, b: dict) -> dict:
+def parity(a: RunRecord, b: RunRecord) -> dict:
     la, lb = _losses(a), _losses(b)
     common = sorted(set(la) & set(lb))
     rel = [abs(la[i] - lb[i]) / abs(la[i]) for i in common]
@@ -125,20 +124,20 @@ def parity(a: dict, b: dict) -> dict:
     return out
 
 
-def _speedup(slow: dict | None, fast: dict | None) -> str:
+def _speedup(slow: RunRecord | None, fast: RunRecord | None) -> str:
     """'1.23x': slow's step time over fast's, where both ended ok; '' otherwise; '≠host' where the two
     ran on different hosts (identical commands differ by 5-23% between hosts: no ratio is made)."""
     if not (_ok(slow) and _ok(fast)):
         return ""
     ka, kb = provenance.comparable_key(slow), provenance.comparable_key(fast)
     if ka and kb and ka != kb:  # one rule for every ratio: one host, one code and defaults
-        return tables.OTHER_HOST
-    return f"{slow['step_ms_median'] / fast['step_ms_median']:.2f}x"
+        return columns.OTHER_HOST
+    return f"{slow.step_ms_median / fast.step_ms_median:.2f}x"
 
 
-def _comparable(slow: dict | None, fast: dict | None) -> bool:
+def _comparable(slow: RunRecord | None, fast: RunRecord | None) -> bool:
     """Both ended ok, and _speedup would give their ratio."""
-    return _speedup(slow, fast) not in ("", tables.OTHER_HOST)
+    return _speedup(slow, fast) not in ("", columns.OTHER_HOST)
 
 
 def _findings(cfg: dict, get) -> list[str]:
@@ -151,10 +150,10 @@ def _findings(cfg: dict, get) -> list[str]:
         steps = [get(run) for n, lv, run in runs if n == name and lv in ab["steps"]]
         alts = [(lv[-1], get(run)) for n, lv, run in runs if n == name and lv not in ab["steps"]]
         # only the ratios the table gives (_speedup): one host, one code and defaults
-        gains = [(steps[i - 1]["step_ms_median"] / steps[i]["step_ms_median"], ab["steps"][i][-1])
+        gains = [(steps[i - 1].step_ms_median / steps[i].step_ms_median, ab["steps"][i][-1])
                  for i in range(1, len(steps)) if _comparable(steps[i - 1], steps[i])]
         apart = [ab["steps"][i][-1] for i in range(1, len(steps))
-                 if _speedup(steps[i - 1], steps[i]) == tables.OTHER_HOST]
+                 if _speedup(steps[i - 1], steps[i]) == columns.OTHER_HOST]
         if gains:
             g, lever = max(gains)
             out.append(f"- {name}: the largest single gain is `{lever}` ({g:.2f}x over the step before it)"
@@ -164,10 +163,10 @@ def _findings(cfg: dict, get) -> list[str]:
         for alt, rec in alts:
             if rec is None or not _ok(last):
                 continue
-            if rec["status"] == "oom":
+            if rec.status == "oom":
                 out.append(f"- {name}: `{alt}` on top ran out of memory: not kept.")
             elif _comparable(last, rec):
-                x = last["step_ms_median"] / rec["step_ms_median"]
+                x = last.step_ms_median / rec.step_ms_median
                 verdict = "kept out of the default: within noise" if x < 1.02 else "pays"
                 out.append(f"- {name}: `{alt}` on top gives {x:.2f}x ({verdict}).")
     return (["Findings (computed from the table):", ""] + out + [""]) if out else []
@@ -176,8 +175,7 @@ def _findings(cfg: dict, get) -> list[str]:
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
     """The page: the header, then one section per part of configs/bench.yaml, then the runs it read."""
     cfg = cfg or benchruns.load_config()
-    recs = benchruns.load_runs(bench_dir / "runs")
-    tables.mark_shared(recs.values(), bench_dir.parent)
+    recs = mark_shared(benchruns.load_runs(bench_dir / "runs"), bench_dir.parent, "megalab bench-report")
     get = lambda run: recs.get(run.key())  # noqa: E731
     mm_path = bench_dir / "matmul.json"
     mm = json.loads(mm_path.read_text()) if mm_path.exists() else None
@@ -187,10 +185,10 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
          *_experts_section(cfg, get),
          *_goals_section(cfg, get, largest, bench_dir.parent.parent), *defaults.section(bench_dir.parent.parent),
          *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
-    if any(r["_concurrent"] for r in recs.values()):
-        L += [tables.SHARED_NOTE, ""]
-    if any(f"| {tables.OTHER_HOST} |" in line for line in L):
-        L += [tables.OTHER_HOST_NOTE, ""]
+    if any(r.concurrent for r in recs.values()):
+        L += [columns.SHARED_NOTE, ""]
+    if any(f"| {columns.OTHER_HOST} |" in line for line in L):
+        L += [columns.OTHER_HOST_NOTE, ""]
     L += _runs_section(cfg, recs, bench_dir)
     return "\n".join(L) + "\n"
 
@@ -201,7 +199,7 @@ def _header(recs: dict, mm: dict | None) -> list[str]:
          "says what is compared); `make bench` measures them on a GPU (the 2-GPU case where two are present). Every run is an ordinary megalab "
          "launch (same wrapper, monitor and record as a table row); step times are medians after 3 "
          "warm-up iterations with the p10-p90 spread in brackets, memory the NVML peak in GiB.", ""]
-    names = sorted({r.get("gpu_name") for r in recs.values() if r.get("gpu_name")})
+    names = sorted({r.gpu_name for r in recs.values() if r.gpu_name})
     L += [f"GPU: {', '.join(names) or 'none yet'}. No Transformer Engine, no apex (pip megatron-core 0.19.2, "
           "PyTorch's SDPA). The TE reference is the published row with TE: the 8x H100 tutorial series (R rows) or the 2x H200 set (T rows).", ""]
     if mm and (peak := gpus.peak_tflops(mm["gpu_name"])):
@@ -216,9 +214,9 @@ def _contenders_section(cfg: dict, get, ceiling: float | None) -> list[str]:
     for case in cfg["cases"]:
         a, b = get(benchruns.spec_run(cfg, case, "local")), get(benchruns.spec_run(cfg, case, "megalab"))
         ref = _ref_row(case)
-        ratio = _speedup(a, b) or ("(a) out of memory" if a and a["status"] == "oom" and _ok(b) else "")
-        tf = round(b["tflops_per_gpu"], 1) if _ok(b) else None
-        peak = gpus.peak_tflops(b.get("gpu_name")) if tf else None
+        ratio = _speedup(a, b) or ("(a) out of memory" if a and a.status == "oom" and _ok(b) else "")
+        tf = round(b.tflops_per_gpu, 1) if _ok(b) else None
+        peak = gpus.peak_tflops(b.gpu_name) if tf else None
         rows.append([case["name"], f"{ref['ms']:.0f} / {ref['gb']}" if ref else "-", _ms(a), _gib(a), _ms(b), _gib(b),
                      ratio, tf if tf is not None else "", f"{tf / peak:.1%}" if tf and peak else "",
                      f"{tf / ceiling:.1%}" if tf and ceiling else ""])
@@ -240,7 +238,7 @@ def _search_section(cfg: dict, recs: dict) -> tuple[dict, list[str]]:
         same = benchruns.make_run(cfg, s["target"], spec["spec"], levers, None).key()[1:]  # all but the id
         for run_key, rec in recs.items():
             if run_key[1:] == same and run_key[0].startswith(s["target"]):
-                tried[rec["config"]["mbs"]] = benchruns.fits(rec)
+                tried[rec.config.mbs] = benchruns.fits(rec)
         fit = [g for g, ok in tried.items() if ok]
         nofit = [g for g, ok in tried.items() if ok is False]
         best = max(fit) if fit and nofit and min(nofit) == max(fit) + 1 else None
@@ -287,7 +285,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     added, on the machine, code and CUDA-graph setting where both sides ran (the most runs with the
     levers). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
     the loss parity of the first pair (the bench's rule)."""
-    runs = [r for d in (root / "results" / "runs", bench_dir / "runs") for r in read_records(d, None)]
+    runs = [r for d in (root / "results" / "runs", bench_dir / "runs")
+            for r in read_records(d, "megalab bench-report")]
     rows = []
     for trial in cfg.get("trials", []):
         names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
@@ -297,12 +296,12 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
         for target in trial["targets"]:
             sides: dict[tuple, dict[bool, list]] = {}
             for r in runs:
-                fast = set(((r.raw.get("intent") or {}).get("fastpath") or "").split(","))
+                fast = set(((r.intent.fastpath if r.intent else None) or "").split(","))
                 if r.target != target or r.status != "ok" or not r.step_ms_median or fast not in (base, base | added):
                     continue
-                if (r.config or {}).get("spec") != "megalab" or (r.config or {}).get("extra_args"):
+                if r.config.spec != "megalab" or r.config.extra_args:
                     continue
-                key = (provenance.host_key(r), provenance.code_key(r, root), bool((r.config or {}).get("cuda_graph")))
+                key = (provenance.host_key(r), provenance.code_key(r, root), bool(r.config.cuda_graph))
                 sides.setdefault(key, {True: [], False: []})[fast == base | added].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
             if not both:
@@ -313,7 +312,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
-            par = parity(on[0].raw | {"_dir": on[0].run_dir}, off[0].raw | {"_dir": off[0].run_dir})
+            par = parity(on[0], off[0])
             verdict = _trial_verdict([r.step_ms_median for r in on], [r.step_ms_median for r in off])
             rows.append([label, target, ",".join(sorted(base)), _spread(off), _spread(on), f"{x:.3f}",
                          f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
@@ -343,7 +342,7 @@ def _spread(recs: list) -> str:
 def _parity_row(pair: dict, a_run, b_run, get) -> list:
     a, b = get(a_run), get(b_run)
     if not (_ok(a) and _ok(b)):
-        why = "not run" if a is None or b is None else f"{a['status']} / {b['status']}"
+        why = "not run" if a is None or b is None else f"{a.status} / {b.status}"
         return [pair["name"], a_run.label(), b_run.label(), *[""] * 7, why]
     r = parity(a, b)
     return [pair["name"], a_run.label(), b_run.label(), r["steps"],
@@ -388,9 +387,9 @@ def _goal_row(cfg: dict, get, what: str, case_name: str, ms_max: float, gib_max:
     limit = f"<= {ms_max:g} ms" + (f" at <= {gib_max:g} GiB" if gib_max else "")
     if not ok:
         return [what, limit, "not run", "-"]
-    meets = [(rec, r) for rec, r in ok if rec["step_ms_median"] <= ms_max and (not gib_max or _gb(rec) <= gib_max)]
-    rec, r = min(meets or ok, key=lambda x: x[0]["step_ms_median"])
-    return [what, limit, f"{rec['step_ms_median']:.0f} ms, {_gb(rec):.1f} GiB ({r.label()})", "met" if meets else "missed"]
+    meets = [(rec, r) for rec, r in ok if rec.step_ms_median <= ms_max and (not gib_max or _gb(rec) <= gib_max)]
+    rec, r = min(meets or ok, key=lambda x: x[0].step_ms_median)
+    return [what, limit, f"{rec.step_ms_median:.0f} ms, {_gb(rec):.1f} GiB ({r.label()})", "met" if meets else "missed"]
 
 
 def _goals_section(cfg: dict, get, largest: dict, root: Path = ROOT) -> list[str]:
@@ -400,7 +399,7 @@ def _goals_section(cfg: dict, get, largest: dict, root: Path = ROOT) -> list[str
         a, b = get(benchruns.spec_run(cfg, g4, "local")), get(benchruns.spec_run(cfg, g4, "megalab"))
         what = "faster than the stock local spec at GBS 4"
         if _ok(a) and _ok(b):
-            x = a["step_ms_median"] / b["step_ms_median"]
+            x = a.step_ms_median / b.step_ms_median
             rows.append([what, ">= 1.3x", f"{x:.2f}x", "met" if x >= 1.3 else "missed"])
         else:
             rows.append([what, ">= 1.3x", "not run", "-"])
@@ -442,20 +441,19 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
     """Where a step goes: each `make profile-<id>` run kept here with the trace summary made on the rig
     (`python -m megalab bench trace <trace>` -> trace-summary.md beside its record)."""
     out = []
-    for raw in sorted(recs.values(), key=lambda r: r["_dir"].name):
-        d = raw["_dir"] / "trace-summary.md"
-        if raw["_dir"].parent != bench_dir / "runs" or not d.exists():
+    for rec in sorted(recs.values(), key=lambda r: r.run_dir.name):
+        d = rec.run_dir / "trace-summary.md"
+        if rec.run_dir.parent != bench_dir / "runs" or not d.exists():
             continue
-        rec = RunRecord.of(raw)
-        timers = rec.raw.get("timers_ms") or {}
+        timers = rec.timers_ms or {}
         shown = ("forward-compute", "backward-compute", "optimizer", "optimizer-inner-step",
                  "optimizer-copy-main-to-model-params", "optimizer-copy-to-main-grad", "all-grads-sync")
         out += [f"### {rec.target} on {rec.num_gpus} x {rec.gpu_name}", "",
                 f"Run [{d.parent.name}](runs/{d.parent.name}/run.json): median step {rec.step_ms_median:.0f} ms "
                 "profiled (timers synchronise, kernels launch one by one, no CUDA graph). Megatron's timers, median "
                 "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."
-                + f" Fast path: `{(rec.intent or {}).get('fastpath') or rec.config.get('fastpath')}`."
-                + ("" if all((d.parent / t).exists() for t in (rec.raw.get("files") or {}).get("traces", []))
+                + f" Fast path: `{rec.fastpath}`."
+                + ("" if all((d.parent / t).exists() for t in rec.files.traces)
                    else " The trace itself was not kept (summarised on the rig, then deleted).")
                 + (f" Every kernel of the two steps: [kernels.txt](runs/{d.parent.name}/kernels.txt)."
                    if (d.parent / "kernels.txt").exists() else ""), "",
@@ -480,16 +478,16 @@ def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:
     pair_keys = {r.key() for pairs in (benchruns.parity_runs(cfg), benchruns.expert_runs(cfg)) for _, a, b in pairs
                  for r in (a, b)}
     rows = []
-    for k, rec in sorted(recs.items(), key=lambda kv: kv[1].get("started", "")):
-        own = rec["_dir"].parent == bench_dir / "runs"
+    for k, rec in sorted(recs.items(), key=lambda kv: kv[1].started or ""):
+        own = rec.run_dir.parent == bench_dir / "runs"
         if not own and k not in pair_keys:
             continue  # a table row no bench section uses
-        link = f"runs/{rec['_dir'].name}" if own else f"../{rec['_dir'].relative_to(bench_dir.parent)}"
+        link = f"runs/{rec.run_dir.name}" if own else f"../{rec.run_dir.relative_to(bench_dir.parent)}"
         rows.append([f"{k[0]} [{k[1]}; fast={k[2]}; cuda_graph={k[3]}; iters={k[4]}{'; ' + k[5] if k[5] else ''}]",
-                     f"[{rec['_dir'].name}]({link}/run.json)"])
+                     f"[{rec.run_dir.name}]({link}/run.json)"])
     return ["## Runs", "", *markdown.table(["run", "record"], rows)]
 
 
 def write(bench_dir: Path) -> str:
-    markdown.write_atomic(bench_dir / "README.md", render(bench_dir))
+    markdown.write_if_changed(bench_dir / "README.md", render(bench_dir))
     return str(bench_dir / "README.md")

@@ -70,13 +70,13 @@ class Context:
     chapter: int
     kind: str  # which published table the chapter is diffed against (REFERENCE_KINDS)
     exps: list[catalog.Experiment]
-    records: dict[str, dict]
+    records: dict[str, RunRecord]
     reference: pd.DataFrame | None  # anchor_8xh100.csv, by (chapter, row)
     twogpu: pd.DataFrame | None  # twogpu_2xh200.csv, by row
     tree: Path = ROOT  # the checkout whose git history judges the records' code (provenance)
     _warned: set = dataclasses.field(default_factory=set)
 
-    def rec(self, exp: catalog.Experiment) -> dict | None:
+    def rec(self, exp: catalog.Experiment) -> RunRecord | None:
         return self.records.get(exp.id)
 
     def ref_row(self, exp: catalog.Experiment) -> pd.Series | None:
@@ -109,10 +109,10 @@ class Context:
         return None if rec is None else provenance.comparable_key(rec, self.tree)
 
 
-def measured(rec: dict | RunRecord | None) -> tuple[float | None, ...]:
+def measured(rec: RunRecord | None) -> tuple[float | None, ...]:
     """(median ms, p10, p90, TFLOP/s/GPU, MFU) of a record; all None unless the steps are valid
     (an oom, failed, killed or hung run has no step time: records.MEASURED)."""
-    return (None,) * 5 if rec is None else RunRecord.of(rec).measured
+    return (None,) * 5 if rec is None else rec.measured
 
 
 def row_id(exp: catalog.Experiment) -> str:
@@ -130,7 +130,7 @@ def reference_kind(chapter: int) -> str:
     return kind
 
 
-def context(chapter: int, records: dict[str, dict] | None, reference: pd.DataFrame | None,
+def context(chapter: int, records: dict[str, RunRecord] | None, reference: pd.DataFrame | None,
              twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None, tree: Path = ROOT) -> Context:
     kind = reference_kind(chapter)
     return Context(

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from megalab.core.paths import ROOT
+from megalab.core.records import stamp
 from megalab.results import tables
 
 
@@ -26,7 +27,7 @@ def compare(outdir: Path, out: Path | None = None) -> list[Path]:
     yours = tables.load_records(outdir)
     records = dict(committed)
     for target, rec in yours.items():  # the newer record of a target stands in its row
-        if target not in records or tables._started_key(rec) >= tables._started_key(records[target]):
+        if target not in records or stamp(rec.started) >= stamp(records[target].started):
             records[target] = rec
     mine = sorted(t for t in yours if records.get(t) is yours[t])
     intro = (f"Your runs from `{outdir}` ({len(mine)} row(s): {', '.join(mine) or 'none'}) with the committed "

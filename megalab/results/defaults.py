@@ -16,6 +16,7 @@ from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import markdown, provenance
 from megalab.results import chapter
+from megalab.results.columns import fmt_cap
 from megalab.core.gpus import short_gpu_name
 from megalab.core.records import RunRecord, read_records, repeats
 
@@ -40,17 +41,17 @@ def _reference(exp, anchor, twogpu) -> tuple[float, float] | None:
 def like_reference(r: RunRecord, exp) -> bool:
     """Whether a run is on the GPU kind its reference used: T rows on H200s (uncapped: the 2x H200 set);
     R rows on H100s, or for 2-GPU R rows on H200s capped to 80 GB (the rig has no 2x H100)."""
-    name, cap = r.gpu_name or "", (r.config or {}).get("gpu_mem_gb")
+    name, cap = r.gpu_name or "", r.gpu_mem_cap
     if (exp.ref or "").startswith("T"):
         return "H200" in name and not cap
     if "H100" in name:
         return True
-    return exp.gpus > 1 and "H200" in name and cap is not None and float(cap) <= 80
+    return exp.gpus > 1 and "H200" in name and cap is not None and cap <= 80
 
 
 def ok_records(root=ROOT) -> dict[str, list]:
     recs: dict[str, list] = {}
-    for r in read_records(root / "results" / "runs", None):
+    for r in read_records(root / "results" / "runs", "megalab bench-report"):
         if r.status == "ok" and r.step_ms_median:
             recs.setdefault(r.target, []).append(r)
     return recs
@@ -65,8 +66,7 @@ def now_record(exp, recs: dict[str, list], root=ROOT) -> RunRecord | None:
     if not now:
         return None
     n = now[-1]
-    runs = repeats(n, now, lambda r: provenance.setup_key(r, root))
-    return RunRecord.of(n.raw | ({"_runs": runs} if runs else {}))
+    return n.grouped(repeats(n, now, lambda r: provenance.setup_key(r, root)))
 
 
 def rows(root=ROOT) -> list[list[str]]:
@@ -88,7 +88,7 @@ def rows(root=ROOT) -> list[list[str]]:
             out.append(cells + ["not run", "", "", "", "not run with today's defaults"])
             continue
         gib = max(n.mem_peak_gib or [math.nan])
-        graph = "on" if (n.intent or {}).get("cuda_graph") else "off"
+        graph = "on" if n.intent and n.intent.cuda_graph else "off"
         ratio = n.step_ms / ref_ms
         fast, lean = ratio <= 1.0, math.isnan(ref_gib) or gib <= ref_gib
         verdict = "met" if fast and lean else ("faster, more memory" if fast else "slower")
@@ -101,13 +101,12 @@ def rows(root=ROOT) -> list[list[str]]:
 
 def spread(n: RunRecord) -> str:
     """' (5 runs, 378–393)' for a now_record with repeats, else ''."""
-    return f" ({n.runs['n']} runs, {n.runs['lo_ms']:.0f}–{n.runs['hi_ms']:.0f})" if n.runs else ""
+    return f" ({n.runs.n} runs, {n.runs.lo_ms:.0f}–{n.runs.hi_ms:.0f})" if n.runs else ""
 
 
 def hardware(n: RunRecord) -> str:
     """'1x H100 80GB', or '2x H200, capped 80 GB'."""
-    cap = (n.config or {}).get("gpu_mem_gb")
-    return f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (f", capped {cap} GB" if cap else "")
+    return f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (fmt_cap(n.gpu_mem_cap) if n.gpu_mem_cap else "")
 
 
 HEADER = ["row", "target", "ref ms", "ref GiB", "ours before ms", "ours now ms", "now GiB", "now / ref",

@@ -84,10 +84,4 @@ def render(root: Path, frames: Mapping[int, Any], *, title: str = "Results", int
 
 def write(root: Path, frames: Mapping[int, Any], *, check: bool = False, **kw) -> list[Path]:
     path = root / "results" / "README.md"
-    text = render(root, frames, **kw)
-    old = path.read_text(encoding="utf-8") if path.exists() else None
-    if old == text:
-        return []
-    if not check:
-        markdown.write_atomic(path, text)
-    return [path]
+    return [path] if markdown.write_if_changed(path, render(root, frames, **kw), check=check) else []

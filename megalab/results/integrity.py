@@ -29,10 +29,9 @@ PAGE = DIR / "README.md"
 
 
 def render(root: Path = ROOT) -> str:
-    runs = sorted(read_records(root / "results/integrity/runs", None), key=lambda r: r.started or "")
+    runs = sorted(read_records(root / "results/integrity/runs", "megalab integrity"), key=lambda r: r.started or "")
     rows = []
     for r in runs:
-        cfg = r.config or {}
         try:
             log = logparse.read_log(r.log_path).decode(errors="replace")
         except OSError:  # no log, or a damaged one: the page says what the record says
@@ -41,7 +40,7 @@ def render(root: Path = ROOT) -> str:
         if status == "killed" and "[after training is done]" in log:  # when the signal came matters
             status += " (signal after Megatron's end of training, during exit)"
         rows.append([r.target, f"{r.num_gpus or '?'} x {gpus.short_gpu_name(r.gpu_name or '?')}",
-                     "on" if cfg.get("cuda_graph") else "off", status, r.raw.get("ended_by") or "itself",
+                     "on" if r.config.cuda_graph else "off", status, r.ended_by or "itself",
                      "yes" if "megalab: shutdown clean" in log else "no",
                      f"{r.step_ms_median:.0f}" if r.step_ms_median else "-", r.started, f"`{r.run_dir.name}`"])
     out = ["# Run integrity on the GPU rig", "",
@@ -53,7 +52,7 @@ def render(root: Path = ROOT) -> str:
            "ending, not table rows.", ""]
     out += markdown.table(["target", "GPUs", "CUDA graph", "status", "ended by", "shutdown clean", "step ms", "started",
                            "run dir"], rows)
-    out += graph_parity(runs, list(read_records(root / "results/runs", None)))
+    out += graph_parity(runs, list(read_records(root / "results/runs", "megalab integrity")))
     for name, what, start in TRANSCRIPTS:
         if (DIR / name).exists():
             lines = [ln for ln in (DIR / name).read_text(errors="replace").splitlines() if ln.strip()]
@@ -73,10 +72,10 @@ def graph_parity(runs: list, table_runs: list) -> list[str]:
     for r in runs:
         if r.status != "ok":
             continue
-        graph = bool((r.config or {}).get("cuda_graph"))
+        graph = bool(r.config.cuda_graph)
         key = (provenance.host_key(r), provenance.code_key(r))
         twins = [t for t in pool if t.target == r.target and t.status == "ok"
-                 and bool((t.config or {}).get("cuda_graph")) != graph
+                 and bool(t.config.cuda_graph) != graph
                  and (provenance.host_key(t), provenance.code_key(t)) == key]
         if not twins:
             continue
@@ -105,7 +104,7 @@ def graph_parity(runs: list, table_runs: list) -> list[str]:
 def cli(argv: list[str]) -> int:
     text = render()
     if argv[:1] == ["--check"]:
-        ok = PAGE.exists() and PAGE.read_text() == text
+        ok = not markdown.write_if_changed(PAGE, text, check=True)
         print("results/integrity/README.md " + ("is up to date" if ok else "is out of date; fix: python -m megalab integrity"))
         return 0 if ok else 1
     markdown.write_atomic(PAGE, text)

@@ -49,8 +49,8 @@ def phases(rec: RunRecord) -> dict[str, float | None]:
     except logparse.LogReadError:
         marks = {}
     times = {k: _when(v) for k, v in marks.items()}
-    times["started"], times["ended"] = _when(rec.started), _when(rec.raw.get("ended"))
-    out: dict[str, float | None] = {"preflight": rec.raw.get("preflight_s")}
+    times["started"], times["ended"] = _when(rec.started), _when(rec.ended)
+    out: dict[str, float | None] = {"preflight": rec.preflight_s}
     for name, _, a, b in PHASES:
         ta, tb = times.get(a), times.get(b)
         out[name] = round((tb - ta).total_seconds(), 1) if ta and tb else None
@@ -60,10 +60,10 @@ def phases(rec: RunRecord) -> dict[str, float | None]:
 def rows(root: Path) -> list[list[str]]:
     """One row per target with ok records of today's code and defaults: the median of each phase."""
     by_target: dict[str, list[dict]] = {}
-    for r in read_records(root / "results" / "runs", None):
+    for r in read_records(root / "results" / "runs", "megalab bench-report"):
         if r.status == "ok" and provenance.of(r, root).state == provenance.CURRENT:
             by_target.setdefault(r.target, []).append(phases(r) | {"_gpus": r.num_gpus, "_gpu": r.gpu_name,
-                                                                   "_total": r.raw.get("duration_s")})
+                                                                   "_total": r.duration_s})
     out = []
     for target, runs in sorted(by_target.items()):
         def med(key):

@@ -89,8 +89,7 @@ def _published(ref: pd.Series, kind: str, gpus: int) -> dict:
             "oom": oom, "step_ms": run_records.num(ref["step_ms"]), "gpu": None, "te": True, "host": "published"}
 
 
-def _ours(rec: dict) -> dict:
-    r = run_records.RunRecord.of(rec)
+def _ours(r: run_records.RunRecord) -> dict:
     oom = r.status == "oom"  # its peak is the card's limit, not what the run needed
     mem = [] if oom else list(r.mem_peak_gib)
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None, "oom": oom,
@@ -116,7 +115,7 @@ def points(ctx: chapters.Context) -> pd.DataFrame:
             rows.append({**layout, **_published(ref, ctx.kind, exp.gpus), "source": "published",
                          "analogue": False})
         rec = ctx.rec(exp)
-        if rec is not None and rec.get("status") in ("ok", "oom", "incomplete"):
+        if rec is not None and rec.status in ("ok", "oom", "incomplete"):
             rows.append({**layout, **_ours(rec), "source": "megalab",
                          "analogue": bool(exp.analogue_of and not exp.ref)})
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -281,9 +280,9 @@ def figures_of(ctx: chapters.Context) -> list[tuple[Figure, pd.DataFrame]]:
     return out
 
 
-def chapter_figures(chapter: int, records: dict[str, dict] | None = None, reference: pd.DataFrame | None = None,
-                    *, twogpu: pd.DataFrame | None = None, exps: list[catalog.Experiment] | None = None
-                    ) -> list[tuple[Figure, pd.DataFrame]]:
+def chapter_figures(chapter: int, records: dict[str, run_records.RunRecord] | None = None,
+                    reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
+                    exps: list[catalog.Experiment] | None = None) -> list[tuple[Figure, pd.DataFrame]]:
     """figures_of() for one chapter; `exps` replaces the catalog's targets (tests build their own)."""
     return figures_of(chapters.context(chapter, records, reference, twogpu, exps))
 
@@ -372,8 +371,8 @@ def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg"
 
 # --------------------------------------------------------------------------- output
 
-def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = None, out: Path | None = None,
-                check: bool = False) -> list[Path]:
+def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunRecord] | None = None,
+                out: Path | None = None, check: bool = False) -> list[Path]:
     """Draw every chapter's figures into `out` (default ROOT/results/plots); return the changed paths.
 
     A figure whose bytes are unchanged is not rewritten; an .svg there that no figure makes any more
@@ -381,7 +380,8 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
     missing or no longer made (file names only, see the module docstring).
     """
     root = Path(root) if root is not None else ROOT
-    records = run_records.load_records(root / "results" / "runs") if records is None else records
+    if records is None:
+        records = run_records.load_records(root / "results" / "runs", who="megalab plots")
     reference, twogpu = chapters.load_reference(), chapters.load_twogpu_reference()
     folder = out or root / "results" / PLOTS  # every chapter page lives in results/
     wanted: dict[Path, tuple[Figure, pd.DataFrame, str]] = {}
@@ -394,9 +394,7 @@ def write_plots(root: Path | None = None, *, records: dict[str, dict] | None = N
         return sorted([p for p in wanted if not p.exists()] + stale)
     changed = []
     for path, (fig, data, kind) in wanted.items():
-        svg = draw(fig, data, kind)
-        if not path.exists() or path.read_bytes() != svg:
-            markdown.write_atomic(path, svg)
+        if markdown.write_if_changed(path, draw(fig, data, kind)):
             changed.append(path)
     for path in stale:
         path.unlink()

@@ -25,8 +25,7 @@ from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MF
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
                                    lever_flags, nccl_mib)
 from megalab.core.gpus import nominal_gb_to_gib
-from megalab.core.markdown import write_atomic
-from megalab.core.records import read_records
+from megalab.core.records import RunRecord, read_records
 
 RECORD_DIRS = ("results/runs", "results/bench/runs", "results/holdout/runs")
 # The split of the records into a calibration set and a held-out set, fixed: a record is held out when
@@ -54,48 +53,44 @@ def split(target: str) -> str:
 NOTE_ABOVE = 0.05
 
 
-def _record_layout(rec: dict) -> tuple[catalog.Experiment, dict[str, Any], str]:
-    cfg = rec["config"]
+def _record_layout(rec: RunRecord) -> tuple[catalog.Experiment, dict[str, Any], str]:
+    cfg = rec.config
     names = {f.name for f in dataclasses.fields(catalog.Experiment)}
-    lay = catalog.Experiment(**{n: cfg[n] for n in names if n in cfg})
-    preset = cfg.get("model_preset") or catalog.models()[lay.model]
-    spec = "local" if cfg.get("spec") == "local" and cfg.get("transformer_impl") != "transformer_engine" else "megalab"
+    given = cfg.model_dump(exclude_unset=True)  # the fields the record has (an older one lacks some)
+    lay = catalog.Experiment(**{n: given[n] for n in names if n in given})
+    preset = cfg.model_preset or catalog.models()[lay.model]
+    spec = "local" if cfg.spec == "local" and cfg.transformer_impl != "transformer_engine" else "megalab"
     return lay, preset, spec
 
 
-def record_capacity_gib(rec: dict) -> float:
-    cap = (rec.get("config") or {}).get("gpu_mem_gb")
-    if cap not in (None, "", "0"):
-        return nominal_gb_to_gib(float(cap))
-    if rec.get("gpu_memory_mib"):
-        return rec["gpu_memory_mib"] / 1024
-    return gpu_spec(rec.get("gpu_name"))[0]
+def record_capacity_gib(rec: RunRecord) -> float:
+    if rec.gpu_mem_cap:  # GPU_MEM_GB (0: uncapped)
+        return nominal_gb_to_gib(rec.gpu_mem_cap)
+    if rec.gpu_memory_mib:
+        return rec.gpu_memory_mib / 1024
+    return gpu_spec(rec.gpu_name)[0]
 
 
-def estimate_record(rec: dict) -> Estimate:
+def estimate_record(rec: RunRecord) -> Estimate:
     lay, preset, spec = _record_layout(rec)
-    fast = (rec.get("config") or {}).get("fastpath") or ""
-    return estimate(lay, spec=spec, gpu_name=rec.get("gpu_name"), gpu_mem_gib=record_capacity_gib(rec),
-                    model_cfg=preset, cuda_graph=bool((rec.get("config") or {}).get("cuda_graph")),
-                    **lever_flags(fast))
+    return estimate(lay, spec=spec, gpu_name=rec.gpu_name, gpu_mem_gib=record_capacity_gib(rec),
+                    model_cfg=preset, cuda_graph=bool(rec.config.cuda_graph), **lever_flags(rec.config.fastpath or ""))
 
 
-def megatron_mem_by_rank(run_dir: Path, rec: dict) -> dict[int, dict[str, float]]:
+def megatron_mem_by_rank(rec: RunRecord) -> dict[int, dict[str, float]]:
     """Megatron's memory line per logged rank (its last report), from the raw log beside the record
     (Megatron prints rank 0 and, with PP, the last stage's first rank), else from the record; the
     last rank's maxima then from its TensorBoard series. The log line stops after iteration 2, and
     the allocator may still reserve more after it: the series runs to the last iteration."""
-    log = run_dir / ((rec.get("files") or {}).get("log") or "logs.txt")
     try:
-        mem = {int(r): v for r, v in logparse.parse_file(log).megatron_mem.items()}
+        mem = {int(r): v for r, v in logparse.parse_file(rec.log_path).megatron_mem.items()}
     except logparse.LogReadError:
         mem = {}
     if not mem:
-        by_rank = rec.get("megatron_mem_by_rank") or {}
-        mem = {int(r): v for r, v in by_rank.items()} or ({0: rec["megatron_mem"]} if rec.get("megatron_mem") else {})
-    tb = tensorboard_mem_mb(run_dir)
+        mem = dict(rec.megatron_mem_by_rank) or ({0: rec.megatron_mem} if rec.megatron_mem else {})
+    tb = tensorboard_mem_mb(rec.run_dir)
     if "mem-reserved-bytes" in tb and "mem-max-allocated-bytes" in tb:
-        last = int((rec.get("config") or {}).get("gpus") or rec.get("num_gpus") or 1) - 1
+        last = int(rec.config.gpus or rec.num_gpus or 1) - 1
         old = mem.get(last, {})
         mem[last] = {**old, "max_reserved_mb": max(old.get("max_reserved_mb", 0.0), tb["mem-reserved-bytes"]),
                      "max_allocated_mb": max(old.get("max_allocated_mb", 0.0), tb["mem-max-allocated-bytes"]),
@@ -142,13 +137,13 @@ def _events(path: Path, loader):
         yield from loader(tmp.name).Load()
 
 
-def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str:
+def _diagnose(rec: RunRecord, est: Estimate, mem: dict[int, dict[str, float]]) -> str:
     """Where nvidia-smi's peak went beyond the estimate, from the run's own allocator figures. Memory
     outside the allocator is the same on every GPU of a layout: it is measured on the rank whose max
     reserved runs to the last iteration (TensorBoard's), else on the busiest logged rank. The slack is
     that of the GPU with the highest peak: its peak less that outside memory, over its max allocated
     (or its stage's logged rank's). A note, not a fit."""
-    peaks = rec.get("mem_peak_mib") or []
+    peaks = rec.mem_peak_mib
     logged = [r for r in mem if r < len(peaks)]
     if not logged:
         return ""
@@ -188,11 +183,11 @@ def _diagnose(rec: dict, est: Estimate, mem: dict[int, dict[str, float]]) -> str
     return "; ".join(parts)
 
 
-def not_modelled(rec: dict) -> str | None:
+def not_modelled(rec: RunRecord) -> str | None:
     """Why a run is outside what the estimator models (so it is not validated against it), or None."""
-    cfg = rec.get("config") or {}
-    if cfg.get("extra_args") and not _only_planned_flags(cfg["extra_args"]):
-        return f"extra Megatron flags ({cfg['extra_args']})"
+    extra = rec.config.extra_args
+    if extra and not _only_planned_flags(extra):
+        return f"extra Megatron flags ({extra})"
     return None
 
 
@@ -216,25 +211,25 @@ def _only_planned_flags(extra: str) -> bool:
 def _committed_records(root: Path):
     """(records dir, RunRecord) for every readable committed record."""
     for d in RECORD_DIRS:
-        for rec in read_records(root / d, None):
+        for rec in read_records(root / d, "megalab plan"):
             yield d, rec
 
 
 def left_out(root: Path) -> list[str]:
-    return [f"{d}/{rec.run_dir.name}: {why}" for d, rec in _committed_records(root) if (why := not_modelled(rec.raw))]
+    return [f"{d}/{rec.run_dir.name}: {why}" for d, rec in _committed_records(root) if (why := not_modelled(rec))]
 
 
 def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
     for d, rec in _committed_records(root):
-        if rec.raw.get("fixture") or not rec.config or not rec.mem_peak_mib:
+        if rec.fixture or not rec.config.model_fields_set or not rec.mem_peak_mib:
             continue
-        if rec.status not in ("ok", "oom") or not_modelled(rec.raw):
+        if rec.status not in ("ok", "oom") or not_modelled(rec):
             continue
-        est = estimate_record(rec.raw)
+        est = estimate_record(rec)
         meas = max(rec.mem_peak_mib) / 1024
-        mem = megatron_mem_by_rank(rec.run_dir, rec.raw)
+        mem = megatron_mem_by_rank(rec)
         oom = rec.status == "oom"
         err = (est.peak_gib - meas) / meas
         ok = (not est.fits) if oom else abs(err) <= 0.10
@@ -246,7 +241,7 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
             "pred_alloc_mb": est.allocated_gib * 1024,
             "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
             "fits": est.fits, "ok": ok,
-            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec.raw, est, mem),
+            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec, est, mem),
         })
     return rows
 
@@ -258,13 +253,13 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
     for d, rec in _committed_records(root):
-        if rec.raw.get("fixture") or not rec.config or rec.status != "ok" or rec.step_ms_median is None:
+        if rec.fixture or not rec.config.model_fields_set or rec.status != "ok" or rec.step_ms_median is None:
             continue
-        if rec.target.startswith("profile-") or not_modelled(rec.raw):
+        if rec.target.startswith("profile-") or not_modelled(rec):
             continue
-        est = estimate_record(rec.raw)
-        old = estimate(_record_layout(rec.raw)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
-                       model_cfg=_record_layout(rec.raw)[1])
+        est = estimate_record(rec)
+        old = estimate(_record_layout(rec)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
+                       model_cfg=_record_layout(rec)[1])
         rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": set_of(d, rec.target),
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
                      "features": est.step, "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
@@ -435,7 +430,7 @@ def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None
                      steps: list[dict[str, Any]] | None = None) -> Path:
     root = Path(root) if root is not None else catalog.ROOT
     path = root / "results" / "estimate-vs-measured.md"
-    write_atomic(path, validation_table(root, rows, steps))
+    markdown.write_if_changed(path, validation_table(root, rows, steps))
     return path
 
 

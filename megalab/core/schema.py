@@ -1,0 +1,527 @@
+"""The run record's schema: what a run.json holds, typed, and the one door every record comes in by.
+
+A record is what the launcher wrote at the end of a run (megalab/harness/record.py builds a RunRecord
+and writes its dump). Schema 1 (the records from before runs kept their plan) holds the measurements,
+the config and provenance; schema 2 adds `intent` (the resolved run plan) and `observed` (what the
+entry point's `megalab: transformer_impl=...` line said actually ran). `migrate` reads any schema as
+today's fields; a schema-1 record's `observed` is read from the raw log beside it when asked
+(`RunRecord.ran`).
+
+Pydantic v2, because a record is JSON from disk that must be judged field by field: its errors carry
+the field's location (`notes: Input should be a valid list`), which is the one line a reader prints
+before skipping the file, and the same model dumps what the launcher writes, so a written record is a
+validated one. Known fields are typed (numbers finite, never text or bools; `status` one of STATUSES);
+fields this schema does not know load as they are (history: older launchers wrote some). A field a
+record lacks is None (or empty): old records lack many.
+
+GPU_MEM_GB was written as text ("80") and is a number now: `config.gpu_mem_gb` reads either as a float,
+so an old record and a new one of the same cap compare equal.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import types
+import typing
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
+                      PlainValidator, PrivateAttr, Strict, ValidationError)
+
+from megalab.core import logparse
+
+SCHEMA = 2  # what the launcher writes now
+
+STATUSES = ("ok", "oom", "failed", "incomplete", "killed", "hung", "oom_busy")
+USABLE = ("ok", "oom")  # statuses preferred when picking a target's record
+MEASURED = ("ok", "incomplete")  # statuses whose step times are measurements (an oom/failed/killed run has none)
+
+
+class RecordError(ValueError):
+    """A run.json that is no valid record: one line naming the field (or why the file is unreadable)."""
+
+
+# --------------------------------------------------------------------------- field types
+
+def _finite(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"not a number ({_short(v)})")
+    if not math.isfinite(v):
+        raise ValueError(f"not a finite number ({v})")
+    return v
+
+
+def _cap(v: Any) -> Any:
+    """GPU_MEM_GB as written: text ("80", schema 1 and 2 launchers) or a number; '' is no cap."""
+    if isinstance(v, str):
+        if not v.strip():
+            return None
+        try:
+            return float(v)
+        except ValueError:
+            raise ValueError(f"not a number of GB ({_short(v)})") from None
+    return v
+
+
+def _iso(v: str) -> str:
+    try:
+        dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an ISO time ({_short(v)})") from None
+    return v
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# A finite number, kept as written (an int stays an int in the JSON: records are rewritten byte-alike).
+Num = Annotated[float, PlainValidator(_finite), PlainSerializer(lambda v: v, return_type=Any)]
+Int = Annotated[int, Strict()]  # an int: not 3.0, "3" or True
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+Time = Annotated[str, Strict(), AfterValidator(_iso)]
+GB = Annotated[Union[Num, None], BeforeValidator(_cap)]
+
+
+class _Part(BaseModel):
+    """A part of a record: fields this schema does not know are kept (history), known ones typed."""
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+# --------------------------------------------------------------------------- the parts
+
+class Config(_Part):
+    """What was run: the catalog entry (as the Experiment's fields) and the launch's settings."""
+    id: Str | None = None
+    chapter: Int | None = None
+    about: Str | None = None
+    model: Str | None = None
+    gpus: Int | None = None
+    gbs: Int | None = None
+    mbs: Int | None = None
+    tp: Int | None = None
+    pp: Int | None = None
+    cp: Int | None = None
+    ep: Int | None = None
+    etp: Int | None = None
+    layers_per_virtual_stage: Int | None = None
+    cp_comm: Str | None = None
+    sp: Bool | None = None
+    zero2: Bool | None = None
+    recompute: Str | None = None
+    num_experts: Int | None = None
+    topk: Int | None = None
+    timing_log_level: Int | None = None
+    ref: Str | None = None
+    analogue_of: Str | None = None
+    extra_args: Str | None = None  # the user's EXTRA_ARGS (the catalog's own: catalog_extra_args)
+    dp: Int | None = None
+    grad_accum: Int | None = None
+    model_preset: dict[str, Any] | None = None  # the model as built (the preset with EXTRA_ARGS' model flags)
+    iters: Int | None = None
+    warmup: Int | None = None  # the WARMUP setting (records from before it was kept: see warmup_iters)
+    gpu_mem_gb: GB = None  # the GPU_MEM_GB cap (None: uncapped)
+    transformer_impl: Str | None = None
+    spec: Str | None = None
+    nnodes: Int | None = None
+    node_rank: Int | None = None
+    catalog_extra_args: list[Str] | None = None
+    fastpath: Str | None = None
+    cuda_graph: Bool | None = None
+    data: Str | None = None
+    dropped_flags: list[Str] | None = None
+    substituted_flags: dict[str, Str] | None = None
+    save: Bool | None = None
+    save_interval: Int | None = None
+    load: Str | None = None
+    exit_interval: Int | None = None
+    wandb: dict[str, Any] | None = None
+    profile: Bool | None = None
+    cp_impl: Str | None = None
+
+
+class Machine(_Part):
+    """The machine the plan was made for (plan.Machine)."""
+    gpus: Int | None = None
+    te: Str | None = None
+    gpu_name: Str | None = None
+    gpu_memory_gib: Num | None = None
+    warning: Str | None = None
+
+
+class Intent(_Part):
+    """Schema 2: the resolved run plan (plan.RunPlan.to_dict)."""
+    target: Str | None = None
+    impl: Str | None = None
+    spec: Str | None = None
+    fastpath: Str | None = None
+    substituted_flags: dict[str, Str] = {}
+    dropped_flags: list[Str] = []
+    cuda_graph: Bool | None = None
+    cuda_graph_reason: Str | None = None
+    gpus: Int | None = None
+    nnodes: Int | None = None
+    node_rank: Int | None = None
+    gpus_per_node: Int | None = None
+    master_addr: Str | None = None
+    master_port: Int | None = None
+    machine: Machine = Machine()
+    run_dir: Str | None = None
+    argv: list[Str] = []
+    groups: dict[str, list[Str]] = {}
+    env: dict[str, Str] = {}
+
+
+class Observed(_Part):
+    """What the entry point said it ran (its `megalab: k=v` lines): text, as logged."""
+    transformer_impl: Str | None = None
+    spec: Str | None = None
+    transformer_engine: Str | None = None
+    fastpath: Str | None = None
+    cp: Str | None = None
+    moe_experts: Str | None = None
+    cuda_graphs_released: Str | None = None
+
+
+class Versions(_Part):
+    megalab_commit: Str | None = None
+    megatron_core: Str | None = None
+    torch: Str | None = None
+    transformer_engine: Str | None = None
+    cuda: Str | None = None
+    driver: Str | None = None
+    python: Str | None = None
+
+
+class Files(_Part):
+    """The files beside the record, relative to its folder."""
+    log: Str = "logs.txt"
+    memory: Str | None = None
+    traces: list[Str] = []
+
+
+class Breakdown(_Part):
+    """A step split by Megatron's timers (ms, medians): logparse.breakdown."""
+    forward: Num
+    backward: Num
+    optimizer: Num
+    other: Num
+
+
+class ResumeCheck(_Part):
+    """`make resume-<id>`: does launch 2 go on where launch 1 saved (harness/resume.py check)."""
+    stop_at: Int | None = None
+    saved_last_iteration: Int | None = None
+    saved_first_loss: Num | None = None
+    saved_last_loss: Num | None = None
+    resumed_first_iteration: Int | None = None
+    resumed_first_loss: Num | None = None
+    loss_jump: Num | None = None
+    ok: Bool = False
+    why: Str | None = None
+
+
+class Repeats(BaseModel):
+    """Spread across repeated runs of one target with one setup (records.repeats): never written."""
+    model_config = ConfigDict(frozen=True)
+    n: int
+    median_ms: float
+    lo_ms: float
+    hi_ms: float
+    runs: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- the record
+
+class RunRecord(_Part):
+    """One run.json. Fields in the order the launcher writes them (a dump keeps that order)."""
+    # the schema the file was written in (migrate reads any): `schema` in the file, RunRecord.schema here
+    schema_: Annotated[int, Strict(), Field(ge=1)] = Field(1, alias="schema")
+    target: Annotated[str, Strict(), Field(min_length=1)]
+    status: Literal[STATUSES]
+    returncode: Int | None = None
+    # how the run ended, when the launcher ended it: killed (a signal), hung or exit_hang (watchdog)
+    ended_by: Str | None = None
+    end_detail: Str | None = None
+    busy_gpus: list[dict[str, Any]] = []  # what the preflight found in use when ALLOW_BUSY_GPUS=1 let it start
+    step_ms_median: Num | None = None
+    step_ms_p10: Num | None = None
+    step_ms_p90: Num | None = None
+    step_ms_min: Num | None = None
+    step_ms_max: Num | None = None
+    step_count: Int | None = None
+    warmup_iters: Int | None = None  # the steps dropped as warm-up
+    tflops_per_gpu: Num | None = None
+    loss_first: Num | None = None
+    loss_last: Num | None = None
+    iters_logged: Int | None = None
+    train_iters: Int | None = None
+    megatron_mem: dict[str, Num] | None = None
+    megatron_mem_by_rank: dict[int, dict[str, Num]] = {}
+    theoretical_mem_mb: dict[str, Num] | None = None
+    params_total: Int | None = None
+    timers_ms: dict[str, Num] | None = None
+    breakdown_ms: Breakdown | None = None
+    oom_rank: Int | None = None
+    error: Str | None = None
+    missing: list[Str] = []
+    notes: list[Str] = []  # e.g. "exit_hang: ..." (finished, then hung at exit), "busy_gpus: ..."
+    mfu: Num | None = None
+    mem_peak_mib: list[Num] = []  # NVML peak per GPU
+    mem_peak_gib: list[Num] = []
+    peak_tflops: Num | None = None
+    mem_baseline_mib: list[Num] = []
+    mem_samples: Int | None = None
+    monitor_error: Str | None = None
+    gpu_name: Str | None = None
+    num_gpus: Int | None = None
+    gpus_on_node: Int | None = None
+    gpu_uuids: list[Str] | None = None  # the physical GPUs: what tells two hosts apart (provenance)
+    cuda_visible_devices: Str | None = None
+    gpu_memory_mib: Num | None = None
+    hostname: Str | None = None
+    started: Time | None = None
+    ended: Time | None = None
+    duration_s: Num | None = None
+    preflight_s: Num | None = None  # the launcher's checks before `started`
+    command: Str | None = None
+    config: Config = Config()
+    intent: Intent | None = None
+    observed: Observed | None = None
+    versions: Versions = Versions()
+    files: Files = Files()
+    resume_check: ResumeCheck | None = None
+    refreshed: list[dict[str, Any]] = []  # `megalab refresh`: when the measured fields were derived again
+    fixture: Bool = False  # a test's hand-made record (tests/fixtures)
+    fixture_note: Str | None = None
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True)
+
+    # not in the file: where it was read from, and what load_records found around it
+    _run_dir: Path | None = PrivateAttr(default=None)
+    _runs: Repeats | None = PrivateAttr(default=None)
+    _concurrent: tuple[str, ...] = PrivateAttr(default=())
+
+    # ---- in and out --------------------------------------------------------------------------------
+    @classmethod
+    def of(cls, raw: dict, run_dir: Path | None = None) -> RunRecord:
+        """A record from its parsed JSON (any schema); RecordError naming the field when it is none."""
+        if not isinstance(raw, dict):
+            raise RecordError(f"not a JSON object (a {type(raw).__name__})")
+        try:
+            rec = cls.model_validate(migrate(raw))
+        except ValidationError as e:
+            raise RecordError(why(e)) from None
+        rec._run_dir = None if run_dir is None else Path(run_dir)
+        return rec
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        """ROOT/…/run.json; RecordError (one line: the field, or why the file is unreadable)."""
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise RecordError(f"unreadable ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise RecordError("not UTF-8 text") from None
+        except json.JSONDecodeError as e:
+            raise RecordError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        return cls.of(raw, path.parent)
+
+    def dump(self, like: dict | None = None) -> dict:
+        """The record as JSON-ready data, with the fields it was given: in schema order (unknown ones last),
+        or in the key order of LIKE (the dict it was validated from), so a rewritten file keeps its shape."""
+        out = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        return out if like is None else _ordered(out, like)
+
+    def grouped(self, runs: Repeats | None, concurrent: tuple[str, ...] | list[str] = ()) -> RunRecord:
+        """This record as a table row sees it: the repeats of its measurement and the runs beside it."""
+        out = self.model_copy()
+        out._runs, out._concurrent = runs, tuple(concurrent)
+        return out
+
+    # ---- what load_records adds --------------------------------------------------------------------
+    @property
+    def schema(self) -> int:
+        return self.schema_
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The folder it was read from (None for a record made in memory)."""
+        return self._run_dir
+
+    @property
+    def runs(self) -> Repeats | None:
+        """Spread across repeated runs (records.repeats), set by load_records; None for one run."""
+        return self._runs if self._runs is not None and self._runs.n >= 2 else None
+
+    @property
+    def concurrent(self) -> tuple[str, ...]:
+        """Targets of the runs that shared its host while it ran (records.mark_shared)."""
+        return self._concurrent
+
+    # ---- derived -----------------------------------------------------------------------------------
+    @property
+    def measured(self) -> tuple[float | None, ...]:
+        """(median ms, p10, p90, TFLOP/s/GPU, MFU); all None unless the steps are valid (MEASURED). The
+        median is the median of the runs' medians where repeats exist (`runs`); the rest are this run's."""
+        if self.status not in MEASURED:
+            return (None,) * 5
+        return (self.step_ms, self.step_ms_p10, self.step_ms_p90, self.tflops_per_gpu, self.mfu)
+
+    @property
+    def step_ms(self) -> float | None:
+        """The row's step time: the median of the runs' medians where repeats exist, else this run's."""
+        if self.status not in MEASURED:
+            return None
+        return self.runs.median_ms if self.runs else self.step_ms_median
+
+    @property
+    def gpu_mem_cap(self) -> float | None:
+        """The GPU_MEM_GB the run was capped to (None when uncapped)."""
+        return self.config.gpu_mem_gb
+
+    @property
+    def transformer_impl(self) -> str | None:
+        """What ran: the entry point's own word where known, else what the launcher asked for."""
+        return (self.ran.transformer_impl if self.ran else None) or self.config.transformer_impl
+
+    @property
+    def fastpath(self) -> str | None:
+        """The fast path the launcher resolved (intent), else what the config says."""
+        return (self.intent.fastpath if self.intent else None) or self.config.fastpath
+
+    @property
+    def log_path(self) -> Path | None:
+        """The raw log (logparse.log_file: gzipped under results/); read it with logparse.read_log."""
+        return None if self.run_dir is None else logparse.log_file(self.run_dir / self.files.log)
+
+    @cached_property
+    def ran(self) -> Observed | None:
+        """What the entry point reported it ran: schema 2 stores it (`observed`), schema 1's is read from
+        the raw log beside the record (None when that log or line is not there)."""
+        if self.observed is not None or self.log_path is None:
+            return self.observed
+        try:
+            lines = logparse.megalab_lines(logparse.read_log(self.log_path))
+        except OSError:
+            return None
+        return Observed.model_validate(lines) if lines else None
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        """(start, end) in epoch seconds, when both are known."""
+        start, end = stamp(self.started), stamp(self.ended)
+        return (start, end) if start > float("-inf") and end > float("-inf") else None
+
+    def value(self, path: str) -> Any:
+        """A field by its dotted name (`mem_peak_gib`, `megatron_mem.max_allocated_mb`): what
+        configs/checks.yaml names; None where the record has no such value."""
+        v: Any = self
+        for part in path.split("."):
+            if isinstance(v, BaseModel):
+                name = "schema_" if part == "schema" else part
+                v = getattr(v, name, None) if name in type(v).model_fields else (v.model_extra or {}).get(part)
+            elif isinstance(v, dict):
+                v = v.get(part)
+            else:
+                return None
+        return v
+
+
+def field_known(path: str) -> bool:
+    """Whether a dotted name can address a record field: each part a field of the model it is in (a
+    part of a mapping field, e.g. megatron_mem.max_allocated_mb, may be any key)."""
+    model: Any = RunRecord
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        name = "schema_" if part == "schema" and model is RunRecord else part
+        if name not in model.model_fields:
+            return False
+        kinds = _types(model.model_fields[name].annotation)
+        sub = [t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)]
+        if sub:
+            model = sub[0]
+        elif any(t is dict or getattr(t, "__origin__", None) is dict for t in kinds):
+            return True  # a mapping: any key below it
+        else:
+            return i == len(parts) - 1  # a value: nothing below it
+    return True
+
+
+def _types(ann: Any) -> list[Any]:
+    """The types an annotation admits (Optional and Annotated unwrapped)."""
+    if getattr(ann, "__metadata__", None) is not None:  # Annotated[T, ...]
+        return _types(ann.__origin__)
+    if typing.get_origin(ann) in (Union, types.UnionType):
+        return [t for a in typing.get_args(ann) for t in _types(a)]
+    return [ann]
+
+
+def migrate(raw: dict) -> dict:
+    """A record of any schema as today's fields; RecordError for a schema newer than this code reads.
+
+    Schema 1 -> 2: the launcher kept no plan (`intent`) and no word of what ran (`observed`): both read
+    as None (a schema-1 record holding either is refused); what ran is read from the raw log beside the
+    record on demand (RunRecord.ran).
+    Fields every schema grew over time (notes, busy_gpus, preflight_s, config.warmup, ...) are absent
+    in older records and read as None or empty; config.gpu_mem_gb, text in schemas 1 and 2, reads as a
+    number (the field type). A record without `schema` is schema 1.
+    """
+    version = raw.get("schema", 1)
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA:
+        raise RecordError(f"schema: {version} is newer than this megalab reads ({SCHEMA}); fix: update megalab")
+    if version == 1 and (raw.get("intent") is not None or raw.get("observed") is not None):
+        raise RecordError("intent: a schema-1 record has no plan; fix: set `schema` to the version that wrote it")
+    return raw  # nothing else was renamed or retyped between schema 1 and 2
+
+
+def _ordered(out: Any, like: Any) -> Any:
+    """OUT with its mappings' keys in LIKE's order where LIKE has them (the rest after)."""
+    if not (isinstance(out, dict) and isinstance(like, dict)):
+        return out
+    keys = [k for k in like if k in out] + [k for k in out if k not in like]
+    return {k: _ordered(out[k], like.get(k)) for k in keys}
+
+
+def why(e: ValidationError) -> str:
+    """One line from a pydantic error: the first problem's field and what is wrong (and how many more)."""
+    errs = e.errors()
+    first = errs[0]
+    loc = ".".join(str(p) for p in first["loc"] if p != "[key]") or "record"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+def stamp(s: Any) -> float:
+    """An ISO time of a record as seconds since the epoch; -inf if absent or unreadable."""
+    if not isinstance(s, str):
+        return float("-inf")
+    try:
+        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return float("-inf")
+    if t.tzinfo is None:  # records are written in UTC; a naive stamp is read as UTC too
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.timestamp()
+
+
+def finite_or_none(obj: Any) -> Any:
+    """OBJ with every non-finite float (a diverged loss) as None: JSON has no NaN, and a record that held
+    one would be refused by every reader."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
