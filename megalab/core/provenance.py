@@ -173,10 +173,10 @@ def replan_differs(r: RunRecord) -> str | None:
         return "target no longer in the catalog"
     machine = plan.Machine(**{k: v for k, v in (intent.get("machine") or {}).items()
                               if k in {f.name for f in dataclasses.fields(plan.Machine)}})
-    opts = Options(iters=cfg.get("iters") or 100, gpu_mem_gb=cfg.get("gpu_mem_gb"), nnodes=cfg.get("nnodes") or 1,
-                   node_rank=cfg.get("node_rank") or 0, master_port=intent.get("master_port") or 6000,
-                   data=cfg.get("data") or "mock")
-    try:
+    try:  # a record's values are text or numbers ("80" before 80.0): read as the make variables are
+        opts = Options(iters=cfg.get("iters") or 100, gpu_mem_gb=variables.parse("GPU_MEM_GB", cfg.get("gpu_mem_gb")),
+                       nnodes=cfg.get("nnodes") or 1, node_rank=cfg.get("node_rank") or 0,
+                       master_port=intent.get("master_port") or 6000, data=cfg.get("data") or "mock")
         today = plan.build(exp, opts, machine, run_dir=Path(intent["run_dir"]) if intent.get("run_dir") else None)
     except (LaunchError, ValueError, KeyError) as e:
         return f"not plannable today ({e})"
