@@ -280,3 +280,14 @@ def test_moe_and_virtual_pipeline_layouts_megatron_would_reject_fail_early(kw, m
     with pytest.raises(CatalogError, match=msg) as e:
         _bad(**kw).validate()
     assert "fix" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_flags_megalab_reads_back_are_read_as_megatrons_parser_reads_them():
+    """core/flags.py reads EXTRA_ARGS' model and layout flags with a parser of its own (Megatron may be
+    absent): each must be Megatron's flag, a value of the same type or a switch as Megatron has it."""
+    from megalab.core import flags
+
+    actions = {o: a for a in validate.parser()._actions for o in a.option_strings}
+    for flag, (_, kind) in {**flags.MODEL_FLAGS, **flags.LAYOUT_FLAGS, **flags.CHECKED_FLAGS}.items():
+        action = actions[flag]
+        assert (action.nargs == 0) if kind is None else (action.type is kind and action.nargs is None), flag

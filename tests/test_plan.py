@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import re
-import shlex
 import subprocess
 from pathlib import Path
 
@@ -125,7 +124,9 @@ def test_the_launch_script_reads_like_megatrons_examples():
         assert re.search(rf"^# .*\n{g}_ARGS=\(", text, re.M), g
     assert re.search(r"^exec torchrun \"\$\{DISTRIBUTED_ARGS\[@\]\}\" \S+/pretrain_gpt\.py \\$", text, re.M)
     assert "`bash /o/run1/launch.sh`" in text.replace("\n# ", " ")
-    assert "python" not in text.split("set -euo pipefail")[1].replace("PYTHONPATH", "")  # bash and torchrun only
+    # bash and torchrun only: comments, exports, arrays of quoted items, and the one command
+    lines = r"#.*|set -euo pipefail|export [A-Z_]+=\S+|[A-Z]+_ARGS=\(\)?|    .+|\)|exec torchrun .+|"
+    assert all(re.fullmatch(lines, line) for line in text.splitlines()[1:]), text
 
 
 def test_a_plan_is_frozen_and_its_intent_is_json():
@@ -221,6 +222,8 @@ def test_extra_args_are_split_once_at_the_edge():
     assert o.extra_args == ("--seed", "7", "--data-cache-path", "/a b") and o.gpu_mem_gb == 80.0
     assert o.extra_args_text == "--seed 7 --data-cache-path '/a b'"  # what the record keeps
     assert plan.build(catalog.get("101"), o).groups["EXTRA"] == o.extra_args
+    with pytest.raises(TypeError, match="parse text"):  # text is parsed at the edge, never read char by char
+        Options(extra_args="--seed 7")
 
 
 def test_options_come_from_the_table():

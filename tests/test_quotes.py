@@ -65,7 +65,6 @@ def test_make_tables_refuses_a_tutorial_quote_of_an_unknown_row(tmp_path, capsys
     import shutil
 
     from megalab.core.paths import ROOT
-    from megalab.results import tables
 
     root = tmp_path / "root"
     shutil.copytree(ROOT / "configs", root / "configs")

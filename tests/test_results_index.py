@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from megalab.core import catalog
-from megalab.results import compare, index, tables
+from megalab.results import index, tables
 from megalab.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent

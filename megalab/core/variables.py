@@ -284,6 +284,11 @@ class Options:
     profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
     exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
 
+    def __post_init__(self):  # text belongs at the edge (from_env, parse): a str here would be read char by char
+        if isinstance(self.extra_args, str) or isinstance(self.gpu_mem_gb, str):
+            raise TypeError("Options.extra_args is a tuple of argv items and gpu_mem_gb a float; parse text with "
+                            "variables.parse('EXTRA_ARGS', text) / variables.parse('GPU_MEM_GB', text)")
+
     @property
     def extra_args_text(self) -> str:
         """EXTRA_ARGS as one shell word list again (the record keeps it so; the bench keys runs on it)."""
