@@ -1,39 +1,148 @@
-"""`python -m megalab <command>`: what the Makefile calls.
+"""`python -m megalab <command>`: what the Makefile calls. One argparse tree, one subcommand per command.
 
-  run TARGET     preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan)
-  campaign       every selected row REPEATS times on this machine, pass after pass (make campaign CHAPTER=1)
-  show-command TARGET   the exact torchrun command of a target, nothing else (make show-command ID=...)
-  python         the Python and torch make runs targets with (make which-python)
-  variables      the make variables, their defaults and meaning (make help; --names: names only)
-  docker-run     a container of docker/Dockerfile's image with the GPUs (make docker-run)
-  slurm TARGET   write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)
-  list           every target: id, GPUs, what it shows (make list)
-  targets        target ids only, one per line (the Makefile reads these)
-  parse LOG      summarise a Megatron log (--json for the record fields)
-  tables         rebuild results/*.md and their figures from committed run records (make tables)
-  compare OUTDIR your outdir's runs beside the committed ones, pages in OUTDIR/compare (make compare)
-  plots          redraw the figures only, results/plots/*.svg (make plots; --out DIR)
-  data-report    rebuild results/data/README.md from the real-data run records (make tables)
-  plan TARGET    predict per-GPU memory, FLOPs and step time before a run (--validate: vs records)
-  check          evaluate the papers' trend claims against the records (make check)
-  prepare-data   tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)
-  refresh DIR..  recompute run records' measured fields from their raw log and memory CSV
-  arguments      Megatron's flags, by group (--count: how many; PATTERN: only matching ones)
+`python -m megalab --help` lists the commands and `python -m megalab COMMAND --help` one command's
+arguments. Each command's module declares its arguments (`add_arguments(parser)`) and runs it
+(`main(args)`); the module is imported only when its command runs, so `make help` (`variables`) and
+`list` never load pandas, torch or Megatron. A few commands parse their own argv (`cli(argv)`):
+prepare-data, docker-run, campaign.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import difflib
 import importlib
 import sys
 
-# Commands that are one module's own `cli(argv)`, imported only when asked for.
-MODULE_COMMANDS = {"parse": "core.logparse", "prepare-data": "harness.data", 
-                   "check": "results.checks", "plots": "results.plots", "arguments": "harness.arguments",
-                   "tables": "results.tables", "data-report": "results.datareport", "integrity": "results.integrity",
-                   "variables": "core.variables", "docker-run": "harness.docker", "python": "harness.pyinfo",
-                   "compare": "results.index", "campaign": "harness.campaign"}
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    help: str
+    module: str | None = None  # megalab.<module>; None: a function of this file
+    arguments: str | None = "add_arguments"  # the module's function that declares the command's arguments
+    main: str = "main"  # the module's function that runs it: main(args) -> exit status
+    passthrough: bool = False  # the module parses its own argv: main(argv)
+
+    def functions(self):
+        module = importlib.import_module(f"megalab.{self.module}") if self.module else sys.modules[__name__]
+        return (getattr(module, self.arguments) if self.arguments else None), getattr(module, self.main)
 
 
-def _list() -> int:
+COMMANDS = {
+    "run": Command("preflight, launch, monitor, record (make <target>; DRY_RUN=1 prints the plan and its "
+                   "launch script)", "harness.commands", "add_target", "run_main"),
+    "show-command": Command("the exact torchrun command of a target, nothing else (make show-command ID=...)",
+                            "harness.commands", "add_target", "show_command_main"),
+    "script": Command("a target's RUN_DIR/launch.sh, planned for this machine, on stdout (scripts/train_gpt.sh)",
+                      "harness.commands", "script_arguments", "script_main"),
+    "plan": Command("predict per-GPU memory, FLOPs and step time before a run (--validate: against the records)",
+                    None, "_plan_arguments", "_plan"),
+    "campaign": Command("every selected row REPEATS times on this machine, pass after pass (make campaign "
+                        "CHAPTER=1)", "harness.campaign", None, "cli", passthrough=True),
+    "slurm": Command("write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)",
+                     None, "_target", "_slurm"),
+    "docker-run": Command("a container of docker/Dockerfile's image with the GPUs (make docker-run; --print: "
+                          "the docker command only)", "harness.docker", None, "cli", passthrough=True),
+    "list": Command("every target: id, GPUs, what it shows (make list)", None, None, "_list"),
+    "targets": Command("target ids only, one per line (the Makefile reads these)", None, None, "_targets"),
+    "parse": Command("summarise a Megatron log (--json for the record fields)", "core.logparse"),
+    "tables": Command("rebuild results/*.md and their figures from committed run records (make tables)",
+                      "results.tables"),
+    "compare": Command("your outdir's runs beside the committed ones, pages in OUTDIR/compare (make compare)",
+                       "results.compare"),
+    "plots": Command("redraw the figures only, results/plots/*.svg (make plots; --out DIR)", "results.plots"),
+    "data-report": Command("rebuild results/data/README.md from the real-data run records (make tables)",
+                           "results.datareport"),
+    "check": Command("evaluate the papers' trend claims against the records (make check)", "results.checks"),
+    "prepare-data": Command("tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)",
+                            "harness.data", None, "cli", passthrough=True),
+    "refresh": Command("recompute run records' measured fields from their raw log and memory CSV", None,
+                       "_refresh_arguments", "_refresh"),
+    "arguments": Command("Megatron's flags, by group (--count: how many; PATTERN: only matching ones)",
+                         "harness.arguments"),
+    "variables": Command("the make variables, their defaults and meaning (make help; --names: names only)",
+                         "core.variables"),
+    "python": Command("the Python and torch make runs targets with (make which-python)", "harness.pyinfo", None),
+    "integrity": Command("rebuild results/integrity/README.md (--check: only say whether it is up to date)",
+                         "results.integrity"),
+    "bench": Command("the GPU benchmark (make bench: `bench run`, then its page)", None, "_bench_arguments",
+                     "_bench"),
+    "bench-report": Command("rebuild results/bench/README.md from the bench's records (make bench-report)",
+                            None, None, "_bench_report"),
+}
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The tree: every command's subparser; only `command`'s arguments are declared (its module imported)."""
+    return _tree(command)[0]
+
+
+def _tree(command: str | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+    """(the tree, `command`'s own parser)."""
+    own = None
+    top = argparse.ArgumentParser(prog="python -m megalab", description="megalab's commands (what the Makefile calls).",
+                                  epilog="`python -m megalab COMMAND --help` for one command's arguments.",
+                                  formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=24,
+                                                                                      width=110))
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, c in COMMANDS.items():
+        p = sub.add_parser(name, help=c.help, description=c.help, add_help=not c.passthrough)
+        if name == command:
+            declare, run = c.functions()
+            if declare:
+                declare(p)
+            p.set_defaults(run=run)
+            own = p
+    return top, own
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = argv[0] if argv else None
+    if name in (None, "help"):
+        parser().print_help()
+        return 0
+    if name.startswith("-"):  # -h / --help; any other option before a command is argparse's usage error
+        try:
+            parser().parse_args(argv[:1])
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else 2
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        print(f"megalab: unknown command '{name}'" + (f" (closest: {close[0]})" if close else "")
+              + "; fix: python -m megalab --help lists the commands", file=sys.stderr)
+        return 2
+    from megalab.core.catalog import CatalogError
+    from megalab.core.variables import LaunchError
+
+    try:
+        top, own = _tree(name)
+        args, rest = top.parse_known_args(argv)
+        if COMMANDS[args.command].passthrough:
+            return args.run(rest)
+        if rest:  # the command's own usage, and what it did not recognise (exits 2)
+            own.error(f"unrecognized arguments: {' '.join(rest)}")
+        return args.run(args)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except (CatalogError, LaunchError) as e:
+        print(f"megalab: {e}", file=sys.stderr)
+        return 2
+
+
+# ---- the commands of no module of their own -------------------------------------------------------------
+
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="a catalog id or its number (101)")
+
+
+def _slurm(args) -> int:
+    from megalab.harness import slurm
+
+    return slurm.submit(args.target)
+
+
+def _list(args) -> int:
     from megalab.core import catalog
 
     chapters = catalog.chapters()
@@ -50,92 +159,66 @@ def _list() -> int:
     return 0
 
 
-def _show_command(target: str) -> int:
-    """The plan's command alone, for scripts and for reading (make show-command ID=...)."""
-    import dataclasses
+def _targets(args) -> int:
+    from megalab.core import catalog
 
-    from megalab.core import plan
-    from megalab.harness import launch
-
-    exp, variant = launch.resolve(target)
-    opts = launch.Options.from_env()
-    if variant == "profile":
-        exp, opts = launch.profiled(exp, opts)
-    if variant == "resume":
-        raise launch.LaunchError(f"{target} is two launches; fix: DRY_RUN=1 make {target} shows both commands")
-    print(plan.build(exp, dataclasses.replace(opts, dry_run=True), plan.Machine.here()).command)
+    print("\n".join(catalog.catalog()))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(__doc__)
-        return 0
-    cmd, rest = argv[0], argv[1:]
-    from megalab.core.catalog import CatalogError
-    from megalab.core.variables import LaunchError
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    from megalab.harness import commands
 
-    try:
-        if cmd in MODULE_COMMANDS:
-            return importlib.import_module(f"megalab.{MODULE_COMMANDS[cmd]}").cli(rest)
-        if cmd == "plan":  # --validate: the estimator against the records; else one target's prediction
-            if "--validate" in rest:
-                from megalab.results import validation
+    commands.plan_arguments(p)
 
-                return validation.cli(rest)
-            from megalab.harness import launch
 
-            return launch.plan_cli(rest)
-        if cmd == "bench":  # the GPU benchmark's runs, then its page (make bench)
-            from megalab.harness import bench
-            from megalab.results import benchreport
+def _plan(args) -> int:
+    """--validate: the estimator against the records (results/validation.py); else one target's prediction."""
+    if args.validate:
+        from megalab.results import validation
 
-            rc = bench.main(rest)
-            if rest[:1] == ["run"] and rc == 0:
-                benchreport.write(benchreport.BENCH_DIR)
-            return rc
-        if cmd == "bench-report":
-            from megalab.results import benchreport
+        return validation.main(args)
+    from megalab.harness import commands
 
-            print(benchreport.write(benchreport.BENCH_DIR))
-            return 0
-        if cmd == "run":
-            if len(rest) != 1:
-                raise LaunchError("usage: python -m megalab run TARGET")
-            from megalab.harness import launch
+    return commands.plan_main(args)
 
-            return launch.run(rest[0])
-        if cmd == "show-command":
-            if len(rest) != 1:
-                raise LaunchError("usage: python -m megalab show-command TARGET (make show-command ID=...)")
-            return _show_command(rest[0])
-        if cmd == "slurm":
-            if len(rest) != 1:
-                raise LaunchError("usage: python -m megalab slurm TARGET")
-            from megalab.harness import slurm
 
-            return slurm.submit(rest[0])
-        if cmd == "list":
-            return _list()
-        if cmd == "targets":
-            from megalab.core import catalog
+def _refresh_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="DIR", help="a run directory (its run.json, logs.txt, CSV)")
 
-            print("\n".join(catalog.catalog()))
-            return 0
-        if cmd == "refresh":
-            from pathlib import Path
 
-            from megalab.harness import record
+def _refresh(args) -> int:
+    from pathlib import Path
 
-            for d in rest:
-                print(record.one_line(record.refresh(Path(d))))
-            return 0
-    except (CatalogError, LaunchError) as e:
-        print(f"megalab: {e}", file=sys.stderr)
-        return 2
-    print(f"megalab: unknown command '{cmd}'; fix: python -m megalab --help", file=sys.stderr)
-    return 2
+    from megalab.harness import record
+
+    for d in args.run_dirs:
+        print(record.one_line(record.refresh(Path(d))))
+    return 0
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    from megalab.harness import bench
+
+    bench.add_arguments(p)
+
+
+def _bench(args) -> int:
+    """The GPU benchmark's runs, then its page (make bench)."""
+    from megalab.harness import bench
+    from megalab.results import benchreport
+
+    rc = bench.main(args)
+    if args.cmd == "run" and rc == 0:
+        benchreport.write(benchreport.BENCH_DIR)
+    return rc
+
+
+def _bench_report(args) -> int:
+    from megalab.results import benchreport
+
+    print(benchreport.write(benchreport.BENCH_DIR))
+    return 0
 
 
 if __name__ == "__main__":

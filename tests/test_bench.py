@@ -83,7 +83,7 @@ def test_record_key_matches_the_run_that_made_it():
                     cuda_graph=True, gbs=4, iters=15)
     opts = dataclasses.replace(launch.Options(), spec="megalab", fast=run.fast, cuda_graph=True, iters=15)
     config = {"id": run.experiment().id, "spec": "megalab", "fastpath": plan.fastpath(opts, "local"),
-              "cuda_graph": True, "iters": 15, "extra_args": opts.extra_args}
+              "cuda_graph": True, "iters": 15, "extra_args": opts.extra_args_text}
     assert bench.record_key(RunRecord.of({"target": config["id"], "status": "ok", "config": config})) == run.key()
 
 

@@ -1,4 +1,4 @@
-"""The catalog, the wrapper's flags, and Megatron's own verdict on every target (CPU only)."""
+"""The catalog, the plan's flags, and Megatron's own verdict on every target (CPU only)."""
 import dataclasses
 import re
 import subprocess
@@ -204,9 +204,18 @@ def test_layouts_megatron_would_reject_fail_early_with_a_fix(kw, msg):
 
 def test_megatron_rejection_is_reported_in_one_line(monkeypatch):
     exp = _bad(gbs=32, mbs=16, extra_args=("--no-such-flag",))
-    with pytest.raises(launch.LaunchError, match="Megatron rejects x on 2 GPUs") as e:
+    with pytest.raises(launch.LaunchError, match="target x: its extra_args flag --no-such-flag is not a Megatron "
+                                                 "flag.*fix: correct it in configs/experiments/") as e:
         launch.megatron_check(_plan(exp, _opts()))
     assert "\n" not in str(e.value)
+    # a bad value: from the catalog, or from EXTRA_ARGS (the same run without them passes)
+    exp = _bad(gbs=32, mbs=16, extra_args=("--seed", "x"))
+    with pytest.raises(launch.LaunchError, match=r"^Megatron rejects x on 2 GPUs: argument --seed: invalid int "
+                                                 r"value: 'x'; fix the layout in configs/experiments/$"):
+        launch.megatron_check(_plan(exp, _opts()))
+    with pytest.raises(launch.LaunchError, match=r"^EXTRA_ARGS: Megatron rejects x with --seed x: argument --seed: "
+                                                 r"invalid int value: 'x'; fix: change or drop those EXTRA_ARGS$"):
+        launch.megatron_check(_plan(dataclasses.replace(exp, extra_args=()), _opts(extra_args=("--seed", "x"))))
 
 
 def test_moe_preset_becomes_flags_and_te_only_ones_are_substituted_or_dropped_without_te():
@@ -242,18 +251,14 @@ def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, 
 
     monkeypatch.setattr(monitor, "gpu_inventory",
                         lambda: {"count": 2, "names": ["NVIDIA H200"], "memory_mib": [143771], "driver": "580"})
-    real_popen = subprocess.Popen
-
-    def fake_popen(args, **kw):  # the training run itself: a stand-in that prints one line
-        args = list(args)
-        if "torchrun" in args:  # the plan's argv (behind supervise's deathsig shim), run without a shell
-            args = [*args[:args.index("torchrun")], "bash", "-c", "echo 'megalab: stand-in for torchrun'"]
-        return real_popen(args, **kw)
-
-    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    # the training run itself: a `torchrun` first on PATH (RUN_DIR/launch.sh execs it) that prints one line
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "torchrun").write_text("#!/bin/sh\necho 'megalab: stand-in for torchrun'\n")
+    (tmp_path / "bin" / "torchrun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     monkeypatch.delenv("DRY_RUN", raising=False)
-    launch.run("522", launch.Options(iters=2, outdir=tmp_path))
-    rec = json.load(open(next(tmp_path.glob("*/run.json"))))
+    launch.run("522", launch.Options(iters=2, outdir=tmp_path / "out"))
+    rec = json.load(open(next((tmp_path / "out").glob("*/run.json"))))
     assert rec["config"]["dropped_flags"] == ["--moe-permute-fusion"]
     assert rec["config"]["substituted_flags"] == {"--moe-grouped-gemm": "grouped_gemm"}
     assert rec["config"]["fastpath"].split(",")[-1] == "grouped_gemm"
@@ -275,3 +280,14 @@ def test_moe_and_virtual_pipeline_layouts_megatron_would_reject_fail_early(kw, m
     with pytest.raises(CatalogError, match=msg) as e:
         _bad(**kw).validate()
     assert "fix" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_flags_megalab_reads_back_are_read_as_megatrons_parser_reads_them():
+    """core/flags.py reads EXTRA_ARGS' model and layout flags with a parser of its own (Megatron may be
+    absent): each must be Megatron's flag, a value of the same type or a switch as Megatron has it."""
+    from megalab.core import flags
+
+    actions = {o: a for a in validate.parser()._actions for o in a.option_strings}
+    for flag, (_, kind) in {**flags.MODEL_FLAGS, **flags.LAYOUT_FLAGS, **flags.CHECKED_FLAGS}.items():
+        action = actions[flag]
+        assert (action.nargs == 0) if kind is None else (action.type is kind and action.nargs is None), flag

@@ -17,6 +17,7 @@ from megalab.core import catalog
 from megalab.results import checks, claims, tables
 from megalab.results.checks import FAIL, NOT_RUN, PASS
 from conftest import typed
+from megalab.__main__ import main
 
 A, B, C = "901-a", "902-b", "903-c"
 KNOWN = {A: None, B: None, C: None}
@@ -310,7 +311,7 @@ def _root_with(tmp_path: Path, ms: float) -> Path:
 def test_cli_exit_codes(tmp_path, capsys, ms, strict, rc):
     root = _root_with(tmp_path, ms)
     argv = ["--root", str(root), "--claims", str(tmp_path / "claims.yaml")] + (["--strict"] if strict else [])
-    assert checks.cli(argv) == rc
+    assert main(["check", *argv]) == rc
     out = capsys.readouterr().out
     page = (root / "results" / "checks.md").read_text()
     if ms == 500:
@@ -322,7 +323,7 @@ def test_cli_exit_codes(tmp_path, capsys, ms, strict, rc):
 def test_cli_schema_error(tmp_path, capsys):
     p = tmp_path / "claims.yaml"
     p.write_text(yaml.safe_dump({"claims": [{**GOOD, "metric": {"kind": "nope", "a": A, "b": B}}]}))
-    assert checks.cli(["--root", str(tmp_path), "--claims", str(p)]) == 2
+    assert main(["check", "--root", str(tmp_path), "--claims", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "claim ok-claim: unknown metric kind 'nope'" in err
 

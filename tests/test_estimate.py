@@ -11,7 +11,7 @@ import pytest
 
 from megalab.core import catalog
 from megalab.__main__ import main
-from megalab.core import estimate as E, steptime
+from megalab.core import estimate as E, gpus, steptime
 from megalab.results import validation as V
 from megalab.core.catalog import Experiment
 from megalab.core.records import RunRecord
@@ -207,7 +207,7 @@ def test_local_spec_at_mbs15_does_not_fit_an_h100():
 
 
 def test_gpu_mem_gb_80_is_an_h100():
-    assert E.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
+    assert gpus.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
     assert E.gpu_spec("NVIDIA H200")[0] == pytest.approx(143771 / 1024)
 
 

@@ -185,7 +185,7 @@ def test_ring_attention_needs_attention_dropout_off():
 
     assert problem(exp) is None
     assert problem(exp, machine=te) is None
-    why = problem(exp, launch.Options(extra_args="--attention-dropout 0.1"))
+    why = problem(exp, launch.Options(extra_args=("--attention-dropout", "0.1")))
     assert "--attention-dropout 0" in why and "fix" in why
     ag = dataclasses.replace(exp, cp_comm="all_gather", extra_args=())
     assert problem(ag) is None  # SDPA keeps dropout there
@@ -202,10 +202,12 @@ def test_real_data_flags_and_missing_dataset(tmp_path):
     assert f"--data-path {tmp_path}/owt_text_document --tokenizer-type HuggingFaceTokenizer" in cmd
     assert "--split 98,2,0" in cmd and "--mock-data" not in cmd
     assert launch.data_problem(p) == f"DATA={data['DATA']}: {data['DATA']}.idx not found; fix: make prepare-data (it prints DATA=...)"
-    env = {**os.environ, **plan.wrapper_env(p)}
+    # scripts/train_gpt.sh (the target's launch script, run without make) refuses it too, in one line
+    env = {**os.environ, **data, "PY": sys.executable}
     env.pop("DRY_RUN", None)
-    out = subprocess.run(["bash", str(launch.WRAPPER)], env=env, capture_output=True, text=True)
-    assert out.returncode == 2 and "owt_text_document.idx not found; fix: make prepare-data" in out.stderr
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "train_gpt.sh"), "101"], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "owt_text_document.idx not found; fix: make prepare-data" in _one_error_line(out.stderr)
 
 
 def test_real_data_split_megatron_cannot_build_is_one_line_before_launch(tmp_path):
@@ -242,7 +244,7 @@ def test_record_keeps_the_catalogs_extra_flags_and_the_users(tmp_path):
     assert exp.extra_args
     shutil.copy(ROOT / "tests/fixtures/logs/ok_1gpu_v019.txt", tmp_path / "logs.txt")
     now = dt.datetime.now(dt.timezone.utc)
-    p = plan.build(exp, launch.Options(extra_args="--seed 7"), run_dir=tmp_path)
+    p = plan.build(exp, launch.Options(extra_args=("--seed", "7")), run_dir=tmp_path)
     rec = record.build(plan=p, returncode=0, interrupted=False,
                        monitor=SimpleNamespace(peak_mib=[], baseline_mib=[], samples=0, error=None),
                        inventory={}, started=now, ended=now, hostname="h")
@@ -278,3 +280,61 @@ def test_megatrons_verdict_is_cached_and_a_rejection_never(tmp_path, monkeypatch
             validate.validate_cached(["--bad"], 2, [], env)
     assert len(calls) == 6
     assert validate.cache_dir(env) == tmp_path / "megatron-check"
+
+
+@pytest.mark.parametrize("extra,line", [
+    ("--num-layer 3", "megalab: EXTRA_ARGS: --num-layer is not a Megatron flag (closest: --num-layers); fix: "
+                      "correct or drop it (make show-arguments GREP=num lists megatron-core's flags)"),
+    ("--seed 7 --foo-bar 1", "megalab: EXTRA_ARGS: --foo-bar is not a Megatron flag; fix: correct or drop it"),
+    ("--seed=7 --attention-dropuot=0", "megalab: EXTRA_ARGS: --attention-dropuot is not a Megatron flag "
+                                       "(closest: --attention-dropout); fix"),
+])
+def test_a_flag_megatron_does_not_know_is_one_line_before_anything_else(extra, line):
+    """issue 33: not 726 lines of Megatron's usage, and not "fix the layout in configs/experiments/"."""
+    out = _make("101-gpt2xl-dp1-gbs1-bf16", DRY_RUN="1", EXTRA_ARGS=extra)
+    assert out.returncode != 0 and out.stdout == ""  # no preflight line before it
+    assert _one_error_line(out.stderr).startswith(line)
+    assert len(out.stderr.splitlines()) <= 2  # ours, and make's own "Error 2"
+
+
+def test_a_value_megatron_rejects_says_it_came_from_extra_args():
+    out = _make("101-gpt2xl-dp1-gbs1-bf16", DRY_RUN="1", EXTRA_ARGS="--seed many")
+    line = _one_error_line(out.stderr)
+    assert out.returncode != 0 and out.stdout == ""
+    assert line.startswith("megalab: EXTRA_ARGS: Megatron rejects 101-gpt2xl-dp1-gbs1-bf16 with --seed many: "
+                           "argument --seed: invalid int value: 'many'; fix: change or drop those EXTRA_ARGS")
+
+
+def test_a_run_writes_its_launch_script_and_runs_exactly_that(tmp_path, monkeypatch):
+    """The supervisor runs `bash RUN_DIR/launch.sh`; torchrun gets the plan's argv (the record's intent),
+    and `bash RUN_DIR/launch.sh` by hand runs the same command again."""
+    import json
+
+    from megalab.core import catalog
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(
+        "#!/bin/sh\nprintf '%s\\0' \"$@\" >> \"$ARGV_LOG\"\nprintf '\\n' >> \"$ARGV_LOG\"\n"
+        "echo ' [2026-01-01 00:00:00] iteration        1/       2 | elapsed time per iteration (ms): 400.0 |'\n"
+        "echo '[after training is done] datetime: 2026-01-01 00:00:01'\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("ARGV_LOG", str(tmp_path / "argv"))
+    monkeypatch.delenv("DRY_RUN", raising=False)
+    monkeypatch.setattr(monitor, "gpu_inventory",
+                        lambda: {"count": 1, "names": ["NVIDIA H100"], "memory_mib": [81559], "driver": "580"})
+    monkeypatch.setattr(launch, "check_busy", lambda *a: [])
+    monkeypatch.setattr(launch, "check_megatron_installed", lambda *a: None)
+    opts = launch.Options(iters=2, outdir=tmp_path / "out", extra_args=("--data-cache-path", "/a b $(x)"))
+    assert launch.run("101", opts) == 0
+    (run_dir,) = (tmp_path / "out").iterdir()
+    rec = json.loads((run_dir / "run.json").read_text())
+    script = run_dir / "launch.sh"
+    assert script.read_text() == plan.build(catalog.get("101"), dataclasses.replace(
+        opts, master_port=rec["intent"]["master_port"]), plan.Machine(**rec["intent"]["machine"]),
+        run_dir=run_dir).script
+    subprocess.run(["bash", str(script)], check=True, capture_output=True)  # by hand, again
+    first, again = (tmp_path / "argv").read_text().split("\n")[:2]
+    assert first == again and ["torchrun", *first.split("\0")[:-1]] == rec["intent"]["argv"]
+    assert rec["config"]["extra_args"] == "--data-cache-path '/a b $(x)'"

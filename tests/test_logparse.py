@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from megalab.__main__ import main
 from megalab.core.logparse import (
     IterationLine,
     LogReadError,
     LogSummary,
-    cli,
     parse_file,
     parse_log,
     step_stats,
@@ -25,6 +25,11 @@ from megalab.core.logparse import (
 )
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def cli(argv: list[str]) -> int:
+    """`python -m megalab parse ARGV...`."""
+    return main(["parse", *argv])
 
 # fixture -> expected. Keys: status, iters (entries), train_iters, finished, truncated,
 # oom_rank, error (substring), loss_last, step_median (approx), params_total.
@@ -418,7 +423,7 @@ def test_parse_file_unreadable(path):
 
 
 def test_cli_json(capsys):
-    assert cli(["parse", str(LOGS / "ok_1gpu_v019.txt"), "--json"]) == 0
+    assert cli([str(LOGS / "ok_1gpu_v019.txt"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == SUMMARY_KEYS
     assert out["status"] == "ok" and out["step_count"] == 5
@@ -440,7 +445,7 @@ def test_cli_no_iterations_returns_1(capsys, name):
 
 @pytest.mark.parametrize("path", ["nope/logs.txt", str(LOGS)])
 def test_cli_unreadable(capsys, path):
-    assert cli(["parse", path]) == 2
+    assert cli([path]) == 2
     cap = capsys.readouterr()
     assert cap.out == ""
     lines = cap.err.splitlines()
@@ -449,9 +454,9 @@ def test_cli_unreadable(capsys, path):
 
 
 def test_cli_usage(capsys):
-    for argv in ([], ["parse"], ["parse", "a.txt", "b.txt"]):
+    for argv in ([], ["a.txt", "b.txt"]):
         assert cli(argv) == 2
-        assert capsys.readouterr().err.startswith("usage: python -m megalab parse LOG [--json]")
+        assert capsys.readouterr().err.startswith("usage: python -m megalab parse [-h] [--json] LOG")
 
 
 # --------------------------------------------------------------------------- fuzz: `parse` never tracebacks

@@ -55,3 +55,28 @@ def test_cap_is_left_alone_after_the_first_iterations_and_while_capturing(monkey
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     cap.step(iteration=2)
     assert len(dev.fractions) == 1
+
+
+@pytest.mark.parametrize("gb", [80.0, 141.0, 40.5])
+def test_the_runtime_cap_and_the_launchers_one_gib_function_agree(gb):
+    """memcap.py (inside torchrun, left as it is) keeps its own formula; every launcher-side place converts
+    GPU_MEM_GB through gpus.nominal_gb_to_gib, and the two must be one number. The launcher passes the cap
+    as text memcap parses back (variables.gb_text: 80.0 -> "80")."""
+    from megalab.core import gpus, variables
+
+    text = variables.gb_text(gb)
+    assert float(text) == gb and (text == "80") == (gb == 80.0)
+    cap = memcap.MemoryCap(text, device=0)
+    assert cap.cap / GiB == pytest.approx(gpus.nominal_gb_to_gib(gb), rel=1e-12)
+    assert memcap.H100_80GB_MIB / 80 == gpus.H100_MIB_PER_NOMINAL_GB
+
+
+def test_nominal_gb_become_gib_in_one_launcher_side_function():
+    import re
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "megalab"
+    formula = re.compile(r"81559\s*/\s*80|H100_MIB_PER_NOMINAL_GB|\* *1e9 */ *2 *\*\* *30.*gpu_mem")
+    where = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
+                   if "runtime" not in p.parts and formula.search(p.read_text()))
+    assert where == ["core/gpus.py"]

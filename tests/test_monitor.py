@@ -154,7 +154,7 @@ def test_one_node_gets_a_free_port_and_master_port_wins():
 
 
 def test_dry_run_shows_the_port_it_would_use(capsys, monkeypatch):
-    monkeypatch.setattr(launch, "megatron_check", lambda plan: "megatron   skipped")
+    monkeypatch.setattr(launch, "megatron_check", lambda plan, *a: "megatron   skipped")
     monkeypatch.setattr(launch, "plan_lines", lambda *a: "plan       skipped")
     launch.launch(catalog.get("101"), launch.Options(dry_run=True, master_port=29511))
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog, plan
+from megalab.core import catalog, flags, plan
 from megalab.harness import launch, pyinfo
 from megalab.core.variables import LaunchError, Options
 from megalab.core import estimate, gpus
@@ -79,7 +79,7 @@ def test_without_a_gpu_the_plan_is_for_an_h100_unless_gpu_says_otherwise():
 
 
 def test_gpu_mem_gb_141_plans_an_h200_not_an_h100():
-    m = plan.Machine.here(gpus=0, opts=Options(gpu_mem_gb="141"))
+    m = plan.Machine.here(gpus=0, opts=Options(gpu_mem_gb=141.0))
     assert m.gpu_name == "NVIDIA H200"
     assert m.gpu_memory_gib == pytest.approx(gpus.nominal_gb_to_gib(141))
     out = subprocess.run([sys.executable, "-m", "megalab", "plan", "101"], cwd=ROOT, capture_output=True, text=True,
@@ -114,8 +114,8 @@ def test_gpu_is_a_make_variable_forwarded_to_slurm():
 def test_extra_args_that_change_the_model_change_the_estimate():
     exp = catalog.get("101")
     base = estimate.estimate(exp)
-    opts = Options(extra_args="--num-layers 24 --ffn-hidden-size=8000 --swiglu --num-query-groups 5 "
-                              "--untie-embeddings-and-output-weights --normalization RMSNorm --seed 3")
+    opts = Options.from_env({"EXTRA_ARGS": "--num-layers 24 --ffn-hidden-size=8000 --swiglu --num-query-groups 5 "
+                                            "--untie-embeddings-and-output-weights --normalization RMSNorm --seed 3"})
     m = plan.effective_model(exp, opts)
     assert (m["num_layers"], m["ffn_hidden_size"], m["swiglu"], m["num_query_groups"], m["normalization"],
             m["untie_embeddings"]) == (24, 8000, True, 5, "RMSNorm", True)
@@ -140,8 +140,8 @@ def test_the_preflight_and_plan_cli_show_the_effective_model():
 
 
 def test_a_model_flag_without_its_value_is_one_line():
-    with pytest.raises(catalog.CatalogError, match="--num-layers needs a int value.*fix"):
-        catalog.effective_model(catalog.models()["gpt2-xl"], ["--num-layers"])
+    with pytest.raises(catalog.CatalogError, match="--num-layers needs an int value.*fix"):
+        flags.effective_model(catalog.models()["gpt2-xl"], ["--num-layers"])
 
 
 # ---- the docs' commands work after the README's two commands ----------------------------------------

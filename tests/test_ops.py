@@ -1,4 +1,5 @@
 """Everyday commands around a run: checkpoints and resume, wandb, profiling, progress, make help."""
+import dataclasses
 import io
 import json
 import os
@@ -9,17 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from megalab.__main__ import main
 from megalab.harness import launch, progress, resume
-from megalab.core import logparse
+from megalab.core import catalog, logparse, plan
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = dict(NUM_LAYERS="2", HIDDEN_SIZE="64", NUM_HEADS="4", SEQ_LEN="128", GBS="1", MBS="1", DRY_RUN="1")
 
 
-def _wrapper(**env):
-    out = subprocess.run(["bash", str(launch.WRAPPER)], env={"PATH": os.environ["PATH"], **SMALL, **env},
-                         capture_output=True, text=True, check=True)
-    return out.stdout
+def _script(target="001", **kw) -> str:
+    """The launch script of a target's plan (what a run writes into its run dir and runs), each array's
+    rows joined into one line."""
+    run_dir = kw.pop("run_dir", None)
+    exp = catalog.get(target)
+    opts = dataclasses.replace(launch.Options(iters=20), **kw)
+    if opts.profile:
+        exp, opts = launch.profiled(exp, opts)
+    return plan.build(exp, opts, plan.Machine(), run_dir=Path(run_dir) if run_dir else None).script.replace("\n    ", " ")
 
 
 def _make(*args, **env):
@@ -33,27 +39,28 @@ def _error(stderr: str, prefix: str = "megalab:") -> str:
     return lines[0]
 
 
-# ---- scripts/train_gpt.sh: the flags, in their own arrays ---------------------------------------------
+# ---- RUN_DIR/launch.sh: the flags, in their own arrays ---------------------------------------------------
 
 def test_no_checkpoint_wandb_or_profile_flags_by_default():
-    cmd = _wrapper()
+    script = _script()
     for flag in ("--save", "--load", "--wandb-project", "--profile", "--exit-interval", "--tensorboard-dir"):
-        assert f"{flag} " not in cmd
+        assert f"{flag} " not in script
+    assert "CHECKPOINT_ARGS=()" in script and "PROFILE_ARGS=()" in script
 
 
 def test_save_load_wandb_profile_flags():
-    cmd = _wrapper(SAVE="1", LOAD="/ck", WANDB="1", WANDB_ENTITY="team", PROFILE="1", PROFILE_START="3",
-                   RUN_DIR="/o/run1", ITERS="20")
-    assert "--save /o/run1/checkpoints --save-interval 20 " in cmd  # default: the end of the run
-    assert "--load /ck --exit-on-missing-checkpoint --ckpt-format torch_dist" in cmd
-    assert "--tensorboard-dir /o/run1/tensorboard" in cmd  # Megatron's wandb logs only beside TensorBoard
-    assert "--wandb-project megalab --wandb-exp-name run1 --wandb-save-dir /o/run1/wandb --wandb-entity team" in cmd
-    assert "--profile --use-pytorch-profiler --profile-step-start 3 --profile-step-end 5" in cmd
-    assert "--save-interval 7 " in _wrapper(SAVE="1", SAVE_INTERVAL="7")
+    script = _script(save=True, load=Path("/ck"), wandb=True, wandb_entity="team", profile=True, iters=5,
+                     run_dir="/o/run1")
+    assert "--save /o/run1/checkpoints --save-interval 5 " in script  # default: the end of the run
+    assert "--load /ck --exit-on-missing-checkpoint --ckpt-format torch_dist" in script
+    assert "--tensorboard-dir /o/run1/tensorboard" in script  # Megatron's wandb logs only beside TensorBoard
+    assert "--wandb-project megalab --wandb-exp-name run1 --wandb-save-dir /o/run1/wandb --wandb-entity team" in script
+    assert "--profile --use-pytorch-profiler --profile-step-start 3 --profile-step-end 5" in script
+    assert "--save-interval 7" in _script(save=True, save_interval=7)
 
 
 def test_wandb_without_a_run_dir_still_sets_the_tensorboard_dir():
-    assert "--tensorboard-dir RUN_DIR/tensorboard" in _wrapper(WANDB="1")
+    assert "--tensorboard-dir RUN_DIR/tensorboard" in _script(wandb=True)
 
 
 # ---- the launcher: one-line errors before any GPU time -------------------------------------------------
@@ -154,21 +161,18 @@ print(f"[exiting program at iteration {last}] datetime: 2026-01-01 00:00:01" if 
 
 
 @pytest.fixture
-def fake_gpu_run(monkeypatch):
+def fake_gpu_run(monkeypatch, tmp_path_factory):
+    """GPUs that are not there, and a `torchrun` first on PATH that is STAND_IN: RUN_DIR/launch.sh
+    execs it with the plan's argv."""
     from megalab.harness import monitor
 
     monkeypatch.setattr(monitor, "gpu_inventory",
                         lambda: {"count": 1, "names": ["NVIDIA H100"], "memory_mib": [81559], "driver": "580"})
-    real_popen = subprocess.Popen
-
-    def fake_popen(args, **kw):
-        args = list(args)
-        if "torchrun" in args:  # the plan's argv (behind supervise's deathsig shim), run without a shell
-            i = args.index("torchrun")
-            args = [*args[:i], sys.executable, "-c", STAND_IN, *args[i + 1:]]
-        return real_popen(args, **kw)
-
-    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    bin_dir = tmp_path_factory.mktemp("bin")
+    (bin_dir / "stand_in.py").write_text(STAND_IN)
+    (bin_dir / "torchrun").write_text(f"#!/bin/sh\nexec {sys.executable} {bin_dir / 'stand_in.py'} \"$@\"\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.delenv("DRY_RUN", raising=False)
 
 
@@ -287,10 +291,10 @@ def test_show_arguments_filters(capsys, monkeypatch, megatron_groups):
 
     monkeypatch.setattr(arguments, "parser", lambda: None)
     monkeypatch.setattr(arguments, "groups", lambda p: megatron_groups)
-    assert arguments.cli(["wandb-pro"]) == 0
+    assert main(["arguments", "wandb-pro"]) == 0
     out = capsys.readouterr().out
     assert "## logging (1)\n  --wandb-project" in out and out.strip().endswith("megatron-core 0.19.2")
-    assert arguments.cli(["--count"]) == 0
+    assert main(["arguments", "--count"]) == 0
     assert "checkpointing" in capsys.readouterr().out
 
 

@@ -1,20 +1,20 @@
-"""The run plan (megalab/core/plan.py) and the make-variable table (variables.py).
+"""The run plan (megalab/core/plan.py), its launch script (launchscript.py) and the make-variable table
+(variables.py).
 
-scripts/train_gpt.sh is the readable view of the flags; the launcher runs plan.argv. These tests run
-the wrapper for every catalog target, and for the variables that change flags, and require its
-argv to equal plan.argv item for item, so the two cannot drift.
+The launcher writes the plan as RUN_DIR/launch.sh and runs exactly that file. These tests run the
+script for every catalog target, and for the variables that change flags, with a fake torchrun on
+PATH that records its argv (NUL-separated), and require it to be the plan's argv item for item.
 """
 import dataclasses
 import json
 import os
 import re
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog, plan, variables
+from megalab.core import catalog, flags, plan, variables
 from megalab.harness import launch, slurm
 from megalab.core.variables import Options
 
@@ -22,21 +22,40 @@ ROOT = Path(__file__).resolve().parent.parent
 TE = plan.Machine(te="2.1")
 
 
-def _wrapper_argv(p: plan.RunPlan) -> list[str]:
-    """The wrapper's own dry-run command for this plan's environment, as argv items."""
-    env = {"PATH": os.environ["PATH"], **plan.wrapper_env(p), "DRY_RUN": "1"}
-    out = subprocess.run(["bash", str(plan.WRAPPER)], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return shlex.split(out.stdout)
+@pytest.fixture(scope="module")
+def fake_torchrun(tmp_path_factory):
+    """A `torchrun` that writes its argv (NUL-separated) and environment to files beside it."""
+    d = tmp_path_factory.mktemp("fake")
+    (d / "torchrun").write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {d}/argv\nenv -0 > {d}/env\n")
+    (d / "torchrun").chmod(0o755)
+    return d
+
+
+def _run_script(p: plan.RunPlan, fake: Path, environ=None) -> tuple[list[str], dict[str, str]]:
+    """Run the plan's script as the launcher does (bash FILE) with the fake torchrun: (its argv, its env)."""
+    script = fake / "launch.sh"
+    script.write_text(p.script)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0  # valid bash
+    for f in ("argv", "env"):
+        (fake / f).unlink(missing_ok=True)
+    env = {**(environ or {"PATH": os.environ["PATH"]})}
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    subprocess.run(["bash", str(script)], env=env, check=True)
+    argv = (fake / "argv").read_text().split("\0")[:-1]
+    child = dict(kv.split("=", 1) for kv in (fake / "env").read_text().split("\0") if "=" in kv)
+    return argv, child
 
 
 @pytest.mark.parametrize("target", list(catalog.catalog()))
-def test_the_wrapper_builds_the_plans_argv_for_every_target(target):
+def test_the_launch_script_runs_the_plans_argv_for_every_target(target, fake_torchrun):
     p = plan.build(catalog.get(target), Options(iters=20))
-    assert _wrapper_argv(p) == p.argv
+    argv, _ = _run_script(p, fake_torchrun)
+    assert ["torchrun", *argv] == p.argv
 
 
 def _opts(**kw):
+    if isinstance(kw.get("extra_args"), str):  # the text a user types, split as the make variable is
+        kw["extra_args"] = variables.parse("EXTRA_ARGS", kw["extra_args"])
     return dataclasses.replace(Options(iters=20), **kw)
 
 
@@ -63,41 +82,51 @@ CASES = {
     "fused wgrad": ("111", _opts(fast="fused_adam,fused_wgrad"), plan.Machine(), None),
     "fused wgrad, spec local": ("111", _opts(fast="fused_wgrad", spec="local"), plan.Machine(), None),
     "exit early": ("001", _opts(exit_interval=10, save=True, save_interval=10), plan.Machine(), "/o/r"),
+    "gpu cap": ("122", _opts(gpu_mem_gb=80.0), plan.Machine(), None),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_wrapper_builds_the_plans_argv_for_each_variable(case):
+def test_the_launch_script_runs_the_plans_argv_for_each_variable(case, fake_torchrun):
     target, opts, machine, run_dir = CASES[case]
     exp = catalog.get(target)
     if opts.profile:
         exp, opts = launch.profiled(exp, opts)
     p = plan.build(exp, opts, machine, run_dir=Path(run_dir) if run_dir else None)
-    assert _wrapper_argv(p) == p.argv
+    argv, _ = _run_script(p, fake_torchrun)
+    assert ["torchrun", *argv] == p.argv
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full-uniform-1", "full-block-12"])
-def test_recompute_flags_in_every_form(recompute):
+def test_recompute_flags_in_every_form(recompute, fake_torchrun):
     p = plan.build(dataclasses.replace(catalog.get("101"), recompute=recompute), _opts())
-    assert _wrapper_argv(p) == p.argv and "--recompute-granularity" in p.argv
+    assert _run_script(p, fake_torchrun)[0] == p.argv[1:] and "--recompute-granularity" in p.argv
 
 
-def test_the_wrapper_runs_torchrun_with_the_plans_argv_and_environment(tmp_path):
-    """Not a dry run: a fake torchrun on PATH records what it was given, exactly (NUL-separated)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "torchrun").write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\nenv -0 > {tmp_path}/env\n")
-    (bin_dir / "torchrun").chmod(0o755)
-    environ = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": "/x"}
-    p = plan.build(catalog.get("122"), _opts(gpu_mem_gb="80", wandb=True, extra_args="--seed 7"),
+def test_the_launch_script_exports_the_plans_child_environment(tmp_path, fake_torchrun):
+    environ = {"PATH": os.environ["PATH"], "PYTHONPATH": "/x", "NCCL_NVLS_ENABLE": "1"}
+    p = plan.build(catalog.get("122"), _opts(gpu_mem_gb=80.0, wandb=True, extra_args="--seed 7"),
                    run_dir=tmp_path / "run", environ=environ)
-    env = {**environ, **plan.wrapper_env(p)}
-    subprocess.run(["bash", str(plan.WRAPPER)], env=env, check=True)
-    assert (tmp_path / "argv").read_text().split("\0")[:-1] == p.argv[1:]
-    child = dict(kv.split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
+    argv, child = _run_script(p, fake_torchrun, environ)
+    assert argv == p.argv[1:]
     for k, v in p.env.items():
-        if k != "MEGALAB_GPU_MEM_GB":  # the launcher's own (the wrapper knows no cap)
-            assert child.get(k) == v, k
+        assert child.get(k) == v, k
+    assert child["MEGALAB_GPU_MEM_GB"] == "80"  # what the entry point's memcap.py parses
+    assert child["NCCL_NVLS_ENABLE"] == "1"  # the user's own value of a default wins
+    assert child["PYTHONPATH"].endswith(":/x")
+
+
+def test_the_launch_script_reads_like_megatrons_examples():
+    p = plan.build(catalog.get("522"), _opts(save=True), run_dir=Path("/o/run1"))
+    text = p.script
+    assert text.startswith("#!/usr/bin/env bash\n# megalab 522-olmoe-dp2-zero2-ep2: ") and "set -euo pipefail" in text
+    for g in flags.GROUPS:  # one array per group, each under a comment saying why
+        assert re.search(rf"^# .*\n{g}_ARGS=\(", text, re.M), g
+    assert re.search(r"^exec torchrun \"\$\{DISTRIBUTED_ARGS\[@\]\}\" \S+/pretrain_gpt\.py \\$", text, re.M)
+    assert "`bash /o/run1/launch.sh`" in text.replace("\n# ", " ")
+    # bash and torchrun only: comments, exports, arrays of quoted items, and the one command
+    lines = r"#.*|set -euo pipefail|export [A-Z_]+=\S+|[A-Z]+_ARGS=\(\)?|    .+|\)|exec torchrun .+|"
+    assert all(re.fullmatch(lines, line) for line in text.splitlines()[1:]), text
 
 
 def test_a_plan_is_frozen_and_its_intent_is_json():
@@ -136,10 +165,65 @@ def test_cuda_graph_is_auto_1_or_0_with_a_reason(target, value, on, why):
 
 
 def test_a_bad_choice_or_extra_args_is_one_line():
-    with pytest.raises(launch.LaunchError, match="CUDA_GRAPH=maybe is not one of auto, 1, 0; fix"):
+    with pytest.raises(launch.LaunchError, match="CUDA_GRAPH=maybe: not one of auto, 1, 0; fix"):
         Options.from_env({"CUDA_GRAPH": "maybe"})
-    with pytest.raises(launch.LaunchError, match="EXTRA_ARGS=.* is not a shell word list.*fix"):
-        plan.build(catalog.get("101"), _opts(extra_args="--seed '7"))
+    with pytest.raises(launch.LaunchError, match="EXTRA_ARGS=--seed '7: not a shell word list.*fix"):
+        Options.from_env({"EXTRA_ARGS": "--seed '7"})
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"ITERS": "0"}, "ITERS=0: must be at least 1; fix: a whole number, e.g. ITERS=100"),
+    ({"ITERS": "-1"}, "ITERS=-1: must be at least 1; fix"),
+    ({"ITERS": "many"}, "ITERS=many: not a number; fix"),
+    ({"WARMUP": "-1"}, "WARMUP=-1: must be at least 0; fix"),
+    ({"WARMUP": "20", "ITERS": "20"}, "WARMUP=20: must be below ITERS=20"),
+    ({"GPU_MEM_GB": "-5"}, "GPU_MEM_GB=-5: must be above 0; fix: a number, e.g. GPU_MEM_GB=80"),
+    ({"GPU_MEM_GB": "nan"}, "GPU_MEM_GB=nan: not a finite number; fix"),
+    ({"GPU_MEM_GB": "inf"}, "GPU_MEM_GB=inf: not a finite number; fix"),
+    ({"GPU_MEM_GB": "abc"}, "GPU_MEM_GB=abc: not a number; fix"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000: must be at most 65535; fix"),
+    ({"MASTER_PORT": "0"}, "MASTER_PORT=0: must be at least 1; fix"),
+    ({"NNODES": "0"}, "NNODES=0: must be at least 1; fix"),
+    ({"NODE_RANK": "-1"}, "NODE_RANK=-1: must be at least 0; fix"),
+    ({"NODE_RANK": "2", "NNODES": "2"}, "NODE_RANK=2: must be below NNODES=2"),
+    ({"SAVE_INTERVAL": "0"}, "SAVE_INTERVAL=0: must be at least 1; fix"),
+    ({"WATCHDOG_SILENT_S": "nan"}, "WATCHDOG_SILENT_S=nan: not a finite number; fix"),
+    ({"WATCHDOG_STARTUP_S": "0"}, "WATCHDOG_STARTUP_S=0: must be above 0; fix"),
+    ({"EXIT_GRACE_S": "-1"}, "EXIT_GRACE_S=-1: must be above 0; fix"),
+    ({"GPUS_PER_NODE": "0"}, "GPUS_PER_NODE=0: must be at least 1; fix"),
+    ({"DRY_RUN": "maybe"}, "DRY_RUN=maybe: not a yes/no value"),
+    ({"SPEC": "te"}, "SPEC=te: not one of megalab, local; fix: e.g. SPEC=megalab"),
+    ({"ITERS": "1\n2"}, "ITERS='1\\n2': not a number; fix"),
+])
+def test_a_bad_variable_value_is_one_line_naming_it_the_value_and_the_fix(env, message):
+    with pytest.raises(launch.LaunchError) as e:
+        Options.from_env(env)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value) and "; fix: " in str(e.value)
+
+
+def test_bad_values_stop_make_before_anything_runs(tmp_path):
+    """issue 31: these passed with exit 0, or ended in a traceback inside the plan."""
+    env = {k: v for k, v in os.environ.items() if k not in variables.BY_NAME}
+    for var, bad in (("GPU_MEM_GB", "abc"), ("NNODES", "0"), ("ITERS", "0"), ("WATCHDOG_SILENT_S", "nan")):
+        out = subprocess.run(["make", "-s", "101"], cwd=ROOT, capture_output=True, text=True,
+                             env={**env, "DRY_RUN": "1", "OUTDIR": str(tmp_path), var: bad})
+        assert out.returncode == 2 and out.stdout == "", (var, out.stdout)
+        ours = [line for line in out.stderr.splitlines() if not line.startswith("make: ")]  # make adds its own
+        assert len(ours) == 1 and ours[0].startswith(f"megalab: {var}={bad}: ") and "; fix: " in ours[0], out.stderr
+
+
+def test_a_flag_variable_reads_yes_and_no_words():
+    o = Options.from_env({"SAVE": "yes", "VERBOSE": "On", "WANDB": "0", "DRY_RUN": "false"})
+    assert (o.save, o.verbose, o.wandb, o.dry_run) == (True, True, False, False)
+
+
+def test_extra_args_are_split_once_at_the_edge():
+    o = Options.from_env({"EXTRA_ARGS": "--seed 7 --data-cache-path '/a b'", "GPU_MEM_GB": "80"})
+    assert o.extra_args == ("--seed", "7", "--data-cache-path", "/a b") and o.gpu_mem_gb == 80.0
+    assert o.extra_args_text == "--seed 7 --data-cache-path '/a b'"  # what the record keeps
+    assert plan.build(catalog.get("101"), o).groups["EXTRA"] == o.extra_args
+    with pytest.raises(TypeError, match="parse text"):  # text is parsed at the edge, never read char by char
+        Options(extra_args="--seed 7")
 
 
 def test_options_come_from_the_table():
@@ -194,6 +278,18 @@ def test_extra_args_batch_and_layout_flags_are_planned():
         plan.build(catalog.get("600"), _opts(extra_args="--tensor-model-parallel-size 2"))
     with pytest.raises(launch.LaunchError, match=r"--global-batch-size needs an int"):
         plan.build(catalog.get("600"), _opts(extra_args="--global-batch-size"))
+    # read as Megatron's parser reads them: the last one wins, no abbreviation, `--flag=value` too
+    p = plan.build(catalog.get("600"), _opts(extra_args="--micro-batch-size 4 --micro-batch-size=2 --micro-batch 8"))
+    assert p.exp.mbs == 2
+
+
+def test_a_model_extra_args_cannot_split_is_one_line():
+    with pytest.raises(launch.LaunchError, match=r"^EXTRA_ARGS: --num-query-groups 7 must divide the 32 attention "
+                                                 r"heads and split over TP=1; fix: "):
+        plan.build(catalog.get("600"), _opts(extra_args="--num-query-groups 7"))
+    with pytest.raises(launch.LaunchError, match=r"^EXTRA_ARGS: 25 attention heads cannot be split over TP=2; fix"):
+        plan.build(catalog.get("212"), _opts(extra_args="--num-attention-heads 25 --hidden-size 1600"))
+    assert plan.build(catalog.get("600"), _opts(extra_args="--num-query-groups 4")).model["num_query_groups"] == 4
 
 
 def test_fused_wgrad_turns_megatrons_gradient_accumulation_fusion_on():
@@ -213,3 +309,33 @@ def test_megatron_lms_own_entry_gets_no_patch_levers():
     assert p.fast == () and "--no-gradient-accumulation-fusion" in p.argv
     moe = plan.build(catalog.get("522"), _opts(megatron_lm="/src/Megatron-LM"))
     assert moe.fast == ("grouped_gemm",)
+
+
+def test_scripts_train_gpt_sh_renders_the_plan_and_runs_it(tmp_path, fake_torchrun):
+    """The wrapper writes no Megatron flag: `DRY_RUN=1 scripts/train_gpt.sh TARGET` prints the target's launch
+    script, and without DRY_RUN it runs it (torchrun gets the plan's argv)."""
+    wrapper = ROOT / "scripts" / "train_gpt.sh"
+    assert "--micro-batch-size" not in wrapper.read_text() and "--num-layers" not in wrapper.read_text()
+    env = {k: v for k, v in os.environ.items() if k not in variables.BY_NAME}
+    env.update(PY=os.environ.get("PY", "python3"), MASTER_PORT="29517", ITERS="20", SAVE="1",
+               RUN_DIR=str(tmp_path / "run 1"), EXTRA_ARGS="--seed 7 --data-cache-path '$(touch x)'")
+    p = plan.build(catalog.get("101"), Options.from_env(env), plan.Machine.here(gpus=0),
+                   run_dir=tmp_path / "run 1")
+    dry = subprocess.run(["bash", str(wrapper), "101"], env={**env, "DRY_RUN": "1"}, capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout == p.script
+    env["PATH"] = f"{fake_torchrun}:{env['PATH']}"
+    (fake_torchrun / "argv").unlink(missing_ok=True)
+    subprocess.run(["bash", str(wrapper), "101"], env=env, check=True, cwd=tmp_path)
+    assert ["torchrun", *(fake_torchrun / "argv").read_text().split("\0")[:-1]] == p.argv
+    assert not (tmp_path / "x").exists()
+    out = subprocess.run(["bash", str(wrapper)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.startswith("usage: scripts/train_gpt.sh TARGET")
+
+
+def test_one_file_knows_megatrons_flags():
+    """issue 30: the argv is written once (core/flags.py), not in a script and a plan kept equal by a test."""
+    out = subprocess.run(["grep", "-rl", "--", "--micro-batch-size", "megalab", "scripts", "Makefile"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["megalab/core/flags.py"]

@@ -15,6 +15,7 @@ from megalab.core import catalog
 from megalab.results import columns, plots, tables
 from megalab.core.catalog import Experiment
 from conftest import typed
+from megalab.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,8 +31,8 @@ def _expected_files() -> set[str]:
 
 def test_build_from_committed_records_is_deterministic(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert plots.cli(["--out", str(a)]) == 0
-    assert plots.cli(["--out", str(b)]) == 0
+    assert main(["plots", "--out", str(a)]) == 0
+    assert main(["plots", "--out", str(b)]) == 0
     names = {p.name for p in a.iterdir()}
     assert names == _expected_files() and {"01-dp-zero2-memory.svg", "04-pp-vpp-pp-bubble.svg"} <= names
     for p in a.iterdir():
@@ -39,14 +40,14 @@ def test_build_from_committed_records_is_deterministic(tmp_path, capsys):
         assert svg == (b / p.name).read_bytes(), f"{p.name} differs between two draws"
         assert b"<svg" in svg and b"<dc:date>" not in svg and b"Matplotlib v" not in svg
     capsys.readouterr()
-    assert plots.cli(["--out", str(a)]) == 0  # unchanged inputs: nothing rewritten
+    assert main(["plots", "--out", str(a)]) == 0  # unchanged inputs: nothing rewritten
     assert capsys.readouterr().out == "plots up to date\n"
 
 
 def test_bad_out_is_one_line_error(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("")
-    assert plots.cli(["--out", str(f)]) == 2
+    assert main(["plots", "--out", str(f)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fix:" in err
 

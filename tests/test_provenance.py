@@ -14,6 +14,7 @@ from megalab.results import columns, tables
 from megalab.core.records import RunRecord
 from conftest import typed
 from megalab.runtime import levers
+from megalab.__main__ import main
 
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
 T111 = "111-gpt2xl-dp1-fit-80GB"
@@ -138,7 +139,7 @@ def test_strict_tables_refuse_rows_not_from_today(repo, capsys):
     head = _git(repo, "rev-parse", "HEAD")
     _write(repo, "a", _rec(commit=head))
     _write(repo, "b", _rec(T111, schema=1, intent=None))
-    assert tables.cli(["--root", str(repo), "--strict"]) == 1
+    assert main(["tables", "--root", str(repo), "--strict"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "1 row(s)" in err and "older (schema 1): 111" in err and "101" not in err.split("fix")[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from megalab.results import quotes
+from megalab.__main__ import main
 
 def _row(ms, gib="", p="1111–1221", status="ok", machine="m1", provenance="today", tok=""):
     return {"our ms": ms, "our GiB": gib, "our p10–p90 ms": p, "status": status, "machine": machine,
@@ -64,7 +65,6 @@ def test_make_tables_refuses_a_tutorial_quote_of_an_unknown_row(tmp_path, capsys
     import shutil
 
     from megalab.core.paths import ROOT
-    from megalab.results import tables
 
     root = tmp_path / "root"
     shutil.copytree(ROOT / "configs", root / "configs")
@@ -72,12 +72,12 @@ def test_make_tables_refuses_a_tutorial_quote_of_an_unknown_row(tmp_path, capsys
     (root / "tutorials").mkdir()
     tut = root / "tutorials" / "09-x.md"
     tut.write_text("It takes <!-- q 999 | our ms -->1<!-- /q --> ms.\n")
-    assert tables.cli(["--root", str(root)]) == 1
+    assert main(["tables", "--root", str(root)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("megalab tables: tutorials/09-x.md: quote '999 | our ms': no row '999'") and "\n" not in err
     assert tut.read_text() == "It takes <!-- q 999 | our ms -->1<!-- /q --> ms.\n"  # nothing overwritten
     tut.write_text("It takes <!-- q 101 | our ms -->1<!-- /q --> ms.\n")
-    assert tables.cli(["--root", str(root)]) == 0
+    assert main(["tables", "--root", str(root)]) == 0
     assert tut.read_text() == "It takes <!-- q 101 | our ms -->not run<!-- /q --> ms.\n"
     assert "`101 | our ms` now not run (was 1): re-read the sentence around it" in capsys.readouterr().out
 

@@ -1,4 +1,5 @@
-"""User values are data, never shell code: make, the launcher's argv, the sbatch script, docker-run.
+"""User values are data, never shell code: make, the launcher's argv and its launch script, the sbatch
+script, docker-run.
 
 Each value below would create the file `pwned` if any shell ever read it as code. They travel
 through the environment (as `VAR=... make ...` passes them) and must arrive verbatim.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog, plan
+from megalab.core import catalog, plan, variables
 from megalab.core.variables import Options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _payloads(tmp_path):
     p = tmp_path / "pwned"
-    return p, [f"x; touch {p}", f"$(touch {p})", f"`touch {p}`", "a'b\"c d", f"x && touch {p} #"]
+    return p, [f"x; touch {p}", f"$(touch {p})", f"`touch {p}`", "a'b\"c d", f"x && touch {p} #",
+               f"line\ntouch {p}\n", f"${{IFS}}touch {p}", f"\\'; touch {p}; '"]
 
 
 def _fake(bin_dir: Path, name: str, body: str) -> None:
@@ -36,7 +38,8 @@ def _make(*args, **env):
 def test_the_plans_argv_keeps_every_value_as_one_item(tmp_path):
     pwned, values = _payloads(tmp_path)
     extra = " ".join(f"--data-cache-path {shlex.quote(v)}" for v in values)
-    opts = Options(extra_args=extra, data=values[0], tokenizer_model=values[1], load=Path(values[2]))
+    opts = Options(extra_args=variables.parse("EXTRA_ARGS", extra), data=values[0], tokenizer_model=values[1],
+                   load=Path(values[2]))
     p = plan.build(catalog.get("101"), opts, run_dir=tmp_path / values[3])
     for v in values:
         assert v in p.argv
@@ -46,13 +49,36 @@ def test_the_plans_argv_keeps_every_value_as_one_item(tmp_path):
     assert not pwned.exists()
 
 
+def test_the_launch_script_hands_every_value_to_torchrun_verbatim(tmp_path):
+    """RUN_DIR/launch.sh is bash: each hostile value (in EXTRA_ARGS, DATA, TOKENIZER_MODEL, LOAD, the run dir,
+    WANDB_*, MEGATRON_LM, MASTER_ADDR) must reach torchrun as the one argv item it was, and run nothing."""
+    pwned, values = _payloads(tmp_path)
+    extra = " ".join(f"--data-cache-path {shlex.quote(v)}" for v in values)
+    opts = Options(iters=20, extra_args=variables.parse("EXTRA_ARGS", extra), data=values[0],
+                   tokenizer_model=values[1], load=Path(values[2]), wandb=True, wandb_project=values[4],
+                   wandb_entity=values[5], megatron_lm=str(tmp_path / values[6]), master_addr=values[7])
+    p = plan.build(catalog.get("101"), opts, run_dir=tmp_path / f"out {values[3]}" / "run 'x'")
+    p.run_dir.mkdir(parents=True)
+    script = p.run_dir / "launch.sh"
+    script.write_text(p.script)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    bin_dir = tmp_path / "bin"
+    _fake(bin_dir, "torchrun", f"printf '%s\\0' \"$@\" > {shlex.quote(str(tmp_path / 'argv'))}\n")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "WANDB_API_KEY": "x"}
+    subprocess.run(["bash", str(script)], env=env, check=True, cwd=tmp_path)
+    assert ["torchrun", *(tmp_path / "argv").read_text().split("\0")[:-1]] == p.argv
+    for v in values:
+        assert v in p.groups["EXTRA"]
+    assert not pwned.exists()
+
+
 def test_dry_run_make_target_executes_no_value(tmp_path):
     pwned, values = _payloads(tmp_path)
     extra = " ".join(f"--data-cache-path {shlex.quote(v)}" for v in values)
     out = _make("101-gpt2xl-dp1-gbs1-bf16", DRY_RUN="1", ITERS="5", EXTRA_ARGS=extra,
                 OUTDIR=str(tmp_path / values[1]), WANDB_PROJECT=values[2])
     assert out.returncode == 0, out.stderr
-    argv = shlex.split(out.stdout.strip().splitlines()[-1])
+    argv = shlex.split(out.stdout.split("command    (DRY_RUN=1, not started)\n", 1)[1])  # a value may hold a newline
     assert all(v in argv for v in values)
     # Megatron's own check refuses these as a tokenizer (one line); no shell ever sees them
     out = _make("101-gpt2xl-dp1-gbs1-bf16", DRY_RUN="1", DATA=values[0], TOKENIZER_MODEL=values[2])

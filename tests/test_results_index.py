@@ -3,11 +3,11 @@ chapter table has a CSV of the same rows and a tok/s/GPU column; `compare` puts 
 beside the committed ones in a folder of its own, never in results/."""
 import csv
 import io
-import json
 from pathlib import Path
 
 from megalab.core import catalog
-from megalab.results import columns, compare, index, tables
+from megalab.results import columns, index, tables
+from megalab.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
@@ -74,7 +74,7 @@ def test_compare_writes_your_runs_beside_the_committed_ones_elsewhere(tmp_path):
     before = {p: p.read_bytes() for p in sorted((ROOT / "results").rglob("*")) if p.is_file()}
     outdir = tmp_path / "outdir"
     _write(outdir, "2099-03-01___101", step_ms_median=200.0)
-    assert compare.cli([str(outdir)]) == 0
+    assert main(["compare", str(outdir)]) == 0
     out = outdir / "compare" / "results"
     page = (out / "01-dp-zero2.md").read_text(encoding="utf-8")
     rows = list(csv.DictReader((out / "01-dp-zero2.csv").open(encoding="utf-8")))
@@ -89,7 +89,7 @@ def test_compare_writes_your_runs_beside_the_committed_ones_elsewhere(tmp_path):
 
 
 def test_compare_refuses_a_missing_outdir_and_results_itself(tmp_path, capsys):
-    assert compare.cli([str(tmp_path / "nope")]) == 2
+    assert main(["compare", str(tmp_path / "nope")]) == 2
     assert "fix:" in capsys.readouterr().err
     (tmp_path / "o").mkdir()
-    assert compare.cli([str(tmp_path / "o"), "--out", str(ROOT)]) == 2
+    assert main(["compare", str(tmp_path / "o"), "--out", str(ROOT)]) == 2

@@ -17,6 +17,7 @@ from megalab.core import catalog
 from megalab.core.records import RunRecord
 from megalab.results import chapter as chapters, columns, tables
 from conftest import typed
+from megalab.__main__ import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDS = FIXTURES / "records"
@@ -364,24 +365,24 @@ def test_write_and_check(tmp_path, capsys):
     _write(runs, "r1")
     pages = {ch: root / m["table"] for ch, m in catalog.chapters().items()}
 
-    assert tables.cli(["--check", "--root", str(root)]) == 1  # nothing written yet
+    assert main(["tables", "--check", "--root", str(root)]) == 1  # nothing written yet
     out = capsys.readouterr().out
     assert "out of date: results/01-dp-zero2.md" in out and "out of date: results/00-two-gpu-tour.md" in out
     assert not any(p.exists() for p in pages.values())
 
-    assert tables.cli(["--root", str(root)]) == 0
+    assert main(["tables", "--root", str(root)]) == 0
     out = capsys.readouterr().out
     assert "wrote results/01-dp-zero2.md" in out and "wrote results/00-two-gpu-tour.md" in out
     assert all(p.exists() for p in pages.values())
     assert list(pages[1].parent.glob("*.tmp")) == []
     mtimes = [p.stat().st_mtime_ns for p in pages.values()]
 
-    assert tables.cli(["--check", "--root", str(root)]) == 0
+    assert main(["tables", "--check", "--root", str(root)]) == 0
     assert tables.write_tables(root) == []  # unchanged: nothing rewritten
     assert [p.stat().st_mtime_ns for p in pages.values()] == mtimes
 
     _write(runs, "r2", target=T111, started="2025-03-05T10:00:00+00:00")
-    assert tables.cli(["--check", "--root", str(root)]) == 1
+    assert main(["tables", "--check", "--root", str(root)]) == 1
     assert "out of date: results/01-dp-zero2.md" in capsys.readouterr().out
     # the chapter's figure shows the new point too, and is redrawn before the page that links it
     # (then the page's CSV of the same rows and the index's status line)

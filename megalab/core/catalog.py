@@ -191,8 +191,7 @@ PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding
 
 
 class Preset(BaseModel):
-    """One preset of configs/models.yaml (plan.py turns each key into flags, as scripts/train_gpt.sh
-    does from plan.wrapper_env). Anything else in the file is a typo and refused."""
+    """One preset of configs/models.yaml (core/flags.py turns each key into flags). Anything else in the file is a typo and refused."""
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
     about: str
     num_layers: int
@@ -232,74 +231,8 @@ class ChapterFile(BaseModel):
     defaults: dict[str, Any] = {}
     experiments: list[dict[str, Any]]
 
-# Megatron flags that change the model, as the preset key each overrides: (key, value type); a None
-# type is a switch (present: True). EXTRA_ARGS may carry them; the estimator and the preflight read
-# the effective model (the preset overridden by them), as Megatron builds it (the last one wins).
-MODEL_FLAGS = {
-    "--num-layers": ("num_layers", int), "--hidden-size": ("hidden_size", int),
-    "--ffn-hidden-size": ("ffn_hidden_size", int), "--num-attention-heads": ("num_attention_heads", int),
-    "--seq-length": ("seq_length", int), "--max-position-embeddings": ("max_position_embeddings", int),
-    "--vocab-size": ("vocab_size", int), "--num-query-groups": ("num_query_groups", int),
-    "--normalization": ("normalization", str), "--position-embedding-type": ("position_embedding", str),
-    "--rotary-base": ("rotary_base", int), "--swiglu": ("swiglu", None),
-    "--untie-embeddings-and-output-weights": ("untie_embeddings", None),
-    "--disable-bias-linear": ("disable_bias_linear", None),
-}
-
-
-def argv_items(args: tuple[str, ...] | list[str]) -> list[str]:
-    """argv items with `--flag=value` read as `--flag value`, as argparse does."""
-    return [p for a in args for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
-
-
-def read_flags(args: tuple[str, ...] | list[str], table: dict[str, tuple[str, Any]], missing) -> dict[str, Any]:
-    """The values `args` give the keys of `table` (flag -> (key, value type, or None for a switch)); the
-    last one wins, as in Megatron's argparse. A flag without its value raises CatalogError(missing(flag,
-    key, type))."""
-    items = argv_items(args)
-    out: dict[str, Any] = {}
-    for i, a in enumerate(items):
-        if a not in table:
-            continue
-        key, kind = table[a]
-        if kind is None:
-            out[key] = True
-            continue
-        try:
-            out[key] = kind(items[i + 1])
-        except (IndexError, ValueError):
-            raise CatalogError(missing(a, key, kind)) from None
-    return out
-
-
-def effective_model(preset: dict[str, Any], args: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """The preset with the model flags among `args` (argv items, e.g. a target's extra args plus
-    EXTRA_ARGS) applied; `--flag=value` is read too. Raises CatalogError for a flag without its value."""
-    return {**preset, **read_flags(args, MODEL_FLAGS, lambda a, key, kind: (
-        f"{a} needs a {kind.__name__} value in the extra args; fix: e.g. {a} {preset.get(key, 8)}"))}
-
-
-# Megatron flags that change a target's batch or layout, as the Experiment field each overrides (a None
-# type is a switch). In EXTRA_ARGS they reach Megatron after the target's own (the last one wins), so the
-# plan, its checks and the estimator read the experiment with them applied: `effective_experiment`.
-LAYOUT_FLAGS = {
-    "--micro-batch-size": ("mbs", int), "--global-batch-size": ("gbs", int),
-    "--tensor-model-parallel-size": ("tp", int), "--pipeline-model-parallel-size": ("pp", int),
-    "--context-parallel-size": ("cp", int), "--sequence-parallel": ("sp", None),
-    "--use-distributed-optimizer": ("zero2", None),
-}
-
-
-def effective_experiment(exp: "Experiment", args: tuple[str, ...] | list[str]) -> "Experiment":
-    """The target with the batch/layout flags among `args` applied (validated again: a layout Megatron
-    would reject is a CatalogError). Raises CatalogError for a flag without its value."""
-    changes = read_flags(args, LAYOUT_FLAGS, lambda a, field, kind: (
-        f"{a} needs an int value in the extra args; fix: e.g. {a} {getattr(exp, field)}"))
-    if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
-        return exp
-    out = dataclasses.replace(exp, **changes)
-    out.validate()
-    return out
+# The flags of EXTRA_ARGS that change a target's model or layout are read in megalab/core/flags.py
+# (flags.effective_model, flags.effective_experiment), beside the argv that writes them.
 
 
 @lru_cache(maxsize=None)

@@ -51,7 +51,6 @@ import math
 from typing import Any
 
 from megalab.core import gpus, steptime
-from megalab.core.gpus import nominal_gb_to_gib  # noqa: F401  (launch caps with it through this module)
 
 GIB = 2**30
 MIB = 2**20
@@ -115,7 +114,7 @@ RING_STRANDED_CHUNKS_PER_STEP = 1.0
 
 # ---- GPUs -----------------------------------------------------------------------------------------
 # Memory and peak from the one datasheet table (megalab/core/gpus.py); GPU_MEM_GB=N caps to
-# N x 81559/80 MiB (an H100 80GB at 80), nominal_gb_to_gib.
+# gpus.nominal_gb_to_gib(N) GiB (80: an H100 80GB).
 DEFAULT_MFU = 0.35
 SPECS = ("megalab", "local")
 

@@ -42,7 +42,7 @@ GPUS: tuple[GPU, ...] = (
 )
 
 # The GPU a plan assumes when none is named, and the card GPU_MEM_GB=N caps against: N nominal GB are
-# N x 81559/80 MiB (megalab/runtime/pretrain_gpt.py `_cap_gpu_memory`), so "80" is an H100 80GB.
+# N x 81559/80 MiB (megalab/runtime/memcap.py; nominal_gb_to_gib below), so "80" is an H100 80GB.
 DEFAULT_GPU_NAME = "NVIDIA H100 80GB HBM3"
 H100_MIB_PER_NOMINAL_GB = 81559 / 80
 

@@ -50,7 +50,8 @@ __all__ = [
     "megalab_lines",
     "step_stats",
     "summary_fields",
-    "cli",
+    "add_arguments",
+    "main",
 ]
 
 
@@ -794,9 +795,6 @@ def parse_iteration_line(line: str) -> IterationLine | None:
 
 # --------------------------------------------------------------------------- cli
 
-_USAGE = "usage: python -m megalab parse LOG [--json]"
-
-
 def _fmt(v, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -854,17 +852,14 @@ def _emit(text: str, stream=None) -> None:
         print(text.encode(enc, "backslashreplace").decode(enc, "replace"), file=stream)
 
 
-def cli(argv: list[str]) -> int:
+def add_arguments(p) -> None:
+    p.add_argument("log", metavar="LOG", help="a run's logs.txt (or logs.txt.gz)")
+    p.add_argument("--json", action="store_true", help="the record's fields, as JSON")
+
+
+def main(args) -> int:
     """``python -m megalab parse LOG [--json]``. Returns 0, 1 (no iterations) or 2 (cannot read)."""
-    args = list(argv)
-    if args and args[0] == "parse":  # accept the sub-command name or not
-        args = args[1:]
-    as_json = "--json" in args
-    paths = [a for a in args if a != "--json"]
-    if len(paths) != 1 or paths[0].startswith("-"):
-        _emit(_USAGE, sys.stderr)
-        return 2
-    path = paths[0]
+    path = args.log
     try:
         s = parse_file(path)
     except LogReadError as exc:
@@ -872,9 +867,5 @@ def cli(argv: list[str]) -> int:
               f"(fix: pass the path of a run's logs.txt, e.g. one under outdir/)", sys.stderr)
         return 2
     f = summary_fields(s)
-    _emit(json.dumps(_finite(f)) if as_json else _human(path, s, f))
+    _emit(json.dumps(_finite(f)) if args.json else _human(path, s, f))
     return 0 if s.iterations else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cli(sys.argv[1:]))

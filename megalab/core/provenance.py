@@ -174,20 +174,15 @@ def replan_differs(r: RunRecord) -> str | None:
         return "target no longer in the catalog"
     fields = {f.name for f in dataclasses.fields(plan.Machine)}
     machine = plan.Machine(**{k: v for k, v in intent.machine.model_dump(exclude_unset=True).items() if k in fields})
-    opts = Options(iters=cfg.iters or 100, gpu_mem_gb=_cap_text(cfg.gpu_mem_gb), nnodes=cfg.nnodes or 1,
-                   node_rank=cfg.node_rank or 0, master_port=intent.master_port or 6000, data=cfg.data or "mock")
-    try:
+    try:  # the schema reads an old record's "80" as 80.0, the make variable's type
+        opts = Options(iters=cfg.iters or 100, gpu_mem_gb=cfg.gpu_mem_gb, nnodes=cfg.nnodes or 1,
+                       node_rank=cfg.node_rank or 0, master_port=intent.master_port or 6000, data=cfg.data or "mock")
         today = plan.build(exp, opts, machine, run_dir=Path(intent.run_dir) if intent.run_dir else None)
     except (LaunchError, ValueError, KeyError) as e:
         return f"not plannable today ({e})"
     if _decisions(today.argv, intent.run_dir) != _decisions(intent.argv, intent.run_dir):
         return "today's plan differs (flags or CUDA graph)"
     return None
-
-
-def _cap_text(cap: float | None) -> str | None:
-    """GPU_MEM_GB as Options took it when the records were written: the make variable's text ("80")."""
-    return None if cap is None else f"{cap:g}"
 
 
 def of(r: RunRecord, root: Path = ROOT) -> Provenance:

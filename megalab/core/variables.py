@@ -7,7 +7,9 @@ script forwards it, and its group. Everything else is derived from this table: `
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import shlex
 from pathlib import Path
 
 from megalab.core.paths import ROOT
@@ -18,16 +20,116 @@ class LaunchError(RuntimeError):
     """One-line, user-facing: what is wrong and the fix."""
 
 
+# A flag's words (anything else is refused: DRY_RUN=maybe must not mean yes)
+ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 @dataclasses.dataclass(frozen=True)
 class Variable:
     name: str
-    type: str  # int | float | str | flag (unset, empty, 0, false, no: off) | path | choice
+    # int | float (finite) | str | flag (1/true/yes/on, 0/false/no/off; unset: off) | path | choice |
+    # words (a shell word list, split once by shlex into argv items)
+    type: str
     default: object
     help: str
     forwarded: bool = False  # an sbatch script exports it so that every node runs the same way
     group: str = "run"  # run | outputs | data | nodes | slurm | docker
     field: str | None = None  # its Options attribute (None: read where it is used, e.g. make or docker)
     choices: tuple[str, ...] = ()
+    minimum: float | None = None  # int, float: the least value allowed
+    maximum: float | None = None  # int, float: the largest
+    positive: bool = False  # float: above 0 (a size, a duration)
+    example: str | None = None  # the value a fix suggests where the default cannot (None: the default)
+
+    def parse(self, text: str):
+        """The variable's value from its text: the default when empty, else the text as its type, within
+        its range. Anything else is a LaunchError of one line: the variable, the value, the fix."""
+        if text == "":
+            return self.default
+        kind = PARSERS.get(self.type, _text)
+        try:
+            value = kind(self, text)
+        except ValueError as e:
+            raise LaunchError(f"{self.name}={_shown(text)}: {e}; fix: {self.fix()}") from None
+        problem = self.out_of_range(value)
+        if problem:
+            raise LaunchError(f"{self.name}={_shown(text)}: {problem}; fix: {self.fix()}")
+        return value
+
+    def out_of_range(self, value) -> str | None:
+        if self.type not in ("int", "float"):
+            return None
+        if self.positive and not value > 0:
+            return "must be above 0"
+        if self.minimum is not None and value < self.minimum:
+            return f"must be at least {self.minimum:g}"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be at most {self.maximum:g}"
+        return None
+
+    def fix(self) -> str:
+        if self.type == "flag":
+            return f"{self.name}=1 or {self.name}=0"
+        if self.type == "choice":
+            return f"e.g. {self.name}={self.choices[0]}"
+        if self.type == "words":
+            return f"balance its quotes, e.g. {self.name}='--seed 7'"
+        example = self.example or ("" if self.default is None else f"{self.default:g}" if isinstance(self.default, float)
+                                   else str(self.default))
+        what = {"int": "a whole number", "float": "a number"}.get(self.type)
+        return ", ".join(x for x in (what, f"e.g. {self.name}={example}" if example else "") if x) or "unset it"
+
+
+def _shown(text: str) -> str:
+    """The value as typed; quoted where it would not stay on one line."""
+    return text if text.isprintable() else repr(text)
+
+
+def _int(var: Variable, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+
+
+def _float(var: Variable, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not math.isfinite(value):  # nan would switch a watchdog off, inf never ends
+        raise ValueError("not a finite number")
+    return value
+
+
+def _flag(var: Variable, text: str) -> bool:
+    word = text.strip().lower()
+    if word in ON + OFF:
+        return word in ON
+    raise ValueError(f"not a yes/no value ({', '.join(ON)} / {', '.join(OFF)})")
+
+
+def _choice(var: Variable, text: str) -> str:
+    if text in var.choices:
+        return text
+    if var.name == "CUDA_GRAPH" and text in ("true", "yes", "false", "no"):  # yes/no words, as flags take
+        return "1" if text in ("true", "yes") else "0"
+    raise ValueError(f"not one of {', '.join(var.choices)}")
+
+
+def _words(var: Variable, text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as e:
+        raise ValueError(f"not a shell word list ({e})") from None
+
+
+def _text(var: Variable, text: str) -> str:
+    return text
+
+
+PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "words": _words,
+           "path": lambda var, text: Path(text), "str": _text}
 
 
 # FAST's default under SPEC=megalab: each lever computes Megatron's function (tests/test_fastpath.py,
@@ -57,10 +159,12 @@ def fast_names(value: str) -> list[str]:
 
 V = Variable
 VARIABLES: tuple[Variable, ...] = (
-    V("ITERS", "int", 100, "training iterations (the step time is the median after WARMUP)", True, field="iters"),
-    V("WARMUP", "int", 3, "iterations left out of the step-time median", True, field="warmup"),
-    V("GPU_MEM_GB", "str", None, "cap each process as if the GPU had this many GB (e.g. 80 on an H200)", True,
-      field="gpu_mem_gb"),
+    V("ITERS", "int", 100, "training iterations (the step time is the median after WARMUP)", True, field="iters",
+      minimum=1),
+    V("WARMUP", "int", 3, "iterations left out of the step-time median (below ITERS)", True, field="warmup",
+      minimum=0),
+    V("GPU_MEM_GB", "float", None, "cap each process as if the GPU had this many GB (e.g. 80 on an H200)", True,
+      field="gpu_mem_gb", positive=True, example="80"),
     V("GPU", "str", None, "the GPU to plan for: h100, h200, a100, a100-40gb, b200, gh200, l40s (default: the GPU "
       "found, else h100; with GPU_MEM_GB, the smallest that holds it)", True, field="gpu"),
     V("DRY_RUN", "flag", False, "print the preflight and the exact command; start nothing", field="dry_run"),
@@ -72,14 +176,14 @@ VARIABLES: tuple[Variable, ...] = (
     V("FAST", "str", None, "fast-path levers: none, all, or a list (default: the spec's)", True, field="fast"),
     V("CUDA_GRAPH", "choice", "auto", "Megatron's full-iteration CUDA graph: auto, 1, 0", True,
       field="cuda_graph", choices=("auto", "1", "0")),
-    V("EXTRA_ARGS", "str", "", "more Megatron flags, split like a shell word list (shlex), appended", True,
+    V("EXTRA_ARGS", "words", (), "more Megatron flags, split like a shell word list (shlex), appended", True,
       field="extra_args"),
     V("MEGATRON_LM", "str", "", "a Megatron-LM checkout: run its own pretrain_gpt.py with the same flags", True,
       field="megatron_lm"),
     V("VERBOSE", "flag", False, "stream the whole log instead of the progress line", field="verbose"),
     V("SAVE", "flag", False, "checkpoint into the run dir's checkpoints/ (torch_dist)", True, "outputs", "save"),
     V("SAVE_INTERVAL", "int", None, "iterations between checkpoints (default: the end of the run)", True,
-      "outputs", "save_interval"),
+      "outputs", "save_interval", minimum=1, example="50"),
     V("LOAD", "path", None, "resume from a checkpoint dir (or a run dir holding checkpoints/)", True,
       "outputs", "load"),
     V("WANDB", "flag", False, "log to Weights & Biases (offline unless WANDB_API_KEY is set)", True,
@@ -92,19 +196,22 @@ VARIABLES: tuple[Variable, ...] = (
     V("SPLIT", "str", "949,50,1", "train,valid,test split of DATA", True, "data", "split"),
     V("VOCAB_FILE", "str", "", "GPT-2 BPE vocab (DATA without TOKENIZER_MODEL)", True, "data", "vocab_file"),
     V("MERGE_FILE", "str", "", "GPT-2 BPE merges (with VOCAB_FILE)", True, "data", "merge_file"),
-    V("NNODES", "int", 1, "nodes of a multi-node run (each runs make <target>)", group="nodes", field="nnodes"),
-    V("NODE_RANK", "int", 0, "this node's rank", group="nodes", field="node_rank"),
+    V("NNODES", "int", 1, "nodes of a multi-node run (each runs make <target>)", group="nodes", field="nnodes",
+      minimum=1),
+    V("NODE_RANK", "int", 0, "this node's rank (0 to NNODES-1)", group="nodes", field="node_rank", minimum=0),
     V("MASTER_ADDR", "str", "localhost", "torchrun's rendezvous host", group="nodes", field="master_addr"),
     V("MASTER_PORT", "int", None, "torchrun's rendezvous port (default: a free one on one node, 6000 across nodes)",
-      group="nodes", field="master_port"),
+      group="nodes", field="master_port", minimum=1, maximum=65535, example="29500"),
     V("ALLOW_BUSY_GPUS", "flag", False, "start even where other processes hold GPU memory (the record says so)",
       field="allow_busy_gpus"),
     V("WATCHDOG_SILENT_S", "float", 300.0, "end a run whose log is silent this long after training began (hung)",
-      True, field="watchdog_silent_s"),
-    V("WATCHDOG_STARTUP_S", "float", 900.0, "the same before the first iteration", True, field="watchdog_startup_s"),
+      True, field="watchdog_silent_s", positive=True),
+    V("WATCHDOG_STARTUP_S", "float", 900.0, "the same before the first iteration", True, field="watchdog_startup_s",
+      positive=True),
     V("EXIT_GRACE_S", "float", 120.0, "end a run still alive this long after Megatron's end of training", True,
-      field="exit_grace_s"),
-    V("GPUS_PER_NODE", "int", None, "make slurm-<id>: GPUs per node (default 8)", group="slurm"),
+      field="exit_grace_s", positive=True),
+    V("GPUS_PER_NODE", "int", None, "make slurm-<id>: GPUs per node (default 8)", group="slurm", minimum=1,
+      example="8"),
     V("SBATCH_ARGS", "str", "", "make slurm-<id>: more sbatch flags (shlex-split)", group="slurm"),
     V("SRUN_ARGS", "str", "", "make slurm-<id>: more srun flags (shlex-split)", group="slurm"),
     V("DOCKER_IMAGE", "str", "megalab", "make docker-build/docker-run: the image tag", group="docker"),
@@ -123,24 +230,19 @@ def raw(name: str, env=os.environ) -> str:
 
 
 def value(name: str, env=os.environ):
-    """The variable parsed by its type, or its default when unset or empty."""
-    var = BY_NAME[name]
-    text = raw(name, env)
-    if text == "":
-        return var.default
-    if var.type == "flag":
-        return text not in ("0", "false", "no")
-    if var.type == "int":
-        return int(text)  # ValueError: Options.from_env turns it into one line
-    if var.type == "float":
-        return float(text)
-    if var.type == "path":
-        return Path(text)
-    if var.type == "choice" and text not in var.choices:
-        if var.name == "CUDA_GRAPH" and text in ("true", "yes", "false", "no"):  # yes/no words, as flags take
-            return "1" if text in ("true", "yes") else "0"
-        raise LaunchError(f"{name}={text} is not one of {', '.join(var.choices)}; fix: e.g. {name}={var.choices[0]}")
-    return text
+    """The variable parsed by its type (Variable.parse), or its default when unset or empty."""
+    return BY_NAME[name].parse(raw(name, env))
+
+
+def parse(name: str, text) -> object:
+    """A value from elsewhere than the environment (a record's config, a command-line option) read as
+    the variable reads it: None and "" give the default, any other value its text parsed."""
+    return BY_NAME[name].parse("" if text is None else str(text))
+
+
+def gb_text(gb: float) -> str:
+    """GPU_MEM_GB as the entry point reads it (MEGALAB_GPU_MEM_GB) and the preflight shows it: 80.0 -> "80"."""
+    return f"{gb:.15g}"
 
 
 @dataclasses.dataclass
@@ -149,7 +251,7 @@ class Options:
 
     iters: int = 100
     warmup: int = 3
-    gpu_mem_gb: str | None = None
+    gpu_mem_gb: float | None = None  # nominal GB (gpus.nominal_gb_to_gib), 80 = an H100 80GB
     dry_run: bool = False
     gpu: str | None = None  # GPU=h200: the planning GPU (plan.Machine resolves it)
     outdir: Path = ROOT / "outdir"
@@ -157,7 +259,7 @@ class Options:
     te: str = "auto"  # auto | 1 | 0
     fast: str | None = None  # megalab's TE-free speed-ups: None = the default for the spec
     cuda_graph: str = "auto"  # auto | 1 | 0 (plan.py decides, with a reason)
-    extra_args: str = ""  # a shell word list: shlex-split into argv items, never through a shell
+    extra_args: tuple[str, ...] = ()  # EXTRA_ARGS as argv items, split once (shlex), never through a shell
     megatron_lm: str = ""
     verbose: bool = False
     save: bool = False
@@ -182,15 +284,29 @@ class Options:
     profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
     exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
 
+    def __post_init__(self):  # text belongs at the edge (from_env, parse): a str here would be read char by char
+        if isinstance(self.extra_args, str) or isinstance(self.gpu_mem_gb, str):
+            raise TypeError("Options.extra_args is a tuple of argv items and gpu_mem_gb a float; parse text with "
+                            "variables.parse('EXTRA_ARGS', text) / variables.parse('GPU_MEM_GB', text)")
+
+    @property
+    def extra_args_text(self) -> str:
+        """EXTRA_ARGS as one shell word list again (the record keeps it so; the bench keys runs on it)."""
+        return shlex.join(self.extra_args)
+
     @classmethod
     def from_env(cls, env=os.environ) -> "Options":
-        try:
-            kw = {v.field: value(v.name, env) for v in VARIABLES if v.field}
-        except ValueError as e:
-            raise LaunchError(f"a make variable is not a number ({e}); "
-                              "fix: e.g. ITERS=20 NNODES=2 SAVE_INTERVAL=50") from None
-        kw["save_interval"] = kw["save_interval"] or None
-        return cls(**kw)
+        """Every variable of the table parsed and checked (a bad one is one line before anything runs),
+        then the Options fields among them, and the rules between two variables."""
+        values = {v.name: value(v.name, env) for v in VARIABLES}
+        opts = cls(**{v.field: values[v.name] for v in VARIABLES if v.field})
+        if opts.node_rank >= opts.nnodes:
+            raise LaunchError(f"NODE_RANK={opts.node_rank}: must be below NNODES={opts.nnodes} (ranks 0 to "
+                              f"{opts.nnodes - 1}); fix: NODE_RANK=0 on the first node, 1 on the next, ...")
+        if raw("WARMUP", env) and opts.warmup >= opts.iters:  # the default 3 may exceed a short ITERS: no median then
+            raise LaunchError(f"WARMUP={opts.warmup}: must be below ITERS={opts.iters} (the step time is the median "
+                              f"of the iterations after it); fix: e.g. WARMUP=3 with ITERS=20")
+        return opts
 
 
 def help_lines() -> list[str]:
@@ -199,12 +315,16 @@ def help_lines() -> list[str]:
     for group in dict.fromkeys(v.group for v in VARIABLES):
         out.append(f"Variables ({group}):")
         for v in (v for v in VARIABLES if v.group == group):
-            default = "" if v.default in (None, "", False) else f" [{Path(v.default).name if v.type == 'path' else v.default}]"
+            default = "" if not v.default else f" [{Path(v.default).name if v.type == 'path' else v.default}]"
             out.append(f"  {v.name:<{width}}{v.help}{default}")
     return out
 
 
-def cli(argv: list[str]) -> int:
-    """`python -m megalab variables`: the table, as `make help` prints it (--names: names only)."""
-    print(" ".join(v.name for v in VARIABLES) if argv[:1] == ["--names"] else "\n".join(help_lines()))
+def add_arguments(p) -> None:
+    p.add_argument("--names", action="store_true", help="the names only, on one line")
+
+
+def main(args) -> int:
+    """`python -m megalab variables`: the table, as `make help` prints it."""
+    print(" ".join(v.name for v in VARIABLES) if args.names else "\n".join(help_lines()))
     return 0

@@ -12,19 +12,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import warnings
-from megalab._compat import ensure_typing_override
-from megalab.harness.validate import megatron_available
 
-
-def parser() -> argparse.ArgumentParser:
-    ensure_typing_override()
-    with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected on CPU
-        warnings.simplefilter("ignore")
-        from megatron.training.arguments import add_megatron_arguments
-
-        p = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
-        return add_megatron_arguments(p)
+from megalab.harness.validate import megatron_available, parser
 
 
 def groups(p: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
@@ -45,25 +34,25 @@ def _one_line(a: argparse.Action) -> str:
     return f"  {flags}{default}" + (f"\n      {first}" if first else "")
 
 
-def cli(argv: list[str]) -> int:
-    count = "--count" in argv
-    rest = [a for a in argv if a != "--count"]
-    if len(rest) > 1 or any(a.startswith("-") for a in rest):
-        print("usage: python -m megalab arguments [--count] [PATTERN]", file=sys.stderr)
-        return 2
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pattern", nargs="?", metavar="PATTERN", help="only the flags matching this (a regex)")
+    p.add_argument("--count", action="store_true", help="how many flags per group, and in all")
+
+
+def main(args: argparse.Namespace) -> int:
     version = megatron_available()
     if version is None:
         print("megalab arguments: megatron-core is not installed; fix: make setup "
               "(or pip install --no-deps megatron-core==0.19.2)", file=sys.stderr)
         return 2
     grouped = groups(parser())
-    if rest:
-        pat = re.compile(rest[0], re.IGNORECASE)
+    if args.pattern:
+        pat = re.compile(args.pattern, re.IGNORECASE)
         grouped = {t: [a for a in acts if any(pat.search(o) for o in a.option_strings)]
                    for t, acts in grouped.items()}
         grouped = {t: acts for t, acts in grouped.items() if acts}
     total = sum(len(acts) for acts in grouped.values())
-    if count:
+    if args.count:
         width = max((len(t) for t in grouped), default=0)
         for title, acts in grouped.items():
             print(f"{title:<{width}}  {len(acts):4d}")

@@ -31,7 +31,7 @@ from megalab.core import markdown
 from megalab.core.benchruns import (  # noqa: F401  (re-exported: bench.Run, bench.make_run, ...)
     BENCH_DIR, CONFIG, Run, ablation_runs, expert_runs, fits, load_config, load_runs, make_run, parity_runs,
     record_key, spec_run)
-from megalab.core import catalog
+from megalab.core import catalog, variables
 from megalab.core.records import RunRecord
 from megalab.harness import launch
 
@@ -409,7 +409,8 @@ class Runner:
             return None
         opts = launch.Options.from_env()
         opts = dataclasses.replace(opts, spec=run.spec, fast=run.fast, cuda_graph=run.cuda_graph,
-                                   iters=run.iters, extra_args=run.extra_args, outdir=self.runs_dir,
+                                   iters=run.iters, extra_args=variables.parse("EXTRA_ARGS", run.extra_args),
+                                   outdir=self.runs_dir,
                                    dry_run=False)
         print(f"bench: {run.label()}", flush=True)
         launch.run(exp.id, opts, exp=exp)
@@ -478,8 +479,7 @@ def run_all(cfg: dict, runs_dir: Path, budget_s: float | None, parts: list[str])
 PARTS = ("matmul", "cases", "ablation", "search", "parity", "experts")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m megalab bench", description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("matmul")
     w = sub.add_parser("wgrad", help="time fused_wgrad against Megatron's unfused accumulation, per linear shape")
@@ -492,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     r.add_argument("--budget-s", type=float, default=None,
                    help="start no new launch after this many seconds (run again to resume)")
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`python -m megalab bench matmul|wgrad|cp|trace|run` (make bench: run)."""
     try:
         if args.cmd == "run":
             parts = [x for x in args.parts.split(",") if x]
@@ -516,6 +519,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

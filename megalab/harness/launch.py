@@ -1,4 +1,4 @@
-"""`make <target>`: preflight, run the plan's torchrun argv, monitor the GPUs, write the run record.
+"""`make <target>`: preflight, write the plan as RUN_DIR/launch.sh and run it, monitor the GPUs, record.
 
 The launcher is thin on purpose: the numbers come from the catalog, the decisions from the plan
 (megalab/core/plan.py, built once), the training loop from Megatron. What it adds is what a
@@ -7,7 +7,6 @@ run, and a record of what ran. It imports no torch: dry runs work with the base 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import importlib.util
@@ -16,9 +15,10 @@ import os
 import socket
 from pathlib import Path
 
-from megalab.core import catalog, estimate, plan as planner, ports
+from megalab.core import catalog, estimate, flags, launchscript, plan as planner, ports, variables
 from megalab.core.catalog import CatalogError, Experiment
-from megalab.core.plan import WRAPPER, RunPlan, profile_start, wandb_mode  # noqa: F401 (re-exported)
+from megalab.core.flags import profile_start
+from megalab.core.plan import RunPlan, wandb_mode
 from megalab.core.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
 from megalab.harness import data, monitor, progress as progress_line, pyinfo, record, resume, supervise, validate
 from megalab.runtime.levers import CP_MODES
@@ -42,9 +42,7 @@ def checkpoint_dir(load: Path) -> Path:
 
 
 def check_options(opts: Options) -> Options:
-    """One-line errors for SAVE/LOAD/WANDB/profile settings; returns opts with LOAD resolved."""
-    if opts.save_interval is not None and opts.save_interval < 0:
-        raise LaunchError(f"SAVE_INTERVAL={opts.save_interval} must be positive; fix: e.g. SAVE_INTERVAL=50")
+    """One-line errors for LOAD/WANDB/profile settings; returns opts with LOAD resolved."""
     if opts.load is not None:
         opts = dataclasses.replace(opts, load=checkpoint_dir(opts.load))
     if opts.wandb and importlib.util.find_spec("wandb") is None:
@@ -129,7 +127,7 @@ def preflight(plan: RunPlan) -> list[str]:
         f"batch      GBS={exp.gbs} = MBS {exp.mbs} x DP {exp.dp} x grad-accum {exp.grad_accum} "
         f"(microbatches per step: {exp.num_microbatches})",
         f"memory     ZeRO-2 (distributed optimizer): {'on' if exp.zero2 else 'off'}; "
-        f"recompute: {exp.recompute}; GPU cap: {opts.gpu_mem_gb + ' GB' if opts.gpu_mem_gb else 'none'}",
+        f"recompute: {exp.recompute}; GPU cap: {variables.gb_text(opts.gpu_mem_gb) + ' GB' if opts.gpu_mem_gb else 'none'}",
         f"impl       {impl}" + (" (Transformer Engine)" if impl == "transformer_engine"
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})")
         + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/runtime/cp_attention.py'}"
@@ -173,9 +171,7 @@ def model_features(m: dict) -> str:
 
 def attention_dropout(plan: RunPlan) -> float:
     """The --attention-dropout the run gets: the last one in the extra args, else Megatron's 0.1."""
-    args = list(plan.groups["EXTRA"])
-    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--attention-dropout"]
-    return float(values[-1]) if values else 0.1
+    return flags.attention_dropout(plan.groups["EXTRA"])
 
 
 def data_problem(plan: RunPlan) -> str | None:
@@ -211,9 +207,13 @@ def cp_problem(plan: RunPlan) -> str | None:
     return None
 
 
-def megatron_check(plan: RunPlan) -> str:
-    """Megatron's own verdict on the plan's flags, when megatron-core is importable here."""
+def megatron_check(plan: RunPlan, without_extra=None) -> str:
+    """Megatron's own verdict on the plan's flags, when megatron-core is importable here. A refusal is one
+    line that says where the flag or value came from: EXTRA_ARGS (when `without_extra()`, the same run
+    without the user's EXTRA_ARGS, passes) or the catalog."""
     exp = plan.exp
+    without_extra = without_extra or (lambda: planner.build(exp, dataclasses.replace(plan.opts, extra_args=()),
+                                                            plan.machine))
     skipped = "megatron   not installed here: Megatron's own argument check skipped"
     if validate.megatron_available() is None:
         return skipped
@@ -222,12 +222,42 @@ def megatron_check(plan: RunPlan) -> str:
                                           [plan.machine.gpu_name] * (plan.machine.gpus or 0))
     except ImportError:  # installed but not importable here (e.g. no torch): the node checks again
         return skipped
+    except validate.UnknownFlag as e:
+        raise LaunchError(unknown_flag(plan, e)) from None
     except validate.MegatronRejected as e:
+        if plan.opts.extra_args and _accepted_without(without_extra):
+            raise LaunchError(f"EXTRA_ARGS: Megatron rejects {exp.id} with {plan.opts.extra_args_text}: {e}; "
+                              "fix: change or drop those EXTRA_ARGS") from None
         raise LaunchError(f"Megatron rejects {exp.id} on {exp.gpus} GPUs: {e}; "
                           "fix the layout in configs/experiments/") from None
     return (f"megatron   parse_and_validate_args accepts the flags with WORLD_SIZE={exp.gpus} and "
             "gpt_config_from_args builds the model config: ok"
             + (f" (the same check passed before; verdict cached in {validate.cache_dir()})" if cached else ""))
+
+
+def _accepted_without(build) -> bool:
+    """Whether Megatron accepts the plan `build()` makes (the same run without the user's EXTRA_ARGS)."""
+    try:
+        plan = build()
+        validate.validate_cached(plan.entry_args, plan.exp.gpus, [plan.machine.gpu_name] * (plan.machine.gpus or 0))
+    except (validate.MegatronRejected, LaunchError, CatalogError):
+        return False
+    return True
+
+
+def unknown_flag(plan: RunPlan, e: validate.UnknownFlag) -> str:
+    """One line for a flag Megatron does not know: where it came from, the closest known one, the fix."""
+    spelt = {a.split("=", 1)[0] for a in plan.opts.extra_args}
+    closest = f" (closest: {e.closest})" if e.closest else ""
+    pattern = e.flag.lstrip("-").split("-")[0]
+    if e.flag in spelt:
+        return (f"EXTRA_ARGS: {e.flag} is not a Megatron flag{closest}; fix: correct or drop it "
+                f"(make show-arguments GREP={pattern} lists megatron-core's flags)")
+    if e.flag in {a.split("=", 1)[0] for a in plan.exp.extra_args}:
+        return (f"target {plan.exp.id}: its extra_args flag {e.flag} is not a Megatron flag{closest}; "
+                "fix: correct it in configs/experiments/")
+    return (f"Megatron rejects {plan.exp.id}: {e.flag} is not a flag of the installed megatron-core{closest}; "
+            f"fix: pip install --no-deps megatron-core==0.19.2")
 
 
 def plan_lines(plan: RunPlan, mfu: float | None = None) -> str:
@@ -309,21 +339,20 @@ def check_busy(per_node: int, opts: Options) -> list[dict]:
     return busy
 
 
-def train_argv(plan: RunPlan) -> list[str]:
-    """What one launch runs: the plan's torchrun argv (tests put a fake torchrun here)."""
-    return plan.argv
-
-
-def _execute(plan: RunPlan, env: dict[str, str], progress):
-    """Run the plan (no shell) under the supervisor (supervise.py): its own process group, the log
-    into run_dir/logs.txt and the progress line, a watchdog, and signals to us end the whole run."""
+def _execute(plan: RunPlan, progress):
+    """Write the plan as RUN_DIR/launch.sh and run exactly that file under the supervisor
+    (supervise.py): its own process group, the log into run_dir/logs.txt and the progress line, a
+    watchdog, and signals to us end the whole run."""
+    script = plan.run_dir / launchscript.NAME
+    script.write_text(plan.script)
+    script.chmod(0o755)
     opts = plan.opts
     quiet_node = opts.nnodes > 1 and opts.node_rank != opts.nnodes - 1  # the last node logs the iterations
     limits = supervise.Limits(silent_s=math.inf if quiet_node else opts.watchdog_silent_s,
                               startup_s=math.inf if quiet_node else opts.watchdog_startup_s,
                               exit_grace_s=opts.exit_grace_s)
     try:
-        return supervise.supervise(train_argv(plan), env=env, log_path=plan.run_dir / "logs.txt",
+        return supervise.supervise(["bash", str(script)], env=dict(os.environ), log_path=plan.run_dir / "logs.txt",
                                    on_line=progress.feed, limits=limits)
     finally:
         progress.close()
@@ -354,9 +383,11 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
                                    memory_mib=inv.get("memory_mib") or (), opts=opts)
     plan = planner.build(exp, opts, machine)
+    # Megatron's verdict first: a flag it does not know is one line before anything else
+    check = megatron_check(plan, lambda: planner.build(exp, dataclasses.replace(opts, extra_args=()), machine))
     print("\n".join(preflight(plan)))
     print(pyinfo.line(gpus=inv["count"]))
-    print(megatron_check(plan))
+    print(check)
     print(plan_lines(plan))
     print(ports.describe(asked_port, opts.master_port, opts.nnodes))
 
@@ -364,6 +395,9 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     if opts.dry_run:
         if problem:
             print(f"warning    {problem}")
+        print(f"script     {launchscript.NAME}, which a run writes into its run dir and runs "
+              "(DRY_RUN=1: not written, not started):")
+        print(plan.script, end="")
         print("command    (DRY_RUN=1, not started)")
         print(plan.command)
         return None
@@ -380,7 +414,7 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     started = dt.datetime.now(dt.timezone.utc)
     progress = progress_line.Progress(verbose=opts.verbose)
     with monitor.GpuMemoryMonitor(run_dir / "gpu_memory.csv", num_gpus=per_node) as mon:
-        outcome = _execute(plan, {**os.environ, **plan.env}, progress)
+        outcome = _execute(plan, progress)
     if outcome.reason:
         print(f"ended      {outcome.reason}: {outcome.detail}")
     ended = dt.datetime.now(dt.timezone.utc)
@@ -398,33 +432,3 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     if outcome.reason == "killed":  # a stop asked for stops every caller (bench, resume, batch) too
         raise SystemExit(outcome.exit_code)
     return rec, run_dir
-
-
-def plan_cli(argv: list[str]) -> int:
-    """`python -m megalab plan TARGET`: the preflight's prediction alone, from the same plan a launch
-    would build here (the make variables GPU, GPU_MEM_GB, FAST, CUDA_GRAPH, EXTRA_ARGS, SPEC included);
-    the options below override those variables."""
-    ap = argparse.ArgumentParser(prog="python -m megalab plan", description=plan_cli.__doc__.splitlines()[0])
-    ap.add_argument("target")
-    ap.add_argument("--gpu-mem-gb", default=None,
-                    help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
-    ap.add_argument("--spec", choices=("megalab", "local"), default=None, help="as SPEC=")
-    ap.add_argument("--gpu", default=None, help="GPU key (h100, h200, a100, ...) or NVML name, as GPU=")
-    ap.add_argument("--mfu", type=float, default=None, help="step time at this constant MFU instead of the model")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:  # argparse has said why (usage, or --help)
-        return int(e.code or 0)
-    opts = Options.from_env()
-    overrides = {k: v for k, v in (("gpu_mem_gb", args.gpu_mem_gb), ("spec", args.spec), ("gpu", args.gpu))
-                 if v is not None}
-    opts = dataclasses.replace(opts, dry_run=True, **overrides)
-    exp, variant = resolve(args.target)
-    if variant == "profile":
-        exp, opts = profiled(exp, opts)
-    exp.validate()
-    inv = monitor.gpu_inventory()
-    machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
-                                   memory_mib=inv.get("memory_mib") or (), opts=opts)
-    print(plan_lines(planner.build(exp, opts, machine), mfu=args.mfu))
-    return 0

@@ -63,6 +63,7 @@ def line(executable: str = sys.executable, version: str | None = ..., gpus: int 
     return f"python     {executable}; {what}{warn}"
 
 
-def cli(argv: list[str]) -> int:
+def main(args) -> int:
+    """`python -m megalab python` (make which-python): the Python and torch make runs targets with."""
     print(line())
     return 0

@@ -141,7 +141,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         "spec": plan.spec, "nnodes": opts.nnodes,
         "node_rank": opts.node_rank,
         # the catalog's own extra flags, and the user's EXTRA_ARGS (the bench and the estimator key on it)
-        "catalog_extra_args": list(exp.extra_args), "extra_args": opts.extra_args,
+        "catalog_extra_args": list(exp.extra_args), "extra_args": opts.extra_args_text,
         "fastpath": plan.fastpath, "cuda_graph": plan.cuda_graph,
         "data": opts.data,
         "dropped_flags": list(plan.dropped_flags),

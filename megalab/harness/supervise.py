@@ -4,8 +4,8 @@ The command (torchrun and its workers) runs in its own session and process group
 reaches all of it. While it runs, SIGINT/SIGTERM/SIGHUP to the launcher end the whole group (the
 launcher then writes its record), and a watchdog ends a run that went silent or that is still
 alive long after Megatron's end-of-training line. Ending is SIGTERM, a grace period, then SIGKILL,
-to the group and to any descendant that escaped it (setsid), found through /proc: by parentage,
-and by a token put in the command's environment that every descendant inherits. If the launcher is
+to the group and to any descendant that escaped it (setsid), found with psutil: by parentage, and
+by a token put in the command's environment that every descendant inherits. If the launcher is
 killed outright (SIGKILL), the kernel ends the command instead (deathsig.py).
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Callable
+
+import psutil
 
 from megalab.core.logparse import end_of_training, parse_iteration_line
 
@@ -53,76 +55,77 @@ class Outcome:
         return 128 + self.signal if self.signal else 1
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgid) of a process, or None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
-    return fields[0], int(fields[1]), int(fields[2])
-
-
 def alive(pid: int) -> bool:
     """A process that exists and is not a zombie (a zombie holds no memory and no port)."""
-    st = _stat(pid)
-    return st is not None and st[0] != "Z"
-
-
-def _has_token(pid: int, token: bytes) -> bool:
     try:
-        return token in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, or not ours to read
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 
 
-def run_processes(root: int, token: str | None) -> set[int]:
-    """Every live process of the run: descendants of `root`, members of its group, token holders."""
-    me = os.getpid()
-    procs = {}
-    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if d.name.isdigit() and (st := _stat(int(d.name))) and st[0] != "Z":
-            procs[int(d.name)] = st
-    ours = {pid for pid, (_, _, pgid) in procs.items() if pgid == root}
-    if root in procs:
-        ours.add(root)
-    grew = True
-    while grew:  # descendants by parentage, whatever group or session they moved to
-        new = {pid for pid, (_, ppid, _) in procs.items() if ppid in ours and pid not in ours}
-        ours |= new
-        grew = bool(new)
+def _has_token(p: psutil.Process, token: str) -> bool:
+    try:
+        return p.environ().get(TOKEN_VAR) == token
+    except psutil.Error:  # gone, or not ours to read
+        return False
+
+
+def _group(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
+
+
+def run_processes(root: int, token: str | None) -> set[psutil.Process]:
+    """Every live process of the run: `root`, the members of its process group (it leads one), their
+    descendants whatever group or session they moved to, and any process holding the run's token."""
+    everyone = list(psutil.process_iter())
+    ours: set[psutil.Process] = set()
+    for p in everyone:
+        if p.pid == root or _group(p) == root:
+            ours.add(p)
+            try:
+                ours.update(p.children(recursive=True))
+            except psutil.Error:
+                pass
     if token:
-        marker = f"{TOKEN_VAR}={token}".encode()
-        ours |= {pid for pid in procs if pid not in ours and _has_token(pid, marker)}
-    ours.discard(me)
-    return ours
+        ours.update(p for p in everyone if p not in ours and _has_token(p, token))
+    return {p for p in ours if p.pid != os.getpid() and _live(p)}
 
 
-def _signal_all(proc: subprocess.Popen, pids: set[int], sig: int) -> None:
+def _live(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_all(proc: subprocess.Popen, procs: set[psutil.Process], sig: int) -> None:
     if proc.returncode is None:  # the group at once (catches a fork since the scan); once the
-        try:                     # leader is reaped its id may be reused: then only the pids found
+        try:                     # leader is reaped its id may be reused: then only the processes found
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-    for pid in pids:
+    for p in procs:
         try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
+            p.send_signal(sig)  # psutil checks the process is still the one found (no reused PID)
+        except psutil.Error:
             pass
 
 
 def terminate(proc: subprocess.Popen, token: str | None, grace_s: float, hurry=lambda: False) -> None:
     """SIGTERM the run's processes, SIGKILL what is left after `grace_s` (or at once if `hurry()`)."""
-    pids = run_processes(proc.pid, token)  # before the parent dies and its children are re-parented
-    _signal_all(proc, pids, signal.SIGTERM)
+    procs = run_processes(proc.pid, token)  # before the parent dies and its children are re-parented
+    _signal_all(proc, procs, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and not hurry():
         proc.poll()
-        if not any(alive(p) for p in pids | run_processes(proc.pid, token)):
+        if not any(_live(p) for p in procs | run_processes(proc.pid, token)):
             break
         time.sleep(0.1)
     for _ in range(3):  # SIGKILL cannot be ignored; a few rounds catch late forks
-        left = {p for p in pids | run_processes(proc.pid, token) if alive(p)}
+        left = {p for p in procs | run_processes(proc.pid, token) if _live(p)}
         if not left:
             break
         _signal_all(proc, left, signal.SIGKILL)
@@ -234,26 +237,27 @@ def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, ca
                 return "hung", f"no output for {quiet:g} s {where}; ended by the launcher ({var})"
 
 
-WORKER_MARK = b"pretrain_gpt"  # the entry point registers faulthandler on SIGUSR1 (megalab/runtime/pretrain_gpt.py)
+WORKER_MARK = "pretrain_gpt"  # the entry point registers faulthandler on SIGUSR1 (megalab/runtime/pretrain_gpt.py)
 
 
 def _dump_stacks(proc, lines: queue.Queue, log, wait_s: float = 3.0) -> None:
     """Before a hung run is ended: every worker's Python stacks into the log, so the record shows
     where it hung. Only the training workers get SIGUSR1 (torchrun would die of it)."""
     workers = []
-    for pid in run_processes(proc.pid, None):
+    for p in run_processes(proc.pid, None):
         try:
-            if WORKER_MARK in Path(f"/proc/{pid}/cmdline").read_bytes():
-                workers.append(pid)
-        except OSError:
+            if any(WORKER_MARK in part for part in p.cmdline()):
+                workers.append(p)
+        except psutil.Error:
             continue
     if not workers:
         return
-    log.write(f"megalab: watchdog: Python stacks of workers {' '.join(map(str, workers))} follow\n".encode())
-    for pid in workers:
+    log.write(f"megalab: watchdog: Python stacks of workers {' '.join(str(p.pid) for p in workers)} follow\n"
+              .encode())
+    for p in workers:
         try:
-            os.kill(pid, signal.SIGUSR1)
-        except (ProcessLookupError, PermissionError):
+            p.send_signal(signal.SIGUSR1)
+        except psutil.Error:
             pass
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

@@ -7,7 +7,9 @@ a launch turns a 40-second start-up failure into an immediate one-line error.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import hashlib
 import io
 import json
@@ -21,6 +23,14 @@ from megalab._compat import ensure_typing_override
 
 class MegatronRejected(ValueError):
     pass
+
+
+class UnknownFlag(MegatronRejected):
+    """A flag Megatron's parser does not know, with the closest one it does (None: nothing close)."""
+
+    def __init__(self, flag: str, closest: str | None):
+        super().__init__(f"{flag} is not a Megatron flag" + (f" (closest: {closest})" if closest else ""))
+        self.flag, self.closest = flag, closest
 
 
 def megatron_available() -> str | None:
@@ -45,6 +55,35 @@ def _cuda_available() -> bool:
         return False
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print 700 lines of usage and exit: one line instead
+        raise MegatronRejected(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    """Megatron's own argument parser, built as `parse_args` builds it (add_megatron_arguments): exactly
+    the flags this megatron-core accepts. Its errors raise MegatronRejected (one line) instead of exiting."""
+    ensure_typing_override()
+    with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected on CPU
+        warnings.simplefilter("ignore")
+        from megatron.training.arguments import add_megatron_arguments
+
+        return add_megatron_arguments(_Parser(description="Megatron-LM Arguments", allow_abbrev=False))
+
+
+def check_flags(args: list[str]) -> None:
+    """Every item of `args` parses as Megatron's parser reads it: an unknown flag raises UnknownFlag
+    (with the closest known one), a malformed value MegatronRejected, each in one line."""
+    p = parser()
+    _, unknown = p.parse_known_args(list(args))
+    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("--")]
+    if flags:
+        known = [o for a in p._actions for o in a.option_strings]  # argparse keeps them only here
+        raise UnknownFlag(flags[0], next(iter(difflib.get_close_matches(flags[0], known, n=1)), None))
+    if unknown:
+        raise MegatronRejected(f"unrecognized arguments: {' '.join(unknown)}")
+
+
 def validate(args: list[str], world_size: int, device_arch: int = 9):
     """Run Megatron's argument validation (args: a plan's entry_args) for `world_size` ranks; return the args namespace.
 
@@ -52,7 +91,7 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     Some checks depend on the GPU generation; without a GPU they are answered for `device_arch`
     (9 = Hopper, the H100/H200 the catalog is measured on).
     """
-    ensure_typing_override()
+    check_flags(args)  # before Megatron's parse_args, which would print its whole usage for one bad flag
     with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected here
         warnings.simplefilter("ignore")
         import megatron.training.arguments as margs
@@ -68,7 +107,7 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     saved_writers = global_vars._set_tensorboard_writer, global_vars._set_wandb_writer
     global_vars._set_tensorboard_writer = global_vars._set_wandb_writer = lambda args: None
     sys.argv = ["pretrain_gpt.py", *args]
-    # the environment scripts/train_gpt.sh gives every rank
+    # the environment RUN_DIR/launch.sh gives every rank
     os.environ.update(WORLD_SIZE=str(world_size), RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
     if not _cuda_available():
         margs.get_device_arch_version = lambda: device_arch

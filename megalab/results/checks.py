@@ -385,14 +385,14 @@ def write_checks(root: Path | None = None, claims_path: Path | None = None) -> t
     return results, markdown.write_if_changed(root / OUTPUT, render(results))
 
 
-def cli(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m megalab check",
-                                 description="Test the published claims (configs/checks.yaml) against the "
-                                             "committed run records; write results/checks.md.")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--strict", action="store_true", help="exit 1 if any claim FAILs (make check STRICT=1)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     ap.add_argument("--claims", type=Path, default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Test the published claims (configs/checks.yaml) against the committed run records; write results/checks.md."""
     try:
         results, _ = write_checks(args.root, args.claims)
     except (ChecksError, CatalogError) as e:
@@ -406,6 +406,3 @@ def cli(argv: list[str] | None = None) -> int:
           f"({len(results)} claims) -> {OUTPUT}")
     return 1 if (args.strict and counts[FAIL]) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(cli())

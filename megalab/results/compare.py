@@ -36,13 +36,13 @@ def compare(outdir: Path, out: Path | None = None) -> list[Path]:
                                index_page={"title": "Results: your runs beside the committed ones", "intro": intro})
 
 
-def cli(argv: list[str] | None = None) -> int:
-    """`python -m megalab compare OUTDIR [--out DIR]` (make compare OUTDIR=...)."""
-    ap = argparse.ArgumentParser(prog="python -m megalab compare",
-                                 description="Your outdir's runs beside the committed ones, in a folder of their own.")
-    ap.add_argument("outdir", type=Path)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("outdir", type=Path, metavar="OUTDIR", help="your run folders (make's OUTDIR)")
     ap.add_argument("--out", type=Path, default=None, help="where the pages go (default OUTDIR/compare)")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`python -m megalab compare OUTDIR [--out DIR]` (make compare OUTDIR=...)."""
     try:
         changed = compare(args.outdir, args.out)
     except (FileNotFoundError, ValueError) as e:

@@ -23,10 +23,9 @@ import json
 import math
 import re
 import shlex
-import sys
 from pathlib import Path
 
-from megalab.core import logparse, markdown, records
+from megalab.core import flags, logparse, markdown, records
 from megalab.results import columns, plots
 from megalab.core.records import RunRecord
 from megalab.core.paths import ROOT
@@ -52,10 +51,11 @@ def is_mock(rec: RunRecord) -> bool:
 
 
 def _last_vocab_flag(args) -> int | None:
-    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in (args or [])]
-    sizes = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--vocab-size"]
-    sizes += [w.split("=", 1)[1] for w in words if w.startswith("--vocab-size=")]
-    return int(sizes[-1]) if sizes and sizes[-1].isdigit() else None
+    try:  # read as the plan reads EXTRA_ARGS (flags.py); a malformed one says nothing
+        words = shlex.split(args) if isinstance(args, str) else [str(a) for a in (args or [])]
+        return flags.effective_model({}, words).get("vocab_size")
+    except ValueError:
+        return None
 
 
 _VOCAB: dict[tuple[Path | None, Path], int | None] = {}  # (run dir, root) -> its vocabulary: a log is read once
@@ -305,11 +305,12 @@ def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]
     return changed
 
 
-def cli(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m megalab data-report",
-                                 description="Rebuild results/data/README.md from results/data/runs/*/run.json.")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is out of date")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Rebuild results/data/README.md from results/data/runs/*/run.json."""
     changed = write_report(args.root, check=args.check)
     return markdown.report_changes(changed, args.root, check=args.check, what="data report", fix="run `make tables`")

@@ -8,7 +8,6 @@ graph-off twin (issue 17: first steps within 0.1%).
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 from megalab.core.paths import ROOT
@@ -101,16 +100,16 @@ def graph_parity(runs: list, table_runs: list) -> list[str]:
                              "median rel. diff", "parity", "step ms on / off", "GiB on / off"], rows)]
 
 
-def cli(argv: list[str]) -> int:
+def add_arguments(p) -> None:
+    p.add_argument("--check", action="store_true", help="write nothing; say whether the page is up to date (exit 1 if not)")
+
+
+def main(args) -> int:
     text = render()
-    if argv[:1] == ["--check"]:
+    if args.check:
         ok = not markdown.write_if_changed(PAGE, text, check=True)
         print("results/integrity/README.md " + ("is up to date" if ok else "is out of date; fix: python -m megalab integrity"))
         return 0 if ok else 1
     markdown.write_atomic(PAGE, text)
     print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))

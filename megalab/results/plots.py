@@ -402,14 +402,14 @@ def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunR
     return changed
 
 
-def cli(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m megalab plots",
-                                 description="Draw results/plots/*.svg from results/runs/*/run.json "
-                                             "and configs/reference (make tables does this too).")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, help="write the figures here instead of results/plots")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a figure is missing or stale")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Draw results/plots/*.svg from results/runs/*/run.json and configs/reference (make tables does this too)."""
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         print(f"megalab plots: --out {args.out} is a file; fix: give a folder (it is created if missing)",
               file=sys.stderr)

@@ -301,16 +301,17 @@ def embed_tables(text: str, blocks: dict[int, str]) -> str:
     return EMBED.sub(fill, text)
 
 
-def cli(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m megalab tables",
-                                 description="Rebuild results/*.md from results/runs/*/run.json.")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 if any table is out of date (for CI)")
     ap.add_argument("--strict", action="store_true",
                     help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults "
                          "(make tables STRICT=1)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Rebuild results/*.md from results/runs/*/run.json."""
     root = args.root
     try:
         changed = write_tables(root, check=args.check, strict=args.strict)
@@ -327,6 +328,3 @@ def cli(argv: list[str] | None = None) -> int:
     return markdown.report_changes(changed, root, check=args.check, what="tables", fix="run `make tables`",
                           detail=f" ({n} file{'s' * (n != 1)})")
 
-
-if __name__ == "__main__":
-    sys.exit(cli())

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from megalab.core import catalog, gpus, logparse, markdown, steptime
+from megalab.core import catalog, flags, gpus, logparse, markdown, steptime
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
                                    lever_flags, nccl_mib)
@@ -192,20 +192,11 @@ def not_modelled(rec: RunRecord) -> str | None:
 
 
 def _only_planned_flags(extra: str) -> bool:
-    """EXTRA_ARGS made only of flags the plan reads into the record (catalog.MODEL_FLAGS: the model
-    as built; catalog.LAYOUT_FLAGS: batch and layout), each with its value: the record is then a
-    configuration the estimator models, whatever the catalog says."""
+    """EXTRA_ARGS made only of flags the plan reads into the record (flags.only_planned)."""
     try:
-        args = catalog.argv_items(shlex.split(extra))
+        return flags.only_planned(shlex.split(extra))
     except ValueError:
         return False
-    flags = {**catalog.MODEL_FLAGS, **catalog.LAYOUT_FLAGS}
-    i = 0
-    while i < len(args):
-        if args[i] not in flags:
-            return False
-        i += 1 if flags[args[i]][1] is None else 2
-    return True
 
 
 def _committed_records(root: Path):
@@ -436,15 +427,8 @@ def write_validation(root: Path | None = None, rows: list[dict[str, Any]] | None
 
 
 
-def cli(argv: list[str] | None = None) -> int:
+def main(args: argparse.Namespace) -> int:
     """`python -m megalab plan --validate`: write results/estimate-vs-measured.md and print the errors."""
-    ap = argparse.ArgumentParser(prog="python -m megalab plan --validate", description=__doc__.splitlines()[0])
-    ap.add_argument("--validate", action="store_true", help="write results/estimate-vs-measured.md")
-    ap.add_argument("--root", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another tree
-    try:
-        args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as e:
-        return int(e.code or 0)
     rows = validation_rows(args.root)
     steps = step_rows(args.root)
     path = write_validation(args.root, rows, steps)
