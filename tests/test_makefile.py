@@ -209,3 +209,16 @@ def test_an_outdir_with_a_line_break_is_refused_before_any_script(tmp_path):
 def test_docker_run_refuses_an_outdir_with_a_colon(tmp_path):
     with pytest.raises(LaunchError, match="holds a ':'.*; fix: "):
         docker.argv({"OUTDIR": str(tmp_path / "a:/etc")}, tty=False)
+
+
+@pytest.mark.parametrize("flags", [[], ["-e"]])
+def test_the_makefiles_own_variables_cannot_be_swapped_for_code(tmp_path, flags):
+    """make -e puts the environment over the Makefile's assignments: its own variables are override."""
+    names = ["TARGETS", "quote", "literal", "HAVE_GPU", "VARIABLES", "MCORE_VERSION", "MAKE", "MAKE_COMMAND",
+             "SHELL", ".SHELLFLAGS", "VENV"]
+    env = {n: f"$(shell touch {tmp_path / n})" for n in names}
+    for goal in ("help", "101"):
+        _make(*flags, goal, **env, DRY_RUN="1")
+    without_py = {k: v for k, v in os.environ.items() if k not in variables.BY_NAME}  # PY computed here
+    subprocess.run(["make", "-s", *flags, "which-python"], cwd=ROOT, capture_output=True, env={**without_py, **env})
+    assert not list(tmp_path.iterdir())
