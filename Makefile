@@ -8,9 +8,10 @@
 # is megalab/core/variables.py; `make help` prints it. Every value is data: make takes it as its
 # text (no make function in it runs), recipes read it from the environment as one quoted word, and
 # the launcher builds argv without a shell. The one hook is PY, the Python command every target
-# runs: a command by design. make's own hooks stay make's: MAKEFLAGS, GNUMAKEFLAGS, MAKEFILES and
-# MAKEOVERRIDES in the environment, and NAME:= or NAME!= on the command line, are evaluated by make
-# before it reads this file.
+# runs: a command by design. Some values name code to run, as named and never as shell text:
+# MEGATRON_LM's pretrain_gpt.py, VENV's Python, DOCKER_CMD in the container. make's own hooks stay
+# make's: MAKEFLAGS, GNUMAKEFLAGS, MAKEFILES and MAKEOVERRIDES in the environment, and NAME:= or
+# NAME!= on the command line, are evaluated by make before it reads this file.
 #
 # Tab completion (bash-completion; the docker image has it): `make 1<TAB>` lists chapter 1's 17
 # targets, `make 101<TAB>` completes 101-gpt2xl-dp1-gbs1-bf16. Elsewhere: install bash-completion

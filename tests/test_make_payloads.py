@@ -39,7 +39,9 @@ NAMES = [v.name for v in variables.VARIABLES if v.name not in HOOKS]
 # Checked by the launcher before it plans (refused in one line, as the all-hostile calls show): valid in
 # the deep calls, so that the other values get as far as the plan, the script, the docker argv.
 VALIDATED = {"GPU", "GPU_MEM_GB", "FAST", "LOAD"}
-DEEP = [v.name for v in variables.VARIABLES if v.type in ("str", "path") and v.name not in HOOKS | VALIDATED]
+TEXT = {"str", "path"}  # the types whose values the launcher takes as they are (not numbers, choices, flags)
+DEEP = [v.name for v in variables.VARIABLES
+        if getattr(v.type, "__name__", str(v.type)).lower() in TEXT and v.name not in HOOKS | VALIDATED]
 WORD_LISTS = {v.name for v in variables.VARIABLES if "shlex" in v.help}  # split as shell words, by design
 
 
