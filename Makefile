@@ -5,11 +5,40 @@
 #   make show-command ID=101                  the torchrun command alone
 #
 # Variables: set them in the environment (ITERS=20 make 101), or as make arguments. Their one table
-# is megalab/core/variables.py; `make help` prints it. Values reach recipes through the
-# environment, quoted ("$$VAR"), never pasted into shell text.
+# is megalab/core/variables.py; `make help` prints it. Every value is data: make takes it as its
+# text (no make function in it runs), recipes read it from the environment as one quoted word, and
+# the launcher builds argv without a shell. The one hook is PY, the Python command every target
+# runs: a command by design. Some values name code to run, as named and never as shell text:
+# MEGATRON_LM's pretrain_gpt.py, VENV's Python, DOCKER_CMD in the container. make's own hooks stay
+# make's: MAKEFLAGS, GNUMAKEFLAGS, MAKEFILES and MAKEOVERRIDES in the environment, and NAME:= or
+# NAME!= on the command line, are evaluated by make before it reads this file.
+#
+# Tab completion (bash-completion; the docker image has it): `make 1<TAB>` lists chapter 1's 17
+# targets, `make 101<TAB>` completes 101-gpt2xl-dp1-gbs1-bf16. Elsewhere: install bash-completion
+# (apt install bash-completion; macOS: brew install bash-completion@2) and source it from ~/.bashrc
+# (. /usr/share/bash-completion/bash_completion); zsh completes make targets by itself.
 
-SHELL := /bin/bash
+# ---- every value as its text ----------------------------------------------------------------------
+# The variables of megalab/core/variables.py, in its order (tests/test_plan.py checks this line).
+override VARIABLES := ITERS WARMUP GPU_MEM_GB GPU DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT ALLOW_BUSY_GPUS WATCHDOG_SILENT_S WATCHDOG_STARTUP_S EXIT_GRACE_S GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD IDS CHAPTER STALE REPEATS BUDGET_S GPUS STRICT ID GREP PORT HOST BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS FORCE VENV TORCH_SPEC PY
+# make expands a variable set on its command line or in the environment wherever it reads one (an
+# export to a recipe included, even `make help`'s): `ITERS=$(shell ...)` would run. First, before
+# anything reads them, each of these and every command-line variable becomes its own text, once (a
+# `:=` of `$(value ...)` expands nothing inside), and stays exported as make would export it.
+override literal = $(eval override $(1) := $$(value $(1)))$(eval export $(1))
+$(foreach v,$(VARIABLES),$(if $(filter environment%,$(origin $v)),$(call literal,$v)))
+$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $v)),$(call literal,$v)))
+# What the Makefile itself defines is `override`, so that `make -e` (the environment over the
+# Makefile) cannot swap code in; $(MAKE) is make's own path, one quoted word.
+override SHELL := /bin/bash
+override .SHELLFLAGS := -c
+override MAKE := '$(subst ','\'',$(value MAKE_COMMAND))'
+MAKEFLAGS += -r
+.SUFFIXES:
 .DEFAULT_GOAL := help
+
+# A make value as one shell word: single-quoted, its own single quotes escaped.
+override quote = '$(subst ','\'',$(1))'
 
 VENV ?= .venv
 # The Python of every target. .venv is the test venv (`make test`, `make setup`, the no-GPU quickstart):
@@ -17,16 +46,13 @@ VENV ?= .venv
 # never on a GPU machine or in `make docker-run` (repo mounted), where python3 brings the CUDA torch
 # and Transformer Engine of the system or NGC image. PY=... always wins; `make which-python` and every
 # preflight say which Python and torch a run uses.
-ifeq ($(origin PY),undefined)
-HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-PY := $(if $(HAVE_GPU),python3,$(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3))
+ifeq ($(PY),)
+override HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+override PY := $(if $(HAVE_GPU),python3,$(if $(wildcard $(VENV)/bin/python),$(call quote,$(VENV)/bin/python),python3))
 endif
 
-# A make value as one shell word: single-quoted, its own single quotes escaped.
-quote = '$(subst ','\'',$(1))'
-
-# Target ids, straight from the catalog (no Python needed to list them).
-TARGETS := $(shell sed -n 's/^ *- *{id: *\([^,]*\),.*/\1/p' configs/experiments/*.yaml)
+# Target ids, from the catalog (core/catalog.py holds each id to a plain name: letters, digits, . _ -).
+override TARGETS := $(shell $(PY) -m megalab targets 2>/dev/null)
 
 
 .PHONY: help list setup test quickstart tables compare check clean batch campaign $(TARGETS)
@@ -43,19 +69,19 @@ help:
 #> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
 #> quickstart              the first run (on a CPU: a plan and the tables)
 #> test                    the CPU test suite
-#> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the run records (STRICT=1: refuse rows not from today's code/defaults)
+#> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the run records (STRICT=1: refuse rows not of today's code/defaults)
 #> compare                 your runs (OUTDIR=outdir) beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
 #> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
 #> bench-report            rebuild results/bench/README.md from the committed bench runs
 #> prepare-data            tokenize a corpus for DATA=... runs
-#> batch IDS="101 111"     several targets in a row, past failures
-#> campaign CHAPTER=1       a chapter's rows that fit here, REPEATS=3 times each, pass after pass (IDS=, STALE=1, BUDGET_S=)
+#> batch IDS="101 111"     several targets in a row, past failures (a kill of make ends the run in flight as killed)
+#> campaign CHAPTER=1      a chapter's rows that fit here, REPEATS=3 times each, pass after pass (IDS=, STALE=1, BUDGET_S=; DRY_RUN=1: what would run and about how long, GPUS=N: for N GPUs not here)
 #> profile-<id>            a target with Megatron's timers and a torch profiler trace (Perfetto)
 #> resume-<id>             train ITERS/2, checkpoint, resume to ITERS, check the loss continues
 #> monitor-gpu             live GPU view (nvitop if installed, else nvidia-smi -l 1)
-#> tensorboard             serve outdir/ in TensorBoard (PORT=6006)
+#> tensorboard             serve OUTDIR in TensorBoard on 127.0.0.1:6006 (HOST=0.0.0.0: every interface; PORT=)
 #> show-arguments          every Megatron flag of the installed version, by group (GREP=ckpt)
 #> count-arguments         how many Megatron flags, per group
 #> slurm-<id>              write and submit an sbatch script: one torchrun per node (GPUS_PER_NODE=8; DRY_RUN=1: write only)
@@ -78,22 +104,23 @@ show-command:
 	@$(PY) -m megalab show-command "$$ID"
 
 $(TARGETS):
-	@$(PY) -m megalab run $@
+	@exec $(PY) -m megalab run '$@'
 
+# batch and campaign run their launches in one Python that make starts in place of the shell (exec):
+# a signal to make reaches the run in flight, which ends `killed`, and no further launch starts
+# (megalab/harness/makeparent.py).
 # Several targets in one go (IDS="101 111 ..."), going on past failures: an OOM row is a result too.
 batch:
-	@[ -n "$$IDS" ] || { echo 'batch: set IDS, e.g. make batch IDS="101 111"' >&2; exit 2; }
-	@set -f; fails=0; n=0; for id in $$IDS; do n=$$((n+1)); $(PY) -m megalab run "$$id" || fails=$$((fails+1)); done; \
-	 echo "batch: $$fails of $$n run(s) did not end ok"
+	@exec $(PY) -m megalab batch
 
 # One measurement campaign on this machine (megalab/harness/campaign.py): CHAPTER=, IDS= or STALE=1, REPEATS=3, BUDGET_S=.
 campaign:
-	@$(PY) -m megalab campaign
+	@exec $(PY) -m megalab campaign
 
 # ---- beyond one node: SLURM (megalab/harness/slurm.py). GPUS_PER_NODE (8) sets the nodes; SBATCH_ARGS
 # (e.g. '--partition=gpu --time=1:00:00') go to sbatch, SRUN_ARGS (e.g. pyxis' --container-image) to srun.
 $(addprefix slurm-,$(TARGETS)): slurm-%:
-	@$(PY) -m megalab slurm $*
+	@exec $(PY) -m megalab slurm '$*'
 
 # ---- docker/Dockerfile: NGC PyTorch (Transformer Engine included) + megalab. docker-run's argv is
 # built by megalab/harness/docker.py (the repo mounted over the image's copy, OUTDIR at /outdir,
@@ -105,7 +132,7 @@ docker-found:
 docker-build: docker-found
 	docker build -f docker/Dockerfile -t "$$DOCKER_IMAGE" .
 docker-run: docker-found
-	@$(PY) -m megalab docker-run
+	@exec $(PY) -m megalab docker-run
 
 # Anything else is not a target: let the catalog say so (with the closest ids) instead of make.
 .DEFAULT:
@@ -115,53 +142,58 @@ docker-run: docker-found
 # megatron-core 0.17+ declares Python >= 3.12 and ships cp312 wheels only; its source imports on
 # 3.11 (megalab/_compat.py supplies typing.override), so it is installed from the sdist there.
 TORCH_SPEC ?= torch==2.13.0
-MCORE_VERSION := 0.19.2
-$(VENV)/.stamp: pyproject.toml
-	@command -v python3 >/dev/null || { echo "setup: python3 not found; fix: install Python 3.10+" >&2; exit 2; }
-	@# --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the
-	@# venv uses, never replaced by a CPU build; only where none is importable does a CPU torch go in.
-	python3 -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	@# Never replace a torch that is already importable (NGC, GPU rigs); else a CPU build.
-	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/pip install -q numpy pybind11 setuptools wheel triton typing_extensions packaging
-	$(VENV)/bin/pip install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION)
-	$(VENV)/bin/pip install -q --no-build-isolation -e '.[dev,data]'
-	touch $@
+override MCORE_VERSION := 0.19.2
+# --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the venv
+# uses, never replaced by a CPU build; only where none is importable does a CPU torch go in. The stamp
+# is checked in the recipe, not named as a make target: a target name is make syntax, VENV is text.
+.PHONY: setup test
+setup:
+	@[ "$$VENV/.stamp" -nt pyproject.toml ] && exit 0; \
+	command -v python3 >/dev/null || { echo "setup: python3 not found; fix: install Python 3.10+" >&2; exit 2; }; \
+	set -ex; \
+	python3 -m venv --system-site-packages "$$VENV"; \
+	"$$VENV/bin/pip" install -q --upgrade pip; \
+	"$$VENV/bin/python" -c "import torch" 2>/dev/null || "$$VENV/bin/pip" install -q "$$TORCH_SPEC"; \
+	"$$VENV/bin/pip" install -q numpy pybind11 setuptools wheel triton typing_extensions packaging; \
+	"$$VENV/bin/pip" install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
+	"$$VENV/bin/pip" install -q --no-build-isolation -e '.[dev,data]'; \
+	touch "$$VENV/.stamp"
 
-setup: $(VENV)/.stamp
-
-test: $(VENV)/.stamp
-	$(VENV)/bin/python -m pytest -q tests
+test: setup
+	"$$VENV/bin/python" -m pytest -q tests
 
 # The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables
-# (torch-free: the base dependencies do; `make setup` only where $(PY) lacks them).
-quickstart:
+# (torch-free: the base dependencies do; `make setup` only where PY lacks them). The setup check is a
+# line of its own: make runs a $(MAKE) line even under -n, and it alone.
+quickstart: quickstart-python
 	@if nvidia-smi -L >/dev/null 2>&1; then \
-	    ITERS=$${ITERS:-20} $(PY) -m megalab run 101-gpt2xl-dp1-gbs1-bf16; \
+	    ITERS=$${ITERS:-20} exec $(PY) -m megalab run 101-gpt2xl-dp1-gbs1-bf16; \
 	else \
 	    echo "quickstart: no GPU found (nvidia-smi -L failed): showing the plan of 101 and the committed results"; \
-	    py=$(PY); $$py -c "import yaml, pandas, matplotlib" 2>/dev/null || \
-	        { $(MAKE) --no-print-directory setup && py=$(VENV)/bin/python; } && \
-	    DRY_RUN=1 $$py -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
-	    $$py -m megalab tables && \
+	    if $(PY) -c "import yaml, pandas, matplotlib" 2>/dev/null; then py=($(PY)); else py=("$$VENV/bin/python"); fi; \
+	    DRY_RUN=1 "$${py[@]}" -m megalab run 101-gpt2xl-dp1-gbs1-bf16 && \
+	    "$${py[@]}" -m megalab tables && \
 	    echo "tables rebuilt: see results/01-dp-zero2.md"; \
 	fi
+quickstart-python:
+	@nvidia-smi -L >/dev/null 2>&1 || $(PY) -c "import yaml, pandas, matplotlib" 2>/dev/null || \
+	    $(MAKE) --no-print-directory setup
 
+# STRICT reaches a recipe only as $(filter 1,...): --strict or nothing, never its text.
 tables:
-	@$(PY) -m megalab tables $(if $(filter 1,$(STRICT)),--strict) && $(PY) -m megalab data-report
+	@$(PY) -m megalab tables $(if $(filter 1,$(STRICT)),--strict) && exec $(PY) -m megalab data-report
 
 # Your own runs (OUTDIR, default outdir/) beside the committed ones, written to OUTDIR/compare/.
 .PHONY: compare
 compare:
-	@$(PY) -m megalab compare "$${OUTDIR:-outdir}"
+	@exec $(PY) -m megalab compare "$${OUTDIR:-outdir}"
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.
 # "--parts cases,ablation --budget-s 500". Needs a GPU; `bench-report` rebuilds the page anywhere.
 .PHONY: bench bench-report
 bench:
-	@set -f; $(PY) -m megalab bench run $$BENCH_ARGS
+	@set -f; exec $(PY) -m megalab bench run $$BENCH_ARGS
 
 bench-report:
 	@$(PY) -m megalab bench-report
@@ -174,7 +206,7 @@ plots:
 # The papers' scaling claims (configs/checks.yaml) against the records -> results/checks.md.
 # A FAIL is a finding and exits 0; STRICT=1 makes it an error.
 check:
-	@$(PY) -m megalab check $(if $(filter 1,$(STRICT)),--strict)
+	@exec $(PY) -m megalab check $(if $(filter 1,$(STRICT)),--strict)
 
 # ---- data: tokenize a corpus into Megatron's indexed dataset (python -m megalab prepare-data --help)
 #   make prepare-data                          openwebtext-10k (Hub), GPT-2 BPE -> data/openwebtext-10k_text_document
@@ -193,28 +225,26 @@ prepare-data:
 # Removes local scratch only; committed results/ are never touched.
 clean:
 	rm -rf outdir .pytest_cache
-	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
+	find . -name __pycache__ -type d -prune -not -path "./$${VENV#./}/*" -exec rm -rf {} +
 
 # ---- everyday commands around runs ---------------------------------------------------------------
 # profile-<id> and resume-<id> need no rule here: the catch-all above hands them to the launcher.
-PORT ?= 6006
 .PHONY: monitor-gpu tensorboard show-arguments count-arguments
 monitor-gpu:
 	@nvidia-smi -L >/dev/null 2>&1 || { echo "monitor-gpu: no NVIDIA GPU here (nvidia-smi -L failed); fix: run it on the GPU machine" >&2; exit 2; }
 	@if $(PY) -c "import nvitop" 2>/dev/null; then exec $(PY) -m nvitop; else exec nvidia-smi -l 1; fi
 
+# On 127.0.0.1 unless HOST= says otherwise: TensorBoard serves the run logs to whoever reaches the port.
 tensorboard:
 	@$(PY) -c "import tensorboard" 2>/dev/null || { echo "tensorboard: not installed; fix: pip install tensorboard (or pip install -e '.[logging]')" >&2; exit 2; }
-	$(PY) -m tensorboard.main --logdir $(call quote,$(or $(OUTDIR),outdir)) --bind_all --port $(call quote,$(PORT))
+	exec $(PY) -m tensorboard.main --logdir "$${OUTDIR:-outdir}" --host "$${HOST:-127.0.0.1}" --port "$${PORT:-6006}"
 
 show-arguments:
-	@$(PY) -m megalab arguments $${GREP:+"$$GREP"}
+	@exec $(PY) -m megalab arguments $${GREP:+"$$GREP"}
 
 count-arguments:
 	@$(PY) -m megalab arguments --count
 
-# ---- exports, last: an `export NAME` before `NAME ?= default` would define NAME empty and hide the default.
-# Every variable of megalab/core/variables.py (tests/test_plan.py checks this line against it).
-export ITERS WARMUP GPU_MEM_GB GPU DRY_RUN OUTDIR SPEC TE FAST CUDA_GRAPH EXTRA_ARGS MEGATRON_LM VERBOSE SAVE SAVE_INTERVAL LOAD WANDB WANDB_PROJECT WANDB_ENTITY DATA TOKENIZER_MODEL SPLIT VOCAB_FILE MERGE_FILE NNODES NODE_RANK MASTER_ADDR MASTER_PORT ALLOW_BUSY_GPUS WATCHDOG_SILENT_S WATCHDOG_STARTUP_S EXIT_GRACE_S GPUS_PER_NODE SBATCH_ARGS SRUN_ARGS DOCKER_IMAGE DOCKER_SHM DOCKER_ARGS DOCKER_CMD
-# Recipes' own user values, read as "$$VAR" too.
-export IDS GREP PORT BENCH_ARGS DATA_SOURCE TOKENIZER DATA_PREFIX WORKERS LIMIT_DOCS ID
+# ---- exports, last: an `export NAME` defines NAME (empty), and so would hide a `NAME ?= default`.
+# Every variable that is set, as its text; an unset one stays out of the recipes' environment.
+export $(foreach v,$(VARIABLES),$(if $(filter undefined,$(origin $v)),,$v))

@@ -4,7 +4,7 @@
 arguments. Each command's module declares its arguments (`add_arguments(parser)`) and runs it
 (`main(args)`); the module is imported only when its command runs, so `make help` (`variables`) and
 `list` never load pandas, torch or Megatron. A few commands parse their own argv (`cli(argv)`):
-prepare-data, docker-run, campaign.
+prepare-data, docker-run, campaign, batch.
 """
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ COMMANDS = {
                       "harness.commands", "script_arguments", "script_main"),
     "plan": Command("predict per-GPU memory, FLOPs and step time before a run (--validate: against the records)",
                     None, "_plan_arguments", "_plan"),
+    "batch": Command("several targets in a row (make batch IDS=\"101 111\"), past failures; a kill ends the run in "
+                     "flight and starts no further one", "harness.batch", None, "cli", passthrough=True),
     "campaign": Command("every selected row REPEATS times on this machine, pass after pass (make campaign "
                         "CHAPTER=1)", "harness.campaign", None, "cli", passthrough=True),
     "slurm": Command("write an sbatch script (one torchrun per node via srun) and submit it (make slurm-<target>)",

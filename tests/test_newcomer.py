@@ -3,6 +3,7 @@ says which Python and torch it uses, a planning GPU without a GPU (GPU=h200), th
 model EXTRA_ARGS change, and the docs' commands run as written."""
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,7 @@ def _which_python(tmp_path, gpu: bool, env_py: str | None = None) -> str:
         env["PY"] = env_py
     out = subprocess.run(["make", "-s", "-n", "which-python"], cwd=work, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    return out.stdout.split()[0]
+    return shlex.split(out.stdout)[0]
 
 
 def test_the_test_venv_is_the_python_only_where_no_gpu_is_visible(tmp_path):
@@ -46,7 +47,7 @@ def test_the_test_venv_is_the_python_only_where_no_gpu_is_visible(tmp_path):
 
 
 def test_the_venv_is_built_on_the_system_packages():
-    assert "python3 -m venv --system-site-packages $(VENV)" in (ROOT / "Makefile").read_text()
+    assert 'python3 -m venv --system-site-packages "$$VENV"' in (ROOT / "Makefile").read_text()
 
 
 @pytest.mark.parametrize("version, shown", [

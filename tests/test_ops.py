@@ -321,8 +321,14 @@ def test_monitor_gpu_without_gpu_and_with_nvidia_smi(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "nvidia-smi -l 1"
 
 
-def test_tensorboard_serves_outdir_on_port():
-    assert "--logdir 'outdir' --bind_all --port '7007'" in _make("-n", "tensorboard", PORT="7007").stdout
+def test_tensorboard_serves_outdir_on_localhost_and_port(tmp_path):
+    py = tmp_path / "py"  # a Python that has tensorboard and prints what it was asked to serve
+    py.write_text('#!/bin/sh\n[ "$1" = -c ] && exit 0\nprintf "%s\\n" "$@"\n')
+    py.chmod(0o755)
+    served = _make("tensorboard", PY=str(py), PORT="7007", OUTDIR="", HOST="").stdout.split("\n")
+    assert served[:8] == ["-m", "tensorboard.main", "--logdir", "outdir", "--host", "127.0.0.1", "--port", "7007"]
+    served = _make("tensorboard", PY=str(py), OUTDIR="my runs", HOST="0.0.0.0", PORT="").stdout.split("\n")
+    assert served[2:8] == ["--logdir", "my runs", "--host", "0.0.0.0", "--port", "6006"]
     out = _make("tensorboard", PY="false")
     assert out.returncode != 0 and "fix: pip install tensorboard" in _error(out.stderr, "tensorboard:")
 

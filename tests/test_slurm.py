@@ -30,7 +30,7 @@ def test_two_nodes_of_eight_exact_commands(exp16, monkeypatch, tmp_path, capsys)
                  f"#SBATCH --output={job}/slurm-%j.out", "export NNODES=$SLURM_NNODES",
                  'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                  "export ITERS=20",
-                 "srun --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_ON_NODE --kill-on-bad-exit=1 bash -c "
+                 "srun --export=ALL --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_ON_NODE --kill-on-bad-exit=1 bash -c "
                  f"'NODE_RANK=$SLURM_NODEID OUTDIR={job}/node$SLURM_NODEID exec make --no-print-directory {exp16.id}'"]:
         assert line in text.splitlines(), line
     assert "GPUs       needs 16 (2 node(s) x 8)" in out

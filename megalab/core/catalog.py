@@ -16,6 +16,7 @@ import dataclasses
 import re
 import typing
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -301,12 +302,28 @@ def chapters() -> dict[int, dict[str, Any]]:
             for chapter, (path, doc) in _chapter_files().items()}
 
 
+# A target id is a make target, a run folder's name and a word of the sbatch script: letters, digits,
+# '.', '_' and '-', a letter or digit first (never an option, a hidden file or shell syntax).
+ID_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
+
+
+def check_id(entry: Any, path: Path, index: int) -> None:
+    """CatalogError, in one line naming the YAML file and the entry, unless `entry` is a mapping whose id
+    matches ID_PATTERN."""
+    ident = entry.get("id") if isinstance(entry, dict) else None
+    if not isinstance(ident, str) or not ID_PATTERN.fullmatch(ident):
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        raise CatalogError(f"{shown}: entry {index} (id {ident!r}): a target id is letters, digits, '.', '_' "
+                           "and '-', a letter or digit first; fix: rename it in that file")
+
+
 @lru_cache(maxsize=None)
 def catalog() -> dict[str, Experiment]:
     """All experiments, in catalog order, keyed by target id."""
     out: dict[str, Experiment] = {}
     for chapter, (path, doc) in _chapter_files().items():
-        for entry in doc.experiments:
+        for index, entry in enumerate(doc.experiments, 1):
+            check_id(entry, path, index)
             spec = {**doc.defaults, **entry, "chapter": chapter}
             if isinstance(spec.get("extra_args"), list):
                 spec["extra_args"] = tuple(spec["extra_args"])

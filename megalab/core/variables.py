@@ -219,6 +219,36 @@ VARIABLES: tuple[Variable, ...] = (
     V("DOCKER_ARGS", "str", "", "make docker-run: more docker run flags (shlex-split)", group="docker"),
     V("DOCKER_CMD", "str", "bash", "make docker-run: the command to run in the container (shlex-split)",
       group="docker"),
+    # Read by one make target (megalab/harness/campaign.py and batch.py, the Makefile's recipes), never by a
+    # run's plan; groups campaign, pages, make. Listed so that `make help` shows them and the Makefile takes
+    # them literally (its export line).
+    V("IDS", "str", "", 'make batch/campaign: the targets, e.g. IDS="101 111"', group="campaign"),
+    V("CHAPTER", "int", None, "make campaign: a chapter's targets (0: the two-GPU tour)", group="campaign"),
+    V("STALE", "flag", False, "make campaign: only rows short of REPEATS runs of today's code here",
+      group="campaign"),
+    V("REPEATS", "int", 3, "make campaign: launches of each target, pass after pass", group="campaign"),
+    V("BUDGET_S", "int", None, "make campaign: start no launch after this many seconds", group="campaign"),
+    V("GPUS", "int", None, "make campaign DRY_RUN=1 (a plan: nothing starts): for N GPUs not here",
+      group="campaign"),
+    V("STRICT", "flag", False, "make tables: refuse rows not of today's code; make check: FAIL is an error",
+      group="pages"),
+    V("ID", "str", "", "make show-command: the target", group="make"),
+    V("GREP", "str", "", "make show-arguments: only the flags matching it", group="make"),
+    V("PORT", "int", 6006, "make tensorboard: the port", group="make"),
+    V("HOST", "str", "127.0.0.1", "make tensorboard: the address (0.0.0.0: every interface)", group="make"),
+    V("BENCH_ARGS", "str", "", 'make bench: more arguments, e.g. "--parts cases --budget-s 500"', group="make"),
+    V("DATA_SOURCE", "str", "stas/openwebtext-10k", "make prepare-data: a Hub id, file, glob, folder, python-docs",
+      group="make"),
+    V("TOKENIZER", "str", "gpt2", "make prepare-data: gpt2, train:N or a tokenizer folder", group="make"),
+    V("DATA_PREFIX", "str", "", "make prepare-data: the output prefix", group="make"),
+    V("WORKERS", "int", None, "make prepare-data: tokenizer processes (default: all cores)", group="make"),
+    V("LIMIT_DOCS", "int", None, "make prepare-data: only the first N documents", group="make"),
+    V("FORCE", "flag", False, "make prepare-data: rebuild a finished dataset (FORCE=1)", group="make"),
+    V("VENV", "str", ".venv", "make setup/test: the test venv (without a GPU, PY's default)", group="make"),
+    V("TORCH_SPEC", "str", "torch==2.13.0", "make setup: the torch installed where none is importable",
+      group="make"),
+    V("PY", "str", None, "the Python command of every target (python3; VENV's without a GPU): the one hook",
+      group="make"),
 )
 BY_NAME = {v.name: v for v in VARIABLES}
 FORWARDED = tuple(v.name for v in VARIABLES if v.forwarded)  # make slurm-<id> writes these into the script

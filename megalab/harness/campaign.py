@@ -39,10 +39,11 @@ from megalab.core import provenance
 from megalab.core.records import RunRecord, read_records
 from megalab.harness import launch as launcher
 from megalab.core import estimate
-from megalab.harness import monitor
+from megalab.harness import makeparent, monitor
 
 DEFAULT_REPEATS = 3
 ANOTHER_MACHINE = "(another machine)"  # DRY_RUN=1 GPUS=N: the GPUs are elsewhere, a machine none of the runs came from
+NO_GPU = "no GPU here (nvidia-smi/NVML found none)"
 
 
 def choose(ids: list[str], chapter: int | None, every: bool = False) -> list[Experiment]:
@@ -176,6 +177,11 @@ def run(exps: list[Experiment], skipped: list[tuple[str, str]], repeats: int, op
             for line in summary(results, skipped, repeats, have):
                 print(line)
             raise
+        except (SystemExit, KeyboardInterrupt) as stop:  # a kill: the launcher ended the run in flight
+            for line in summary(results, skipped, repeats, have):
+                print(line)
+            print(f"campaign   stopped at {exp.id} by a signal: no launch started after it", flush=True)
+            raise SystemExit((stop.code or 1) if isinstance(stop, SystemExit) else 130) from None
         if done is not None:  # (the record the launcher wrote, its folder)
             results[exp.id].append(RunRecord.of(done[0], done[1]))
     for line in summary(results, skipped, repeats, have):
@@ -276,6 +282,9 @@ def cli(argv: list[str], environ=os.environ) -> int:
         chosen = short
     exps, skipped = by_gpus(chosen, gpus_here)
     if opts.dry_run:
+        if not gpus_here:  # GPUS= would have set a count: none was found here
+            print(f"campaign   {NO_GPU}: every target is skipped; GPUS=N plans for N GPUs, e.g. "
+                  "DRY_RUN=1 GPUS=8 make campaign ...")
         print(f"campaign   {len(exps)} target(s) x {repeats} pass(es) on the {gpus_here} GPU(s) here "
               f"(DRY_RUN=1: nothing starts{'; each topped up from the ok runs it has' if any(have.values()) else ''})")
         total, launches, durations = 0.0, 0, committed_durations()
@@ -290,9 +299,13 @@ def cli(argv: list[str], environ=os.environ) -> int:
             print(f"campaign   about {total / 60:.0f} min for {launches} launches (an OOM row runs "
                   "once; the launcher's checks come on top)")
         return 0
+    if not gpus_here:
+        raise LaunchError(f"campaign: {NO_GPU}; fix: run it on the GPU machine, or plan it here with "
+                          "DRY_RUN=1 GPUS=8 make campaign ...")
     if not exps:
         raise LaunchError(f"campaign: none of the selected targets fits the {gpus_here} GPU(s) here "
                           f"({'; '.join(f'{t}: {w}' for t, w in skipped)}); fix: run it on a machine with more GPUs")
+    makeparent.follow()  # a signal to make ends the run in flight, as one to us does
     return run(exps, skipped, repeats, opts, budget, have=have)
 
 

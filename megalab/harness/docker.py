@@ -28,6 +28,9 @@ def argv(env=os.environ, tty: bool | None = None) -> list[str]:
 
     tty = sys.stdin.isatty() if tty is None else tty
     out = env.get("OUTDIR", "")
+    if out and ":" in str(Path(out).resolve()):  # -v splits at ':' (host:container:options)
+        raise LaunchError(f"OUTDIR={out} holds a ':', which docker run -v reads as a separator; fix: OUTDIR=a path "
+                          "without one")
     return ["docker", "run", "--rm", *(["-it"] if tty else []), "--gpus", "all", "--ipc=host",
             f"--shm-size={value('DOCKER_SHM', env)}", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "-v", f"{ROOT}:{WORKDIR}",

@@ -21,6 +21,7 @@ from megalab.core.flags import profile_start
 from megalab.core.plan import RunPlan, wandb_mode
 from megalab.core.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
 from megalab.harness import data, monitor, progress as progress_line, pyinfo, record, resume, supervise, validate
+from megalab.harness import scratch
 from megalab.runtime.levers import CP_MODES
 
 SUPPORTED_MCORE = "0.19."
@@ -306,7 +307,7 @@ def check_gpus(exp: Experiment, opts: Options, inv: dict) -> int:
 
 def make_run_dir(outdir: Path, target: str) -> Path:
     try:
-        outdir.mkdir(parents=True, exist_ok=True)
+        scratch.make_dir(outdir)  # made inside the repository: out of git's sight
         probe = outdir / ".megalab-write-test"
         probe.write_text("")
         probe.unlink()

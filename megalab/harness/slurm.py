@@ -8,12 +8,19 @@ that meets the others at MASTER_ADDR:MASTER_PORT. No launcher of our own: sbatch
 Records: each node writes its own run folder under the job folder (node0/, node1/, ...), with the
 memory of its own GPUs. Megatron prints iteration lines on the last rank only (`print_rank_last`),
 which torchrun places on the last node: that node's run.json holds the step times.
+
+Environment: the job gets the make variables set at submission in the script, each quoted, and from
+the submitting shell only what finds and runs Python, CUDA and NCCL there (JOB_ENV, named in the
+script's `#SBATCH --export`). Never make's own variables: MAKEFLAGS would carry the submitting make's
+command line to every node's make, where it overrides the node's own OUTDIR (two nodes' records in
+one folder) and make reads its values once more.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -23,12 +30,28 @@ from megalab.core import catalog, plan as planner
 from megalab.harness import launch
 from megalab.core.paths import ROOT
 from megalab.core.catalog import Experiment
-from megalab.core.variables import FORWARDED, LaunchError, Options
+from megalab.core.variables import BY_NAME, FORWARDED, LaunchError, Options
 
 DEFAULT_GPUS_PER_NODE = 8
 # Make variables a node's `make <target>` reads (variables.py marks them forwarded): those set at
 # submission are written into the script, each shlex-quoted, so that it reruns the same way
 # (`sbatch job.sbatch`) and no value is ever read as shell code.
+
+# From the submitting shell, by name (values are never written into the script: tokens stay out of it):
+# the paths that find Python and its packages, the locale, the CUDA/NCCL/torch settings of the site,
+# and the Hub and wandb credentials a run reads.
+JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TMPDIR", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH",
+           "PYTHONUSERBASE", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "CUDA_HOME")
+JOB_ENV_PREFIXES = ("LC_", "NCCL_", "TORCH_", "PYTORCH_", "TRITON_", "NVTE_", "UCX_", "FI_", "HF_", "WANDB_")
+# make's own variables: a node's make must see only its own command line (its OUTDIR, its values).
+MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "GNUMAKEFLAGS", "MAKEOVERRIDES", "MAKELEVEL", "MAKEFILES")
+
+
+def job_env(env=os.environ) -> list[str]:
+    """The names of `env` a job takes from the submitting shell: JOB_ENV and JOB_ENV_PREFIXES, not the
+    make variables (the script sets those) and not make's own."""
+    return sorted(k for k in env if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and k not in BY_NAME
+                  and k not in MAKE_ENV and (k in JOB_ENV or k.startswith(JOB_ENV_PREFIXES)))
 
 
 @dataclasses.dataclass
@@ -75,7 +98,7 @@ def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
     port = shlex.quote(env["MASTER_PORT"]) if env.get("MASTER_PORT") else "$((20000 + SLURM_JOB_ID % 20000))"
     srun_args = shlex.join(words("SRUN_ARGS", env))
     node_cmd = (f"NODE_RANK=$SLURM_NODEID OUTDIR={shlex.quote(str(job_dir))}/node$SLURM_NODEID "
-                f"exec make --no-print-directory {exp.id}")
+                f"exec make --no-print-directory {shlex.quote(exp.id)}")
     return "\n".join([
         "#!/bin/bash",
         f"# megalab target {exp.id}: {lay.nodes} node(s) x {lay.gpus_per_node} GPU(s), written by "
@@ -90,15 +113,19 @@ def script(exp: Experiment, lay: Layout, job_dir: Path, env=os.environ) -> str:
         "#SBATCH --exclusive",
         "# --exclusive: a measurement wants no neighbours on its nodes.",
         f"#SBATCH --output={shlex.quote(str(job_dir / 'slurm-%j.out'))}",
+        f"#SBATCH --export={','.join(job_env(env)) or 'NIL'}",
+        "# --export: of the submitting shell only what finds Python, CUDA and NCCL (make's values: below).",
         "set -euo pipefail",
+        f"unset {' '.join(MAKE_ENV)}",
         f"cd {shlex.quote(str(ROOT))}",
         "export NNODES=$SLURM_NNODES",
         '# torchrun rendezvous on the first node; a port from the job id keeps two jobs on one node apart.',
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export MASTER_PORT={port}",
         *forwarded,
-        "# One task per node, given all of the node's CPUs (torchrun starts one process per GPU).",
-        "srun --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_ON_NODE --kill-on-bad-exit=1"
+        "# One task per node, given all of the node's CPUs (torchrun starts one process per GPU), and this",
+        "# script's environment (--export=ALL: sbatch's --export would otherwise hold for srun too).",
+        "srun --export=ALL --ntasks-per-node=1 --cpus-per-task=$SLURM_CPUS_ON_NODE --kill-on-bad-exit=1"
         + (f" {srun_args}" if srun_args else "")
         + f" bash -c {shlex.quote(node_cmd)}",
         "",
@@ -138,6 +165,9 @@ def submit(target: str, env=os.environ) -> int:
 
     sbatch_args = words("SBATCH_ARGS", env)
     words("SRUN_ARGS", env)  # refused here, before a job folder is made
+    if any(c in str(opts.outdir) for c in "\n\r"):  # the script names it in #SBATCH and comment lines
+        raise LaunchError("OUTDIR holds a line break, which an sbatch script cannot name; fix: OUTDIR=a path "
+                          "without one")
     job_dir = launch.make_run_dir(opts.outdir / "slurm", exp.id)
     path = job_dir / "job.sbatch"
     path.write_text(script(exp, lay, job_dir, env))
@@ -150,7 +180,9 @@ def submit(target: str, env=os.environ) -> int:
     if dry:
         print(f"submit     (DRY_RUN=1, not submitted) {shlex.join(sbatch_cmd)}")
         return 0
-    out = subprocess.run([sbatch, *sbatch_cmd[1:]], capture_output=True, text=True)
+    # sbatch reads SBATCH_EXPORT over the script's #SBATCH --export; make's variables are no job's business
+    clean = {k: v for k, v in os.environ.items() if k not in MAKE_ENV and k != "SBATCH_EXPORT"}
+    out = subprocess.run([sbatch, *sbatch_cmd[1:]], capture_output=True, text=True, env=clean)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no message"])[-1]
         raise LaunchError(f"sbatch refused the job: {last}; fix: SBATCH_ARGS='--partition=... "
