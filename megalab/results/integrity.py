@@ -23,6 +23,10 @@ TRANSCRIPTS = (
     ("sigkill-transcript.txt", "`kill -9` of the launcher while 001 trains (then `pgrep` and `nvidia-smi` for 80 s)",
      r"GPU compute apps: \[\d"),
     ("busy-transcript.txt", "`make 101` while another process holds GPU 0", None),
+    ("launch-transcript.txt", "a plain `make 101` runs RUN_DIR/launch.sh (torchrun's parent and the exports only the "
+     "script makes)", r"^torchrun pid"),
+    ("batch-kill-transcript.txt", "SIGTERM to the `make` of `make batch IDS=\"101 111\"` while 101 trains (then "
+     "`pgrep` and `nvidia-smi`)", r"^killing make"),
 )
 PAGE = DIR / "README.md"
 
