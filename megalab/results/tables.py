@@ -34,7 +34,7 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import logparse, markdown, provenance
-from megalab.results import columns as cols, index, plots, quotes
+from megalab.results import checkmarks, checks, columns as cols, index, plots, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
@@ -249,6 +249,9 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         raise NotToday(f"{n} row(s) come from other code or other defaults than today's: "
                        + "; ".join(f"{why}: {' '.join(ids)}" for why, ids in rows.items()) + "; fix: re-run them with `make <target>` (plain, no FAST/CUDA_GRAPH/"
                        "EXTRA_ARGS/WARMUP) and commit the records, or build without STRICT=1")
+    verdicts = checks.Verdicts(root)  # the claims the tutorials teach: evaluated where a page names one
+    if strict and (unsaid := _unsaid(root, verdicts)):
+        raise checkmarks.CheckMarkError(f"{len(unsaid)} verdict(s) unsaid where taught, e.g. {unsaid[0]}")
     reference, twogpu = load_reference(), load_twogpu_reference()
     # the pages link these figures: drawn first, so no link is ever dangling
     changed = plots.write_plots(root, records=records, check=check)
@@ -272,9 +275,18 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
         for line in moved:
             print(f"megalab tables: {path.relative_to(root)}: {line}: re-read the sentence around it")
+        # and the verdicts of the claims it teaches (checkmarks.py), with each one the sentence leaves unsaid
+        text, marks = checkmarks.fill(text, verdicts, str(path.relative_to(root)))
+        for line in checkmarks.unsaid(marks, verdicts):
+            print(f"megalab tables: {line}")
         if markdown.write_if_changed(path, text, check=check):
             changed.append(path)
     return changed
+
+
+def _unsaid(root: Path, verdicts: checks.Verdicts) -> list[str]:
+    """The check markers of ROOT's pages whose sentence does not account for the verdict (STRICT)."""
+    return checkmarks.unsaid(checkmarks.fill_docs(root, verdicts, write=False)[1], verdicts)
 
 
 def table_row(frames: dict[int, pd.DataFrame], target: str) -> dict[str, str] | None:
@@ -305,8 +317,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 if any table is out of date (for CI)")
     ap.add_argument("--strict", action="store_true",
-                    help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults "
-                         "(make tables STRICT=1)")
+                    help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults, or "
+                         "a tutorial's check verdict is not said by its sentence (make tables STRICT=1)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
@@ -315,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
     root = args.root
     try:
         changed = write_tables(root, check=args.check, strict=args.strict)
-    except (NotToday, quotes.QuoteError) as e:
+    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays
