@@ -56,9 +56,10 @@ FOOTNOTES = [
     "run's steps; where a target has several ok runs on one host with the same code and settings, "
     "`our ms` is the median of the runs' medians and `runs` gives their number and range (lowest–highest "
     "median), else `runs` is 1. MFU is TFLOP/s/GPU over the GPU's dense bf16 peak (newest run).",
-    "`~Rn` rows are 2-GPU analogues of published row Rn: they show the same trend on fewer GPUs "
-    "and have no published number of their own (—).",
 ]
+# only on a page with a `~Rn` row
+ANALOGUE_NOTE = ("`~Rn` rows are 2-GPU analogues of published row Rn: they stand in for it on fewer GPUs and have "
+                 "no published number of their own (—); whether they show its trend is what results/checks.md tests.")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -88,9 +89,10 @@ def machine_note(recs: list[RunRecord]) -> str | None:
                      + (f"(GPU {uuids[0][:13]}…, rows run {span} UTC)" if uuids else
                         f"(no GPU UUID recorded: rows run {span} UTC, possibly on several machines of that name)"))
     return ("machine: the physical machine of the row's record, by its first GPU's UUID (every rig machine "
-            "has the host name `vm`): " + "; ".join(parts) + ". Identical commands differ by 5-23% between "
-            "machines: compare step times within one machine (and code) only, as the efficiency columns "
-            "and `make check` do.")
+            "has the host name `vm`; `Nx`: the GPUs its runs saw, the host's size only where a run saw them all): "
+            + "; ".join(parts) + ". One command's step time moves between machines "
+            "([results/checks.md](../results/checks.md#between-machines) measures how far on the committed runs): "
+            "compare step times within one machine (and code) only, as the efficiency columns and `make check` do.")
 
 
 def _ours_sentence(recs: list[RunRecord]) -> str:
@@ -125,6 +127,7 @@ SOURCES = {
 
 TWOGPU_UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes); the published figures are "
                     "nvidia-smi MiB as printed in the notes, divided by 1024 here.")
+NONE_UNIT_NOTE = "Unit: every memory figure on this page is GiB (2^30 bytes)."
 
 TWOGPU_FOOTNOTES = [
     "Δ is ours − published: GiB per GPU (`GPU 0 / GPU 1`) for memory (none for a run that ran out of "
@@ -184,6 +187,8 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
         notes = FOOTNOTES[1:]  # no Δ
     else:
         notes = list(FOOTNOTES)
+    if any(str(v).startswith("~") for v in df.get("Row", ())):
+        notes.append(ANALOGUE_NOTE)
     notes += [cols.TOKENS_NOTE] + [c.note for c in cols.chapter_columns(chapter) if c.note]
     notes.append(provenance.LEGEND)
     if note := machine_note(recs):
@@ -194,7 +199,7 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
         notes.append(cols.SHARED_NOTE)
     if any(cols.over_cap_gib(r) for r in recs):
         notes.append(cols.OVER_CAP_NOTE)
-    unit = UNIT_NOTE if ctx.kind == "anchor" else TWOGPU_UNIT_NOTE
+    unit = {"anchor": UNIT_NOTE, "none": NONE_UNIT_NOTE}.get(ctx.kind, TWOGPU_UNIT_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", unit, "", table, "",
                           *(f"- {note}" for note in notes)])
     if block_only:
