@@ -44,7 +44,7 @@ CODE_SPAN = re.compile(r"`[^`]*`")  # a target name, a command: its words ("-oom
 def referent(ids: Iterable[str]) -> re.Pattern:
     """A row or a word pointing at measurements; IDS: the catalog's short ids ('101', '302', ...)."""
     rows = "|".join(sorted(set(ids), key=lambda x: (-len(x), x)))
-    return re.compile(rf"(?<![\w.-])(?:{rows})(?:-[\w.-]+)?(?![\w.])|\bT[0-5]\b|\bR\d{{1,2}}\b|"
+    return re.compile(rf"(?<![\w.-])(?:{rows})(?:-[\w.-]+)?(?!\w|\.\d)|\bT[0-5]\b|\bR\d{{1,2}}\b|"
                       rf"\b(?:{MEASUREMENT_WORDS})\b", re.I)
 
 
