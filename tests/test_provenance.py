@@ -336,3 +336,14 @@ def test_older_commits_with_the_same_run_code_are_one_code(repo):
 
     assert cp2_run(cp) != cp2_run(first)
     assert provenance.code_key(RunRecord.of(_rec(commit=_git(repo, "rev-parse", "HEAD"))), repo) == provenance.CURRENT
+
+
+def test_a_machine_without_a_gpu_uuid_is_also_known_by_its_gpu_count():
+    """Every rig machine is called `vm`: without a UUID, a 2x and an 8x H200 host would be one machine."""
+    two = RunRecord.of(_rec(hostname="vm", gpus_on_node=2, num_gpus=2))
+    eight = RunRecord.of(_rec(hostname="vm", gpus_on_node=8, num_gpus=8))
+    assert provenance.host_key(two) == provenance.host_key(eight)
+    assert provenance.machine_of(two) != provenance.machine_of(eight)
+    assert provenance.comparable_key(two) != provenance.comparable_key(eight)
+    uuid = RunRecord.of(_rec(hostname="vm", gpus_on_node=2, gpu_uuids=["GPU-446032a4-0000"]))
+    assert provenance.machine_of(uuid) == provenance.host_key(uuid)  # the UUID names the machine

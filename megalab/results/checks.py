@@ -410,10 +410,10 @@ def between_machines_text(spread: list[tuple[str, float]]) -> str:
     pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
     return (f"{len(spread)} target(s) have runs of one command (the same run code and settings) on two or more "
             f"machines; their machines' median step times are {pct(spread[0][1])}–{pct(spread[-1][1])} apart ("
-            + ", ".join(f"{t}: {pct(x)}" for t, x in spread) + "). A ratio of two runs moves by as much again "
-            "when they ran on different machines, and more between codes (today's CUDA graph changes a step "
-            "severalfold: results/bench): the claims above, the chapter tables' efficiency columns and the "
-            "tutorials' quotes pair runs of one machine and one code only.")
+            + ", ".join(f"{t}: {pct(x)}" for t, x in spread) + "). A ratio of two runs made on different machines "
+            "carries such a difference in it, and one of two codes what changed between them (results/bench "
+            "measures today's levers and CUDA graph): the claims above, the chapter tables' efficiency columns "
+            "and the tutorials' quotes pair runs of one machine and one code only.")
 
 
 def render(results: list[Result], taught: Mapping[str, list[str]] | None = None,
