@@ -282,9 +282,9 @@ def test_page_on_the_committed_records():
     measured = 0
     for r in results:
         usable = all(t in cat and t in records and records[t].status in ("ok", "oom") for t in r.claim.reads)
-        # a comparison divides runs of one host with one code and defaults only
+        # a claim that pairs runs divides runs of one machine with one code and defaults only
         keys = {provenance.comparable_key(records[t]) for t in r.claim.reads if usable} - {None}
-        if usable and (r.claim.kind == "status" or len(keys) <= 1):
+        if usable and (not checks.pairs_runs(r.claim) or len(keys) <= 1):
             measured += 1
             assert r.status in (PASS, FAIL), f"{r.claim.id}: {r.why}"
         else:
@@ -393,3 +393,69 @@ def test_the_formula_against_itself_claims_are_gone():
         assert fields != {"theoretical_mem_mb.weight_and_optimizer"}, c.id
     ids = {c.id for c in checks.load_claims()}
     assert "ch1-18-bytes-per-param-theoretical" not in ids and "ch1-distopt-6-plus-12-over-dp" not in ids
+
+
+# --------------------------------------------------------------------------- what a verdict stands on
+
+def _host(**extra) -> dict:
+    return {"hostname": "vm", "gpu_name": "NVIDIA H200", "num_gpus": 2, "gpus_on_node": 2, **extra}
+
+
+def test_a_claim_that_pairs_runs_of_two_machines_is_not_run_and_names_them():
+    metric = {"kind": "ratio", "a": B, "b": A}
+    same = {A: rec(ms=100.0, **_host()), B: rec(ms=105.0, **_host())}
+    r = run(metric, {"between": [0.9, 1.1]}, same)
+    assert r.status == PASS and r.basis.runs[0][2] == "2x H200 (no GPU UUID)" and not r.basis.today
+    # without a GPU UUID, a 2-GPU and an 8-GPU run of one host name are two machines, never one
+    other = {A: rec(ms=100.0, **_host()), B: rec(ms=105.0, **_host(num_gpus=8, gpus_on_node=8))}
+    r = run(metric, {"between": [0.9, 1.1]}, other)
+    assert r.status == NOT_RUN and "pairs runs of different machines or code" in r.why
+    assert "2x H200 (no GPU UUID)" in r.why and "8x H200 (no GPU UUID)" in r.why and "fix: " in r.why
+    uuid = {A: rec(ms=100.0, **_host(gpu_uuids=["GPU-aaaa1111-2222"])),
+            B: rec(ms=105.0, **_host(gpu_uuids=["GPU-bbbb1111-2222"]))}
+    assert run(metric, {"between": [0.9, 1.1]}, uuid).status == NOT_RUN  # two UUIDs: two machines
+
+
+def test_what_pairs_nothing_is_evaluated_across_machines_and_says_where_each_ran():
+    recs = {A: rec(status="oom", **_host()), B: rec(**_host(num_gpus=8, gpus_on_node=8))}
+    r = run({"kind": "status", "targets": [A, B]}, {"equals": ["oom", "ok"]}, recs)
+    assert r.status == PASS and r.basis.text.startswith("901: older (schema 1), 2x H200 (no GPU UUID)")
+    assert "; 902: older (schema 1), 8x H200 (no GPU UUID)" in r.basis.text
+    r = run({"kind": "value", "field": "mem_peak_gib", "a": [A, B]}, "< 20", {t: rec(**_host(num_gpus=n, gpus_on_node=n))
+                                                                              for t, n in ((A, 2), (B, 8))})
+    assert r.status == PASS
+    for metric in ({"kind": "value", "a": {"targets": [A, B], "across": "max"}},
+                   {"kind": "value", "a": {"target": A, "minus": B}}):
+        assert checks.pairs_runs(claim(metric, "< 1000"))
+
+
+def test_basis_text_groups_the_targets_of_one_provenance_and_machine():
+    b = checks.Basis((("001", "today", "2x H200 GPU-4460", "41ddb22"), ("002", "today", "2x H200 GPU-4460", "41ddb22")))
+    assert b.today and b.text == "today, 2x H200 GPU-4460, commit 41ddb22"
+    b = checks.Basis((("101", "today", "1x H100 GPU-768c", "df56dc0"),
+                      ("102", "older (schema 1)", "2x H200 (no GPU UUID)", "0aa8761")))
+    assert not b.today and b.text == ("101: today, 1x H100 GPU-768c, commit df56dc0; "
+                                      "102: older (schema 1), 2x H200 (no GPU UUID), commit 0aa8761")
+
+
+def test_between_machines_is_derived_from_runs_of_one_command(tmp_path):
+    runs = tmp_path / "results" / "runs"
+    for name, host, ms in (("a", "h1", 100.0), ("b", "h2", 110.0), ("c", "h1", 50.0)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text(json.dumps({
+            "target": A if name != "c" else B, "status": "ok", "step_ms_median": ms, "hostname": host,
+            "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "versions": {"megalab_commit": "c1"}}))
+    spread = checks.between_machines(tmp_path)
+    assert [(t, round(x, 3)) for t, x in spread] == [("901", 0.1)]
+    assert "10.0%–10.0% apart (901: 10.0%)" in checks.between_machines_text(spread)
+    assert "not measured" in checks.between_machines_text([])
+    page = checks.render([], {}, spread)
+    assert "## Between machines" in page and "901: 10.0%" in page
+
+
+def test_the_page_names_each_verdicts_runs_and_where_it_is_taught():
+    r = run({"kind": "ratio", "a": B, "b": A}, "> 2", {A: rec(**_host()), B: rec(**_host())})
+    page = checks.render([r], {"c1": ["tutorials/00-two-gpu-tour.md"]})
+    assert "| runs " in page and "| taught in" in page and "older (schema 1), 2x H200 (no GPU UUID)" in page
+    assert "Explained where it is taught: tutorials/00-two-gpu-tour.md." in page
+    assert "Of the 1 evaluated, 0 read runs of today's code and defaults only and 1 read older runs" in page

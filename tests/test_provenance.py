@@ -196,14 +196,15 @@ def test_checks_compare_runs_of_one_host_only():
     for r in recs.values():
         r["config"] = {}
     res = checks.evaluate(claim, typed(recs), known)
-    assert res.status == checks.NOT_RUN and "different hosts" in res.why
+    assert res.status == checks.NOT_RUN and "different machines or code" in res.why
     recs[b]["hostname"] = "hostA"
     assert checks.evaluate(claim, typed(recs), known).status == checks.PASS
 
 
 def test_checks_read_one_machine_that_has_every_target(tmp_path):
-    """Newest records on two machines: the claim reads the machine that ran both (and says so); with no
-    such machine it stays NOT RUN, and of two such machines the newer runs win."""
+    """Newest records on two machines: the claim reads the machine that ran both (and its basis names the
+    machine and commit); with no such machine it stays NOT RUN, and of two such machines the newer runs win.
+    Without a GPU UUID a machine is also known by its GPU count (x1 here)."""
     from megalab.results import checks
 
     claim = next(c for c in checks.load_claims() if c.id == "ch0-dp-step-flat")  # ratio b / a in 0.9-1.1
@@ -217,18 +218,20 @@ def test_checks_read_one_machine_that_has_every_target(tmp_path):
                                                           started=f"2026-01-0{day}T10:00:00+00:00", config={})))
     newest = records.load_records(runs)
     groups = checks.machine_groups(tmp_path, records.setup_key)
-    assert set(groups) == {"hostA NVIDIA H100 80GB HBM3 @ c1", "hostB NVIDIA H100 80GB HBM3 @ c1",
-                           "hostC NVIDIA H100 80GB HBM3 @ c1"}
+    assert set(groups) == {"hostA NVIDIA H100 80GB HBM3 x1 @ c1", "hostB NVIDIA H100 80GB HBM3 x1 @ c1",
+                           "hostC NVIDIA H100 80GB HBM3 x1 @ c1"}
     res = checks.evaluate(claim, newest, known, groups)
-    assert res.status == checks.PASS and "(runs on hostA NVIDIA H100 80GB HBM3 @ c1)" in res.measured
+    assert res.status == checks.PASS and [(t, m, c) for t, _, m, c in res.basis.runs] == [
+        (a[:3], "1x H100 80GB (no GPU UUID)", "c1"), (b[:3], "1x H100 80GB (no GPU UUID)", "c1")]
+    assert res.measured.startswith("1.050")  # hostA's pair (105 / 100), the one machine that ran both
     assert checks.evaluate(claim, newest, known).status == checks.NOT_RUN  # without the groups: as before
     # hostA's b is 1.5x: the check reads hostA's runs, so it FAILs there, it does not pick a passing machine
-    group = groups["hostA NVIDIA H100 80GB HBM3 @ c1"]
+    group = groups["hostA NVIDIA H100 80GB HBM3 x1 @ c1"]
     group[b] = group[b].model_copy(update={"step_ms_median": 150.0})
     assert checks.evaluate(claim, newest, known, groups).status == checks.FAIL
-    del groups["hostA NVIDIA H100 80GB HBM3 @ c1"]
+    del groups["hostA NVIDIA H100 80GB HBM3 x1 @ c1"]
     res = checks.evaluate(claim, newest, known, groups)
-    assert res.status == checks.NOT_RUN and "different hosts" in res.why
+    assert res.status == checks.NOT_RUN and "different machines or code" in res.why
     # two machines with both targets: the newer runs win
     def like_a(**change):
         return newest[a].model_copy(update=change)
@@ -237,7 +240,8 @@ def test_checks_read_one_machine_that_has_every_target(tmp_path):
                             b: like_a(target=b, started="2026-02-01T10:00:00+00:00")}
     groups["hostE @ c1"] = {a: like_a(started="2026-01-05T10:00:00+00:00"),
                             b: like_a(target=b, step_ms_median=500.0, started="2026-01-05T10:00:00+00:00")}
-    assert "(runs on hostD @ c1)" in checks.evaluate(claim, newest, known, groups).measured
+    res = checks.evaluate(claim, newest, known, groups)
+    assert res.status == checks.PASS and res.measured.startswith("1.000")  # hostD's runs: equal, not hostE's 5x
 
 
 def test_bench_and_data_ratios_only_between_runs_of_one_host():
@@ -332,3 +336,14 @@ def test_older_commits_with_the_same_run_code_are_one_code(repo):
 
     assert cp2_run(cp) != cp2_run(first)
     assert provenance.code_key(RunRecord.of(_rec(commit=_git(repo, "rev-parse", "HEAD"))), repo) == provenance.CURRENT
+
+
+def test_a_machine_without_a_gpu_uuid_is_also_known_by_its_gpu_count():
+    """Every rig machine is called `vm`: without a UUID, a 2x and an 8x H200 host would be one machine."""
+    two = RunRecord.of(_rec(hostname="vm", gpus_on_node=2, num_gpus=2))
+    eight = RunRecord.of(_rec(hostname="vm", gpus_on_node=8, num_gpus=8))
+    assert provenance.host_key(two) == provenance.host_key(eight)
+    assert provenance.machine_of(two) != provenance.machine_of(eight)
+    assert provenance.comparable_key(two) != provenance.comparable_key(eight)
+    uuid = RunRecord.of(_rec(hostname="vm", gpus_on_node=2, gpu_uuids=["GPU-446032a4-0000"]))
+    assert provenance.machine_of(uuid) == provenance.host_key(uuid)  # the UUID names the machine

@@ -14,7 +14,8 @@ def _row(ms, gib="", p="1111–1221", status="ok", machine="m1", provenance="tod
 ROWS = {"520": _row("1196"), "521": _row("1243"), "531": _row("", "33.0 / 34.5"), "526": _row("", "28.6"),
         "500": _row("", status="not run: needs 8 GPUs"), "301": _row("", "77.1", status="oom"),
         "520-olmoe-dp2": _row("1196", tok="13,700"), "522": _row("1107", machine="m2"),
-        "523": _row("1100", provenance="older (schema 1)")}
+        "523": _row("1100", provenance="older (schema 1)"), "524": _row("1000", provenance="older (FAST=none)"),
+        "525": _row("900", provenance="older (schema 1)")}
 
 
 def row(target):
@@ -37,6 +38,8 @@ def row(target):
     ("520/531", "Δ GiB", "n/a (divides by zero)"),
     ("522/521", "our ms", "0.89 (two machines or codes: not comparable)"),  # as the tables' efficiency columns
     ("523%521", "our ms", "-12% (two machines or codes: not comparable)"),
+    ("524%523", "our ms", "-9% (two machines or codes: not comparable)"),  # two older codes are not one code
+    ("525%523", "our ms", "-18%"),
     ("522/521", "ref ms", "1.00"),  # the published numbers are one set
 ])
 def test_a_quote_shows_the_cell_or_what_two_cells_give(rows, column, want):

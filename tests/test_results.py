@@ -48,8 +48,12 @@ def test_committed_raw_logs_are_gzipped():
 def test_committed_checks_page_is_up_to_date():
     from megalab.results import checks
 
-    text = checks.render(checks.evaluate_root(ROOT))
+    from megalab.results import checkmarks
+
+    results, _, text = checks.page(ROOT)
     assert (ROOT / "results" / "checks.md").read_text(encoding="utf-8") == text, "run `make check` and commit"
+    changed, _ = checkmarks.fill_docs(ROOT, {r.claim.id: r for r in results}, check=True)
+    assert not changed, f"{changed[0]}: a check verdict is out of date; run `make check` and commit"
 
 
 def test_committed_estimate_validation_is_up_to_date():

@@ -230,13 +230,23 @@ def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
 
 
 def comparable_key(r: RunRecord, root: Path = ROOT) -> str | None:
-    """Which runs' step times may be divided by each other: one host, and one code and defaults (both
-    `today`, or the same commit). None for a record without a host (it cannot be told apart)."""
-    host = host_key(r)
+    """Which runs' step times may be divided by each other: one machine (machine_of), and one code and
+    defaults (both `today`, or the same commit). None for a record without a host (it cannot be told apart)."""
+    host = machine_of(r)
     if host is None:
         return None
     code = "today" if of(r, root).state == CURRENT else str(r.versions.megalab_commit)
     return f"{host} @ {code}"
+
+
+def machine_of(r: RunRecord) -> str | None:
+    """The machine a comparison may treat as one: host_key, and where the record has no GPU UUID also the
+    number of GPUs it saw. Every rig machine is called `vm`: without a UUID a 2x and an 8x H200 host
+    would be one name, and two runs are only paired where at least their machines' GPU counts agree."""
+    host = host_key(r)
+    if host is None or r.gpu_uuids:
+        return host
+    return f"{host} x{r.gpus_on_node or r.num_gpus or '?'}"
 
 
 def host_key(r: RunRecord) -> str | None:

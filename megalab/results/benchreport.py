@@ -126,7 +126,8 @@ def parity(a: RunRecord, b: RunRecord) -> dict:
 
 def _speedup(slow: RunRecord | None, fast: RunRecord | None) -> str:
     """'1.23x': slow's step time over fast's, where both ended ok; '' otherwise; '≠host' where the two
-    ran on different hosts (identical commands differ by 5-23% between hosts: no ratio is made)."""
+    ran on different machines or code (one command moves between machines, results/checks.md "Between
+    machines": no ratio is made)."""
     if not (_ok(slow) and _ok(fast)):
         return ""
     ka, kb = provenance.comparable_key(slow), provenance.comparable_key(fast)
@@ -466,10 +467,10 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 *d.read_text().strip().splitlines(), ""]
     intro = ("Two default fast-path levers came from row 111's kernel list (below, with the fast path it was "
              "profiled with): `bf16_ce` removed the loss's fp32 copy, max, exp, sum, divide and gradient kernels over "
-             "the [tokens, vocabulary] logits (about 16 ms of the step; 15.8 ms against 2.4 ms per call in "
-             "isolation, [mb-loss-and-bias.txt](mb-loss-and-bias.txt)), and `addmm_bias` the QKV projection's "
-             "separate bf16 bias add (the 48 `CUDAFunctor_add<BFloat16>` calls of 9.3 ms). A profile made with an "
-             "older fast path still lists them.")
+             "the [tokens, vocabulary] logits ([mb-loss-and-bias.txt](mb-loss-and-bias.txt) times both losses per call "
+             "in isolation), and `addmm_bias` the QKV projection's separate bf16 bias add (the "
+             "`CUDAFunctor_add<c10::BFloat16>` calls in the kernel list). A profile made with an older fast path "
+             "still lists them.")
     return ["## Where a step goes (profiles)", "", intro, "", *out] if out else []
 
 

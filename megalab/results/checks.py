@@ -2,26 +2,35 @@
 
 The claims are data (configs/checks.yaml); this module knows a small fixed set of metric kinds
 (KINDS) and expectations, evaluates every claim against the newest usable record per target
-(records.load_records) and writes results/checks.md. Each claim ends as
+(records.load_records), writes results/checks.md and fills the verdict beside every tutorial
+sentence that teaches a claim (checkmarks.py). Each claim ends as
 
   PASS     the measured value meets the expectation
   FAIL     it does not (or a target it reads ran out of memory): a finding, reported as is
   NOT RUN  a target is not in the catalog yet, has no record, or its record failed, is
-           incomplete, or was run with a layout the catalog no longer has (the reason says which)
+           incomplete, or was run with a layout the catalog no longer has; or the claim pairs runs
+           (a ratio, a difference, an order) and no one machine with one code has them all
+           (the reason says which)
+
+and says what it stands on (Basis): each record's provenance (`today` or `older (why)`), machine and
+commit.
 
 Public API:
   KINDS                       the metric kinds (claims.py: the claims file, typed)
   load_claims(path)           parse and validate configs/checks.yaml (ChecksError: one line, naming the claim)
-  evaluate(claim, records, known)   one Result
-  evaluate_all(claims, records, known)
-  render(results)             the markdown page
-  write_checks(root)          evaluate and write ROOT/results/checks.md; returns the results
-  cli(argv)                   `python -m megalab check [--strict]`
+  evaluate(claim, records, known, groups, root)   one Result
+  evaluate_all(claims, records, known, groups, root)
+  evaluate_root(root)         every claim against ROOT's committed records
+  render(results, taught, spread)   the markdown page
+  page(root)                  the results, the pages' check markers and the page's text
+  write_checks(root)          write ROOT/results/checks.md and the pages' verdicts
+  main(args)                  `python -m megalab check [--strict]`
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,15 +38,16 @@ from typing import Any
 
 from megalab.core.paths import ROOT
 from megalab.core import markdown, provenance
-from megalab.core.records import USABLE, RunRecord, load_records, read_records, repeats, stamp
+from megalab.core.gpus import short_gpu_name
+from megalab.core.records import USABLE, RunRecord, load_records, read_records, repeats, settings, stamp
 from megalab.core import catalog
 from megalab.core.catalog import CatalogError
+from megalab.results import checkmarks
 from megalab.results.claims import (  # noqa: F401  (checks.KINDS, checks.load_claims: the claims file's API)
-    DEFAULT_FIELD, KINDS, ChecksError, Claim, Operand, Published, is_num, load_claims, unit_bytes)
+    DEFAULT_FIELD, FAIL, KINDS, NOT_RUN, PASS, ChecksError, Claim, Operand, Published, is_num, load_claims,
+    unit_bytes)
 
 OUTPUT = Path("results") / "checks.md"
-
-PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 
 # Fields an out-of-memory run has no valid value for (it never finished a step).
 OOM_INVALID = ("step_ms", "tflops", "mfu", "mem_peak", "megatron_mem", "loss")
@@ -56,6 +66,48 @@ class _Fail(Exception):
 
 # --------------------------------------------------------------------------- evaluation
 
+@dataclasses.dataclass(frozen=True)
+class Basis:
+    """What a verdict stands on: for every record it read, the record's provenance (`today`, or `older
+    (why)`: provenance.py), its machine and its megalab commit."""
+    runs: tuple[tuple[str, str, str, str], ...] = ()  # (short target id, provenance cell, machine, commit)
+
+    @property
+    def today(self) -> bool:
+        """Every record read is today's code and defaults."""
+        return bool(self.runs) and all(cell == provenance.MARK[provenance.CURRENT] for _, cell, _, _ in self.runs)
+
+    @property
+    def text(self) -> str:
+        """'today, 2x H200 GPU-446032a4, commit 41ddb22', or per group of targets where they differ."""
+        groups: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+        for target, cell, machine, commit in self.runs:
+            targets, commits = groups.setdefault((cell, machine), ([], []))
+            targets.append(target)
+            if commit not in commits:
+                commits.append(commit)
+        parts = []
+        for (cell, machine), (targets, commits) in groups.items():
+            what = f"{cell}, {machine}, commit{'s' * (len(commits) > 1)} {', '.join(commits)}"
+            parts.append(what if len(groups) == 1 else f"{', '.join(targets)}: {what}")
+        return "; ".join(parts)
+
+
+def machine_label(r: RunRecord) -> str:
+    """The machine of a record in words: its GPUs and first GPU's UUID ('2x H200 GPU-446032a4'); without a
+    UUID, the GPU count and model only (every rig machine is called `vm`: possibly several machines)."""
+    n = r.gpus_on_node or r.num_gpus
+    gpus = f"{n}x {short_gpu_name(r.gpu_name)}" if n else short_gpu_name(r.gpu_name)
+    return f"{gpus} {r.gpu_uuids[0][:12]}" if r.gpu_uuids else f"{gpus} (no GPU UUID)"
+
+
+def basis(targets: tuple[str, ...], records: Mapping[str, RunRecord], root: Path = ROOT) -> Basis:
+    """The Basis of the records TARGETS name (those with a record)."""
+    return Basis(tuple((_short(t), provenance.of(r, root).cell, machine_label(r),
+                        str(r.versions.megalab_commit or "no commit")[:7])
+                       for t in targets if (r := records.get(t)) is not None))
+
+
 @dataclasses.dataclass
 class Result:
     claim: Claim
@@ -63,6 +115,7 @@ class Result:
     measured: str  # the measured value(s) as shown, or the reason for NOT RUN
     values: list[Any] = dataclasses.field(default_factory=list)
     why: str = ""  # FAIL / NOT RUN explanation
+    basis: Basis = Basis()  # the records it read (PASS, FAIL): provenance, machine, commit
 
 
 def _record(target: str, records: Mapping[str, RunRecord], known: Mapping[str, Any]) -> RunRecord:
@@ -200,16 +253,29 @@ def _meets(c: Claim, values: list[Any]) -> bool:
     return all(e.holds(v) for v in values)
 
 
-def other_hosts(c: Claim, records: Mapping[str, RunRecord]) -> str:
-    """'' when every record a comparing claim reads ran on one host (or says none), else the reason:
-    a ratio of two hosts' runs mixes the hosts' difference (5-23% on identical commands) into it."""
+def pairs_runs(c: Claim) -> bool:
+    """Whether a claim sets runs against each other (divides, subtracts, ranks them or takes the largest
+    of several): such a claim reads runs of one machine and one code only. A status claim, or a value or
+    bytes per parameter of each target on its own, pairs nothing."""
     if c.kind == "status":
+        return False
+    if c.kind in ("value", "bytes_per_param"):
+        return any(op.minus is not None or (op.across is not None and len(op.targets) > 1)
+                   for op in c.operands.values())
+    return True
+
+
+def other_hosts(c: Claim, records: Mapping[str, RunRecord], root: Path = ROOT) -> str:
+    """'' when a claim pairs no runs, or every record it reads ran on one machine with one code (or says
+    no host), else the reason: a ratio of two machines' or two codes' runs mixes their difference into it."""
+    if not pairs_runs(c):
         return ""
-    hosts = {t: h for t in c.reads if (h := provenance.comparable_key(records[t])) is not None}
-    if len(set(hosts.values())) <= 1:
+    keys = {provenance.comparable_key(records[t], root) for t in c.reads} - {None}
+    if len(keys) <= 1:
         return ""
-    return "runs on different hosts or code (" + ", ".join(f"{_short(t)}: {h}" for t, h in hosts.items()) + \
-        "); re-run them on one host with today's code"
+    return (f"it pairs runs of different machines or code ({basis(c.reads, records, root).text}) and no one "
+            "machine with one code has them all; fix: run them on one machine with today's code "
+            f"(make campaign IDS=\"{' '.join(_short(t) for t in c.reads)}\")")
 
 
 def machine_groups(root: Path, setup) -> dict[str, dict[str, RunRecord]]:
@@ -241,20 +307,17 @@ def one_machine(c: Claim, groups: Mapping[str, Mapping[str, RunRecord]], known
 
 
 def evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, Any],
-             groups: Mapping[str, Mapping[str, RunRecord]] | None = None) -> Result:
+             groups: Mapping[str, Mapping[str, RunRecord]] | None = None, root: Path = ROOT) -> Result:
     """One claim against the records. `known`: target id -> catalog Experiment (or None). `groups`
-    (machine_groups): where the newest records compare runs of two machines, the claim reads the runs
-    of one machine that has them all instead, and says which."""
+    (machine_groups): where the newest records of a claim that pairs runs are of two machines or codes,
+    the claim reads the runs of one machine and code that has them all instead. The result's `basis`
+    names the provenance, machine and commit of every record it read; ROOT's git judges the code."""
     why = _not_run_reason(c.reads, records, known)
-    where = ""
-    if not why and (why := other_hosts(c, records)) and groups and (found := one_machine(c, groups, known)):
-        where, records, why = found[0], {**records, **found[1]}, ""
+    if not why and (why := other_hosts(c, records, root)) and groups and (found := one_machine(c, groups, known)):
+        records, why = {**records, **found[1]}, ""
     if why:
         return Result(c, NOT_RUN, "", why=why)
-    result = _evaluate(c, records, known)
-    if where and result.status != NOT_RUN:
-        result = dataclasses.replace(result, measured=f"{result.measured} (runs on {where})")
-    return result
+    return dataclasses.replace(_evaluate(c, records, known), basis=basis(c.reads, records, root))
 
 
 def _evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, Any]) -> Result:
@@ -271,8 +334,8 @@ def _evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, An
 
 
 def evaluate_all(claims: list[Claim], records: Mapping[str, RunRecord], known: Mapping[str, Any],
-                 groups: Mapping[str, Mapping[str, RunRecord]] | None = None) -> list[Result]:
-    return [evaluate(c, records, known, groups) for c in claims]
+                 groups: Mapping[str, Mapping[str, RunRecord]] | None = None, root: Path = ROOT) -> list[Result]:
+    return [evaluate(c, records, known, groups, root) for c in claims]
 
 
 # --------------------------------------------------------------------------- the page
@@ -323,86 +386,177 @@ def summary(results: list[Result]) -> dict[str, int]:
     return {s: sum(r.status == s for r in results) for s in (PASS, FAIL, NOT_RUN)}
 
 
-def render(results: list[Result]) -> str:
-    """results/checks.md: counts, the table, one footnote per FAIL."""
+def between_machines(root: Path = ROOT) -> list[tuple[str, float]]:
+    """How far one command's step time moves between machines, from the committed runs: for every target
+    run ok on two or more machines (provenance.machine_of) with the same run code (provenance.code_key)
+    and settings, (short id, highest / lowest of the machines' median step times - 1), smallest first."""
+    by_command: dict[tuple, dict[str, list[float]]] = {}
+    for r in read_records(root / "results" / "runs", "megalab check"):
+        if r.status == "ok" and r.step_ms_median is not None and (machine := provenance.machine_of(r)):
+            key = (r.target, provenance.code_key(r, root), repr(settings(r)))
+            by_command.setdefault(key, {}).setdefault(machine, []).append(float(r.step_ms_median))
+    out = []
+    for (target, *_), machines in by_command.items():
+        if len(machines) > 1:
+            medians = [statistics.median(v) for v in machines.values()]
+            out.append((_short(target), max(medians) / min(medians) - 1))
+    return sorted(out, key=lambda x: (x[1], x[0]))
+
+
+def between_machines_text(spread: list[tuple[str, float]]) -> str:
+    if not spread:
+        return ("No target has runs of one command (the same run code and settings) on two machines yet, so "
+                "how far a step moves between machines is not measured here.")
+    pct = lambda x: f"{x * 100:.1f}%"  # noqa: E731
+    return (f"{len(spread)} target(s) have runs of one command (the same run code and settings) on two or more "
+            f"machines; their machines' median step times are {pct(spread[0][1])}–{pct(spread[-1][1])} apart ("
+            + ", ".join(f"{t}: {pct(x)}" for t, x in spread) + "). A ratio of two runs made on different machines "
+            "carries such a difference in it, and one of two codes what changed between them (results/bench "
+            "measures today's levers and CUDA graph): the claims above, the chapter tables' efficiency columns "
+            "and the tutorials' quotes pair runs of one machine and one code only.")
+
+
+def render(results: list[Result], taught: Mapping[str, list[str]] | None = None,
+           spread: list[tuple[str, float]] | None = None) -> str:
+    """results/checks.md: counts, the table, one footnote per FAIL (where it is explained, TAUGHT: claim
+    id -> the pages whose prose teaches it), and how far one command moves between machines (SPREAD)."""
+    taught = taught or {}
     counts = summary(results)
     rows, notes = [], []
     for r in results:
         status = r.status
+        pages = ", ".join(taught.get(r.claim.id, []))
         if r.status == FAIL:
-            notes.append(f"[{len(notes) + 1}] `{r.claim.id}`: {r.why}. A finding, reported as is: "
-                         "the expectation is not loosened to make it pass.")
+            where = f"Explained where it is taught: {pages}." if pages else "No page teaches it yet."
+            notes.append(f"[{len(notes) + 1}] `{r.claim.id}`: {r.why} ({r.basis.text}). {where} A finding, "
+                         "reported as is: the expectation is not loosened to make it pass.")
             status = f"FAIL [{len(notes)}]"
         elif r.status == NOT_RUN:
             status = f"NOT RUN: {r.why}"
         rows.append({"claim": f"`{r.claim.id}`: {r.claim.claim}", "source": r.claim.source,
                      "expected": r.claim.expect.text(), "fails if": fails_if(r.claim),
                      "published": _published_text(r.claim.published),
-                     "measured": r.measured, "status": status})
-    header = ["claim", "source", "expected", "fails if", "published", "measured", "status"]
+                     "measured": r.measured, "runs": r.basis.text if r.status != NOT_RUN else "",
+                     "status": status, "taught in": pages})
+    header = ["claim", "source", "expected", "fails if", "published", "measured", "runs", "status", "taught in"]
     table = "\n".join(markdown.table(header, ([_cell(r[h]) for h in header] for r in rows), padded=True)) \
         if rows else "(no claims)"
+    evaluated = [r for r in results if r.status != NOT_RUN]
+    older = sum(not r.basis.today for r in evaluated)
     lines = [
         "# Checks: published claims against our runs",
         "",
         "<!-- generated by `make check` from configs/checks.yaml and results/runs/*/run.json; "
         "do not edit by hand -->",
         "",
-        f"{len(results)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN.",
+        f"{len(results)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN. "
+        f"Of the {len(evaluated)} evaluated, {len(evaluated) - older} read runs of today's code and defaults "
+        f"only and {older} read older runs (`runs` says which).",
         "",
         "Each claim is computed from the newest ok/oom record per target (memory: NVML peak per GPU, "
         "the largest over the run's GPUs unless stated; time: median step, or the median of the runs' "
         "medians where the target was repeated on one machine with the same code and settings). `published` is the same "
-        "metric on the published rows where it names the tutorial or the two-GPU notes. NOT RUN: a "
-        "target it reads is not in the catalog yet, has no record, or its record failed, or the records it "
-        "compares ran on different machines or code and no one machine with one code has them all. Where the "
-        "newest records differ in machine but one machine has every target's run, the claim reads that "
-        "machine's runs (today's code first, then the newest) and `measured` names it. `fails if` is generated from the expectation: every claim can "
-        "fail (tests/test_checks.py builds, for each, a record set that makes it FAIL). "
-        "The claims are data: configs/checks.yaml.",
+        "metric on the published rows where it names the tutorial or the two-GPU notes. A claim that pairs runs "
+        "(a ratio, a difference, an order) reads runs of one machine and one code only: where the newest records "
+        "differ in machine or code, it reads the one machine and code that has every target's run (today's code "
+        "first, then the newest), and where none has them all it is NOT RUN, with the runs it would pair. A machine "
+        "is its first GPU's UUID; a record without one is known only by its GPU model and count (every rig machine "
+        "is called `vm`), so it may stand for several machines. `runs` names what a verdict stands on: each record's "
+        "provenance (`today`, or `older (why)` as on the chapter pages), machine and megalab commit. NOT RUN also: a "
+        "target it reads is not in the catalog yet, has no record, or its record failed. `fails if` is generated "
+        "from the expectation: every claim can fail (tests/test_checks.py builds, for each, a record set that makes "
+        "it FAIL). `taught in`: the pages whose prose teaches the claim, with its verdict beside the sentence "
+        "(`<!-- check ID -->`, megalab/results/checkmarks.py). The claims are data: configs/checks.yaml.",
         "",
         table,
     ]
     if notes:
         lines += ["", *notes]
+    if spread is not None:
+        lines += ["", "## Between machines", "", between_machines_text(spread)]
     return "\n".join(lines) + "\n"
+
+
+class Verdicts(Mapping):
+    """Claim id -> Result of ROOT's committed records, evaluated on first use (make tables: only where a
+    page has a check marker)."""
+
+    def __init__(self, root: Path = ROOT, claims_path: Path | None = None):
+        self.root, self.claims_path, self._results = Path(root), claims_path, None
+
+    @property
+    def results(self) -> dict[str, Result]:
+        if self._results is None:
+            self._results = {r.claim.id: r for r in evaluate_root(self.root, self.claims_path)}
+        return self._results
+
+    def __getitem__(self, cid: str) -> Result:
+        return self.results[cid]
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+
+def claims_file(root: Path) -> Path | None:
+    """ROOT's configs/checks.yaml where it has one (a test's copy), else the default."""
+    path = Path(root) / "configs" / "checks.yaml"
+    return path if path.exists() else None
 
 
 def evaluate_root(root: Path = ROOT, claims_path: Path | None = None) -> list[Result]:
     """Every claim against ROOT's committed records: the newest per target, or one machine's runs."""
     setup = lambda r: provenance.setup_key(r, root)  # noqa: E731
     records = load_records(root / "results" / "runs", setup, "megalab check")
-    return evaluate_all(load_claims(claims_path), records, catalog.catalog(), machine_groups(root, setup))
+    claims = load_claims(claims_path or claims_file(root))
+    return evaluate_all(claims, records, catalog.catalog(), machine_groups(root, setup), root)
 
 
-def write_checks(root: Path | None = None, claims_path: Path | None = None) -> tuple[list[Result], bool]:
-    """Evaluate every claim on ROOT's records and write ROOT/results/checks.md.
-
-    Returns (results, changed). The page is only rewritten when its content changes.
-    """
-    root = Path(root) if root is not None else ROOT
+def page(root: Path = ROOT, claims_path: Path | None = None) -> tuple[list[Result], list[checkmarks.Mark], str]:
+    """ROOT's claims evaluated, the check markers of its pages (checkmarks.docs, filled in memory) and
+    results/checks.md's text."""
     results = evaluate_root(root, claims_path)
-    return results, markdown.write_if_changed(root / OUTPUT, render(results))
+    _, marks = checkmarks.fill_docs(root, {r.claim.id: r for r in results}, write=False)
+    return results, marks, render(results, checkmarks.taught(marks), between_machines(root))
+
+
+def write_checks(root: Path | None = None, claims_path: Path | None = None
+                 ) -> tuple[list[Result], list[str], bool]:
+    """Evaluate every claim on ROOT's records, write ROOT/results/checks.md and fill the check markers of
+    ROOT's pages. Returns (results, the unsaid lines (checkmarks.unsaid and untaught FAILs), changed).
+    A file is only rewritten when its content changes."""
+    root = Path(root) if root is not None else ROOT
+    results, marks, text = page(root, claims_path)
+    by_id = {r.claim.id: r for r in results}
+    changed = markdown.write_if_changed(root / OUTPUT, text)
+    changed |= bool(checkmarks.fill_docs(root, by_id)[0])
+    return results, checkmarks.unsaid(marks, by_id) + checkmarks.untaught_fails(marks, by_id), changed
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--strict", action="store_true", help="exit 1 if any claim FAILs (make check STRICT=1)")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 if a FAIL, a NOT RUN or older runs are not said where the claim is taught, or a "
+                         "FAIL is explained nowhere (make check STRICT=1)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     ap.add_argument("--claims", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Test the published claims (configs/checks.yaml) against the committed run records; write results/checks.md."""
+    """Test the published claims (configs/checks.yaml) against the committed run records; write results/checks.md
+    and the verdicts beside the tutorials' sentences that teach them."""
     try:
-        results, _ = write_checks(args.root, args.claims)
-    except (ChecksError, CatalogError) as e:
+        results, unsaid, _ = write_checks(args.root, args.claims)
+    except (ChecksError, CatalogError, checkmarks.CheckMarkError) as e:
         print(f"megalab check: {e}", file=sys.stderr)
         return 2
     counts = summary(results)
     for r in results:
         if r.status == FAIL:
-            print(f"FAIL {r.claim.id}: {r.why}")
+            print(f"FAIL {r.claim.id}: {r.why} ({r.basis.text})")
+    for line in unsaid:
+        print(f"megalab check: {line}", file=sys.stderr if args.strict else sys.stdout)
     print(f"checks: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN "
-          f"({len(results)} claims) -> {OUTPUT}")
-    return 1 if (args.strict and counts[FAIL]) else 0
-
+          f"({len(results)} claims) -> {OUTPUT}" + (f"; {len(unsaid)} verdict(s) unsaid where taught" if unsaid else ""))
+    return 1 if (args.strict and unsaid) else 0

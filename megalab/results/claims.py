@@ -40,6 +40,10 @@ DEFAULT_FIELD = "step_ms_median"
 _CMP = re.compile(r"^\s*(<=|>=|<|>|==)\s*(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*$")
 
 
+# A claim's verdict (checks.py evaluates it; checkmarks.py renders it into the prose that teaches it)
+PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+
+
 class ChecksError(ValueError):
     """A malformed claims file: one line naming the claim and the fix."""
 

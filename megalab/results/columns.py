@@ -219,10 +219,11 @@ def allreduce_mb_per_call(exp: catalog.Experiment) -> float | None:
 
 OTHER_HOST = "≠host"  # a ratio of two of our rows whose records ran on different hosts: not made
 
-OTHER_HOST_NOTE = (f"`{OTHER_HOST}`: the two runs this ratio would divide ran on different hosts (the records' "
-                   "`hostname`) or with different code or defaults (their provenance), so it is not given: "
-                   "identical commands differ by 5–23% between hosts, and today's defaults (a CUDA graph) "
-                   "change a step by up to 3x.")
+OTHER_HOST_NOTE = (f"`{OTHER_HOST}`: the two runs this ratio would divide ran on different machines (the records' "
+                   "host and first GPU) or with different code or defaults (their provenance), so it is not given: "
+                   "one command's step time moves between machines (results/checks.md, \"Between machines\", "
+                   "measures how far on the committed runs), and today's defaults (a CUDA graph) move it more "
+                   "(results/bench measures what each changes).")
 
 
 class _OtherHost(Exception):

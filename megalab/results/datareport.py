@@ -141,7 +141,7 @@ def _ratio(real: RunRecord | None, mock: RunRecord | None, v: int | None) -> str
         return "vocabulary unknown"
     ka, kb = provenance.comparable_key(real), provenance.comparable_key(mock)
     if ka and kb and ka != kb:
-        return columns.OTHER_HOST  # two hosts or two codes: no ratio (identical commands differ 5-23% between hosts)
+        return columns.OTHER_HOST  # two machines or two codes: no ratio (results/checks.md, "Between machines")
     return f"{real.step_ms_median / mock.step_ms_median:.2f}x"
 
 

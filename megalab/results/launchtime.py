@@ -87,9 +87,10 @@ def section(root: Path) -> list[str]:
             "`duration_s` (started to ended, the preflight not included).", "",
             *markdown.table(["target", "runs", "GPUs", "preflight", *(name for name, *_ in PHASES), "launch"], body),
             "",
-            "On the rig the imports were the largest phase of a short run: its Python sets PYTHONDONTWRITEBYTECODE=1 "
-            "over a torch installed without bytecode, so every process (the launcher's Megatron check and each "
-            "worker) compiles torch from source ([import-torch-transcript.txt](import-torch-transcript.txt): "
-            "`import torch` 5.5 s each time, 2.5-2.8 s once the cache is written). The preflight's python line "
+            "Before 2026-11-23 the imports were the largest phase of a short run on the rig: its Python sets "
+            "PYTHONDONTWRITEBYTECODE=1 over a torch installed without bytecode, so every process (the launcher's "
+            "Megatron check and each worker) compiled torch from source ([import-torch-transcript.txt]"
+            "(import-torch-transcript.txt) times `import torch` there, without and with the bytecode cache). "
+            "The preflight's python line "
             "now says so (megalab/harness/pyinfo.py `recompiles`); the rig sessions unset it since 2026-11-23, and the "
             "imports column above is of those runs.", ""]

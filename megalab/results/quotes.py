@@ -48,7 +48,8 @@ def _missing(row: dict) -> str:
 def value(rows: str, column: str, row: Row) -> str:
     """The text a quote shows: a cell, or the ratio, change or difference of two rows' cells. A row with
     nothing in the column says why ('not run', 'out of memory'); two rows of different machines or code
-    are marked, as the tables' efficiency columns are (identical commands differ by 5-23% between machines)."""
+    (the machine column, the whole provenance cell) are marked, as the tables' efficiency columns are: one
+    command's step time moves between machines (results/checks.md, "Between machines")."""
     m = ROWS.match(rows)
     if not m:
         raise QuoteError(f"quote '{rows} | {column}': rows must be A, A/B, A%B or A - B (target ids); "
@@ -75,7 +76,7 @@ def value(rows: str, column: str, row: Row) -> str:
     else:
         out = f"{x / y:.2f}" if op == "/" else f"{round((x / y - 1) * 100):+d}%"  # round: no "-0%"
     ours = column.startswith(("our", "Δ")) or column in ("TFLOP/s/GPU", "MFU", "tok/s/GPU")
-    where = [(r.get("machine"), str(r.get("provenance", "")).split(" (")[0]) for r in found]
+    where = [(r.get("machine"), str(r.get("provenance", ""))) for r in found]
     return f"{out} {OTHER_MACHINE}" if ours and where[0] != where[1] else out
 
 

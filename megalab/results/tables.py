@@ -34,7 +34,7 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import logparse, markdown, provenance
-from megalab.results import columns as cols, index, plots, quotes
+from megalab.results import checkmarks, checks, columns as cols, index, plots, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
@@ -56,9 +56,10 @@ FOOTNOTES = [
     "run's steps; where a target has several ok runs on one host with the same code and settings, "
     "`our ms` is the median of the runs' medians and `runs` gives their number and range (lowest–highest "
     "median), else `runs` is 1. MFU is TFLOP/s/GPU over the GPU's dense bf16 peak (newest run).",
-    "`~Rn` rows are 2-GPU analogues of published row Rn: they show the same trend on fewer GPUs "
-    "and have no published number of their own (—).",
 ]
+# only on a page with a `~Rn` row
+ANALOGUE_NOTE = ("`~Rn` rows are 2-GPU analogues of published row Rn: they stand in for it on fewer GPUs and have "
+                 "no published number of their own (—); whether they show its trend is what results/checks.md tests.")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -88,9 +89,10 @@ def machine_note(recs: list[RunRecord]) -> str | None:
                      + (f"(GPU {uuids[0][:13]}…, rows run {span} UTC)" if uuids else
                         f"(no GPU UUID recorded: rows run {span} UTC, possibly on several machines of that name)"))
     return ("machine: the physical machine of the row's record, by its first GPU's UUID (every rig machine "
-            "has the host name `vm`): " + "; ".join(parts) + ". Identical commands differ by 5-23% between "
-            "machines: compare step times within one machine (and code) only, as the efficiency columns "
-            "and `make check` do.")
+            "has the host name `vm`; `Nx`: the GPUs its runs saw, the host's size only where a run saw them all): "
+            + "; ".join(parts) + ". One command's step time moves between machines "
+            "([results/checks.md](../results/checks.md#between-machines) measures how far on the committed runs): "
+            "compare step times within one machine (and code) only, as the efficiency columns and `make check` do.")
 
 
 def _ours_sentence(recs: list[RunRecord]) -> str:
@@ -125,6 +127,7 @@ SOURCES = {
 
 TWOGPU_UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes); the published figures are "
                     "nvidia-smi MiB as printed in the notes, divided by 1024 here.")
+NONE_UNIT_NOTE = "Unit: every memory figure on this page is GiB (2^30 bytes)."
 
 TWOGPU_FOOTNOTES = [
     "Δ is ours − published: GiB per GPU (`GPU 0 / GPU 1`) for memory (none for a run that ran out of "
@@ -184,6 +187,8 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
         notes = FOOTNOTES[1:]  # no Δ
     else:
         notes = list(FOOTNOTES)
+    if any(str(v).startswith("~") for v in df.get("Row", ())):
+        notes.append(ANALOGUE_NOTE)
     notes += [cols.TOKENS_NOTE] + [c.note for c in cols.chapter_columns(chapter) if c.note]
     notes.append(provenance.LEGEND)
     if note := machine_note(recs):
@@ -194,7 +199,7 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
         notes.append(cols.SHARED_NOTE)
     if any(cols.over_cap_gib(r) for r in recs):
         notes.append(cols.OVER_CAP_NOTE)
-    unit = UNIT_NOTE if ctx.kind == "anchor" else TWOGPU_UNIT_NOTE
+    unit = {"anchor": UNIT_NOTE, "none": NONE_UNIT_NOTE}.get(ctx.kind, TWOGPU_UNIT_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", unit, "", table, "",
                           *(f"- {note}" for note in notes)])
     if block_only:
@@ -249,6 +254,9 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         raise NotToday(f"{n} row(s) come from other code or other defaults than today's: "
                        + "; ".join(f"{why}: {' '.join(ids)}" for why, ids in rows.items()) + "; fix: re-run them with `make <target>` (plain, no FAST/CUDA_GRAPH/"
                        "EXTRA_ARGS/WARMUP) and commit the records, or build without STRICT=1")
+    verdicts = checks.Verdicts(root)  # the claims the tutorials teach: evaluated where a page names one
+    if strict and (unsaid := _unsaid(root, verdicts)):
+        raise checkmarks.CheckMarkError(f"{len(unsaid)} verdict(s) unsaid where taught, e.g. {unsaid[0]}")
     reference, twogpu = load_reference(), load_twogpu_reference()
     # the pages link these figures: drawn first, so no link is ever dangling
     changed = plots.write_plots(root, records=records, check=check)
@@ -272,9 +280,18 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
         for line in moved:
             print(f"megalab tables: {path.relative_to(root)}: {line}: re-read the sentence around it")
+        # and the verdicts of the claims it teaches (checkmarks.py), with each one the sentence leaves unsaid
+        text, marks = checkmarks.fill(text, verdicts, str(path.relative_to(root)))
+        for line in checkmarks.unsaid(marks, verdicts):
+            print(f"megalab tables: {line}")
         if markdown.write_if_changed(path, text, check=check):
             changed.append(path)
     return changed
+
+
+def _unsaid(root: Path, verdicts: checks.Verdicts) -> list[str]:
+    """The check markers of ROOT's pages whose sentence does not account for the verdict (STRICT)."""
+    return checkmarks.unsaid(checkmarks.fill_docs(root, verdicts, write=False)[1], verdicts)
 
 
 def table_row(frames: dict[int, pd.DataFrame], target: str) -> dict[str, str] | None:
@@ -305,8 +322,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 if any table is out of date (for CI)")
     ap.add_argument("--strict", action="store_true",
-                    help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults "
-                         "(make tables STRICT=1)")
+                    help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults, or "
+                         "a tutorial's check verdict is not said by its sentence (make tables STRICT=1)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
@@ -315,7 +332,7 @@ def main(args: argparse.Namespace) -> int:
     root = args.root
     try:
         changed = write_tables(root, check=args.check, strict=args.strict)
-    except (NotToday, quotes.QuoteError) as e:
+    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays
