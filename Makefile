@@ -55,7 +55,7 @@ endif
 override TARGETS := $(shell $(PY) -m megalab targets 2>/dev/null)
 
 
-.PHONY: help list setup test quickstart tables compare check clean batch campaign $(TARGETS)
+.PHONY: help list setup test quickstart tables compare check walk clean batch campaign $(TARGETS)
 
 help:
 	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
@@ -71,7 +71,8 @@ help:
 #> test                    the CPU test suite
 #> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the run records (STRICT=1: refuse rows not of today's code/defaults)
 #> compare                 your runs (OUTDIR=outdir) beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
-#> check                   the papers' scaling claims against the records (STRICT=1 fails on FAIL)
+#> walk                    rewrite results/quickstart/walk.txt where any machine can (GPU-only sections stay, labelled)
+#> check                   the papers' scaling claims against the records (STRICT=1: fails on a FAIL or verdict no page explains)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
 #> bench-report            rebuild results/bench/README.md from the committed bench runs
@@ -187,6 +188,10 @@ tables:
 .PHONY: compare
 compare:
 	@exec $(PY) -m megalab compare "$${OUTDIR:-outdir}"
+
+# results/quickstart/walk.txt: what any machine can re-derive of the quickstart walk (megalab walk; --check, --gpu).
+walk:
+	@exec $(PY) -m megalab walk
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.

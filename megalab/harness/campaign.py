@@ -1,7 +1,8 @@
 """`make campaign`: one measurement campaign on this machine: the selected rows, REPEATS times each.
 
 A table row stands for what `make <target>` gives today, and one launch is one sample: identical
-commands differ by 5-23% between runs and machines. A campaign therefore runs every selected target
+commands differ between runs (about 2-4% on one machine, GPU-RIG.md) and more between machines
+(results/checks.md, "Between machines", from the committed runs). A campaign therefore runs every selected target
 REPEATS times (default 3) on this machine alone, pass after pass (101, 111, ..., then 101, 111, ...
 again), so that the machine's drift spreads over all rows instead of landing on one; the summary
 says how large that drift was (last launch of each target against its first). Each launch is
