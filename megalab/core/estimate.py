@@ -307,6 +307,11 @@ class Stage:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
 
     @property
+    def peak_without_graph_bytes(self) -> float:
+        """The peak with the CUDA graph's allowance left out (what CUDA_GRAPH=auto's room rule reads)."""
+        return self.allocated_bytes + self.overhead_bytes
+
+    @property
     def peak_at(self) -> str:
         fb = self.state_bytes + self.activations_bytes + max(self.head_bytes, self.workset_bytes)
         return "optimizer step" if self.state_bytes + self.optimizer_step_bytes > fb else "forward/backward"
@@ -353,6 +358,10 @@ class Estimate:
     @property
     def peak_gib(self) -> float:
         return max(s.peak_bytes for s in self.stages) / GIB
+
+    @property
+    def peak_without_graph_gib(self) -> float:
+        return max(s.peak_without_graph_bytes for s in self.stages) / GIB
 
     @property
     def allocated_gib(self) -> float:
