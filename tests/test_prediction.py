@@ -70,3 +70,22 @@ def test_plan_prints_the_preflights_prediction_for_every_target(no_gpu, capsys, 
             problems.append(f"{target}: the plan's peak and the decision disagree on the graph")
     assert not problems, "\n".join(problems[:3])
     assert len(TARGETS) > 100  # every catalog target, not a sample
+
+
+def test_predicted_columns_are_what_plan_prints_for_an_h100(no_gpu, capsys):
+    """The results pages' `predicted GiB` / `predicted ms` for a row no machine here runs are the figures
+    `python -m megalab plan TARGET GPU=h100` prints (one code path: plan.estimate_of)."""
+    from megalab.results import columns, predicted
+
+    wanted = [e for e in catalog.catalog().values() if predicted.wanted(e)]
+    assert wanted and all(e.gpus > predicted.RIG_GPUS for e in wanted)
+    no_gpu.setenv("GPU", "h100")
+    for exp in wanted:
+        assert main(["plan", exp.id]) == 0
+        out = capsys.readouterr().out
+        cells = columns.predicted_cells(exp)
+        peak = f"{_peak(out):.1f}"
+        fits = "DOES NOT FIT" not in out
+        assert cells["predicted GiB"] == peak + ("" if fits else " (oom)"), exp.id
+        ms = re.search(r"^time +([0-9]+) ms per step", out, re.M).group(1)
+        assert cells["predicted ms"] == (ms if fits else ""), exp.id

@@ -268,6 +268,15 @@ class RunPlan:
                 "env": dict(self.env)}
 
 
+def estimate_of(p: RunPlan, mfu: float | None = None) -> estimate.Estimate:
+    """The estimator's prediction for a plan (its model, levers, CUDA graph and GPU): what the preflight
+    and `python -m megalab plan TARGET` print, and the results pages' predicted columns. Raises what the
+    estimator raises for a layout it cannot plan (NotImplementedError, KeyError, ValueError, ...)."""
+    return estimate.estimate(p.exp, gpu_mem_gib=p.machine.gpu_memory_gib, spec=p.opts.spec,
+                             gpu_name=p.machine.gpu_name, model_cfg=dict(p.model), mfu=mfu,
+                             cuda_graph=p.cuda_graph, **estimate.lever_flags(p.fast))
+
+
 def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_dir: Path | None = None,
           environ=os.environ) -> RunPlan:
     """Resolve one run. `environ` supplies what the child environment takes beyond the make variables

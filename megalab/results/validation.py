@@ -227,7 +227,10 @@ def left_out(root: Path) -> list[str]:
     return [f"{d}/{rec.run_dir.name}: {why}" for d, rec in _committed_records(root) if (why := not_modelled(rec))]
 
 
-def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
+def validation_rows(root: Path | None = None, detail: bool = True) -> list[dict[str, Any]]:
+    """Every committed ok or out-of-memory run the memory model covers: predicted and measured peak, its
+    set, and (detail) Megatron's own allocator figures, which the notes and allowances.py read (from the
+    TensorBoard series: the slow part; detail=False leaves them empty)."""
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
     for d, rec in _committed_records(root):
@@ -237,7 +240,7 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
             continue
         est = estimate_record(rec)
         meas = max(rec.mem_peak_mib) / 1024
-        mem = megatron_mem_by_rank(rec)
+        mem = megatron_mem_by_rank(rec) if detail else {}
         oom = rec.status == "oom"
         err = (est.peak_gib - meas) / meas
         ok = (not est.fits) if oom else abs(err) <= 0.10
@@ -250,7 +253,7 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
             "pred_alloc_mb": est.allocated_gib * 1024,
             "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
             "fits": est.fits, "ok": ok,
-            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec, est, mem),
+            "note": "" if oom or abs(err) <= NOTE_ABOVE or not detail else _diagnose(rec, est, mem),
             # what the allowances are derived from (allowances.py) and what makes two runs twins
             "est": est, "mem": mem, "peaks_mib": list(rec.mem_peak_mib), "graph": bool(cfg.cuda_graph),
             "pair_key": (rec.target, rec.gpu_name, rec.num_gpus, cfg.fastpath, cfg.extra_args, cfg.gpu_mem_gb),
