@@ -460,7 +460,10 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
 
 
 def _signed_median(errs: list[float]) -> str:
-    return f"{statistics.median(errs):+.1%} over {len(errs)} run{'s' * (len(errs) != 1)}" if errs else "no runs"
+    if not errs:
+        return "no runs"
+    med = statistics.median(errs)
+    return f"{med if round(med, 3) else 0.0:+.1%} over {len(errs)} run{'s' * (len(errs) != 1)}"  # no -0.0%
 
 
 def lever_bias(steps: list[dict[str, Any]], consts: dict[str, float] | None = None,
