@@ -155,7 +155,7 @@ def test_levers_are_computed_once_per_launch(monkeypatch, capsys):
     ("101-gpt2xl-dp1-gbs1-bf16", "auto", True, "auto: predicted"),  # 33 GiB on an 80 GB card: room
     ("101-gpt2xl-dp1-gbs1-bf16", "", True, "auto: predicted"),      # auto is the default
     ("522-olmoe-dp2-zero2-ep2", "auto", False, "auto: MoE token routing"),
-    ("003-gpt2large-tp2-gbs64", "auto", False, "+ graph"),         # no room for the graph at 80 GB
+    ("003-gpt2large-tp2-gbs64", "auto", False, "for the graph"),   # no room for the graph at 80 GB
 ])
 def test_cuda_graph_is_auto_1_or_0_with_a_reason(target, value, on, why):
     opts = Options.from_env({"CUDA_GRAPH": value})

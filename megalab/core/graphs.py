@@ -55,11 +55,14 @@ def graph_memory_gib(predicted_peak_gib: float) -> float:
 
 
 def decide(requested: str, *, features: set[str], predicted_peak_gib: float | None,
-           capacity_gib: float | None) -> GraphDecision:
+           capacity_gib: float | None, graph_peak_gib: float | None = None) -> GraphDecision:
     """requested: the CUDA_GRAPH variable (auto | 1 | 0); features: names from REFUSED that apply.
 
-    predicted_peak_gib is the estimator's peak per GPU without the graph; capacity_gib is what one GPU
-    may use: the GPU_MEM_GB cap, else the GPU's own memory (None when neither is known).
+    predicted_peak_gib is the estimator's peak per GPU without the graph, which the rule reads (room:
+    that peak + graph_memory_gib of it within capacity_gib); capacity_gib is what one GPU may use: the
+    GPU_MEM_GB cap, else the GPU's own memory (None when neither is known). graph_peak_gib is the
+    estimator's peak with the graph (estimate.py's CUDA graph allowance): the figure an "on" reason
+    quotes, so that the preflight's speed line and its peak line print one peak, not two.
     """
     value = (requested or "auto").strip().lower()
     if value in ("0", "false", "no", "off"):
@@ -73,11 +76,21 @@ def decide(requested: str, *, features: set[str], predicted_peak_gib: float | No
             return GraphDecision(False, f"auto: {why}")
     if predicted_peak_gib is None or capacity_gib is None:
         return GraphDecision(False, "auto: no memory plan for this layout or GPU, so no room for the graph is known")
-    need = predicted_peak_gib + graph_memory_gib(predicted_peak_gib)
-    if need > capacity_gib:
-        return GraphDecision(False, f"auto: predicted {predicted_peak_gib:.1f} GiB + graph "
-                                    f"{graph_memory_gib(predicted_peak_gib):.1f} GiB > {capacity_gib:.1f} GiB per GPU")
-    return GraphDecision(True, f"auto: predicted {need:.1f} GiB with the graph <= {capacity_gib:.1f} GiB per GPU")
+    room = graph_memory_gib(predicted_peak_gib)
+    if predicted_peak_gib + room > capacity_gib:  # off: the peak line prints this graph-off peak
+        return GraphDecision(False, f"auto: predicted peak {predicted_peak_gib:.1f} GiB without the graph, "
+                                    f"{capacity_gib - predicted_peak_gib:.1f} GiB under the {capacity_gib:.1f} GiB "
+                                    f"per GPU, where auto wants {room:.1f} GiB for the graph")
+    if graph_peak_gib is None:
+        return GraphDecision(True, f"auto: predicted peak {predicted_peak_gib:.1f} GiB without the graph, "
+                                   f"{capacity_gib - predicted_peak_gib:.1f} GiB under the {capacity_gib:.1f} GiB "
+                                   f"per GPU, where auto wants {room:.1f} GiB for the graph")
+    # on: the peak line prints the peak with the graph, so this quotes that one; what auto keeps beyond
+    # the estimate's graph allowance is spare, not another peak
+    spare = max(predicted_peak_gib + room - graph_peak_gib, 0.0)
+    return GraphDecision(True, f"auto: predicted peak {graph_peak_gib:.1f} GiB with the graph, "
+                               f"{capacity_gib - graph_peak_gib:.1f} GiB under the {capacity_gib:.1f} GiB per GPU, "
+                               f"where auto wants {spare:.1f} GiB to spare")
 
 
 def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_interval) -> set[str]:

@@ -164,23 +164,25 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
     """CUDA_GRAPH=1 / 0 / auto -> (on, why), by megalab/core/graphs.py's policy. A bool (the
     bench's levers) reads as 1 / 0. auto needs the memory plan: the estimator's peak without the
     graph, against the GPU_MEM_GB cap or the GPU's own memory, for `model` (effective_model: the model
-    the run builds)."""
+    the run builds); its reason quotes the peak the plan prints (with the graph where it is on)."""
     requested = {True: "1", False: "0"}.get(opts.cuda_graph, opts.cuda_graph)
     features = graphs.features_of(exp, impl=impl, spec=opts.spec, profile=opts.profile, nnodes=opts.nnodes,
                                   exit_interval=opts.exit_interval)
-    peak = capacity = None
+    peak = graph_peak = capacity = None
     if requested == "auto" and not features:
         # the GPU found, else the planning GPU (GPU=); never more than the GPU_MEM_GB cap
         capacity = machine.gpu_memory_gib
         if opts.gpu_mem_gb:
             capacity = min(capacity, gpus_table.nominal_gb_to_gib(opts.gpu_mem_gb))
-        try:
-            peak = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name, model_cfg=model,
-                                     **estimate.lever_flags(fast)).peak_gib
+        try:  # one estimate, with the graph: its peak without it decides, its peak with it is printed
+            est = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name, model_cfg=model,
+                                    cuda_graph=True, **estimate.lever_flags(fast))
+            peak, graph_peak = est.peak_without_graph_gib, est.peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
     try:
-        d = graphs.decide(requested, features=features, predicted_peak_gib=peak, capacity_gib=capacity)
+        d = graphs.decide(requested, features=features, predicted_peak_gib=peak, capacity_gib=capacity,
+                          graph_peak_gib=graph_peak)
     except ValueError as e:
         raise LaunchError(str(e)) from None
     return d.on, d.reason
@@ -264,6 +266,15 @@ class RunPlan:
                 "run_dir": str(self.run_dir) if self.run_dir else None,
                 "argv": self.argv, "groups": {g: list(a) for g, a in self.groups.items()},
                 "env": dict(self.env)}
+
+
+def estimate_of(p: RunPlan, mfu: float | None = None) -> estimate.Estimate:
+    """The estimator's prediction for a plan (its model, levers, CUDA graph and GPU): what the preflight
+    and `python -m megalab plan TARGET` print, and the results pages' predicted columns. Raises what the
+    estimator raises for a layout it cannot plan (NotImplementedError, KeyError, ValueError, ...)."""
+    return estimate.estimate(p.exp, gpu_mem_gib=p.machine.gpu_memory_gib, spec=p.opts.spec,
+                             gpu_name=p.machine.gpu_name, model_cfg=dict(p.model), mfu=mfu,
+                             cuda_graph=p.cuda_graph, **estimate.lever_flags(p.fast))
 
 
 def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_dir: Path | None = None,

@@ -264,11 +264,8 @@ def unknown_flag(plan: RunPlan, e: validate.UnknownFlag) -> str:
 def plan_lines(plan: RunPlan, mfu: float | None = None) -> str:
     """The estimator's prediction (megalab/core/estimate.py); warns, never refuses: OOM is a lesson too.
     The preflight and `python -m megalab plan TARGET` print this, from the same plan."""
-    opts = plan.opts
     try:  # the machine's GPU: the one found, else the planning GPU (GPU=, GPU_MEM_GB)
-        est = estimate.estimate(plan.exp, gpu_mem_gib=plan.machine.gpu_memory_gib, spec=opts.spec,
-                                gpu_name=plan.machine.gpu_name, model_cfg=dict(plan.model), mfu=mfu,
-                                cuda_graph=plan.cuda_graph, **estimate.lever_flags(plan.fast))
+        est = planner.estimate_of(plan, mfu=mfu)
     except (NotImplementedError, KeyError, ValueError, ZeroDivisionError) as e:  # a prediction is advice
         return f"plan       no estimate for this layout ({e})"
     text = estimate.render(est)

@@ -25,6 +25,10 @@ RUNS_DIR = ROOT / "results" / "runs"
 # batch that fits" rows would leave 5-6 GiB free. In GiB, our unit: published x 1000 / 1024.
 REF_GB_TO_GIB = 1000 / 1024
 
+# The most GPUs the rig these tables are measured on lends: a row needing more is listed with its
+# reference numbers, "not run" and the estimator's prediction (predicted.py).
+RIG_GPUS = 2
+
 # What a missing input raises inside a cell (an unknown model preset, a None, ...): the cell is empty.
 MISSING = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError)
 

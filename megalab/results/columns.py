@@ -8,19 +8,19 @@ its lesson (CHAPTER_COLUMNS: efficiencies, bubble, experts per GPU, ...).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
+from pathlib import Path
 from typing import Any, Callable
 
 from megalab.core import catalog, provenance
 from megalab.core.gpus import nominal_gb_to_gib, short_gpu_name
-from megalab.core.records import RunRecord, num as _num
-from megalab.results.chapter import (MISSING as _MISSING, REF_GB_TO_GIB, Context, measured as _measured,
+from megalab.core.records import RecordError, RunRecord, num as _num
+from megalab.results import predicted
+from megalab.results.chapter import (MISSING as _MISSING, REF_GB_TO_GIB, RIG_GPUS, Context, measured as _measured,
                                      reference_kind, row_id as _row_id, scaling_series, virtual_stages)
 
-# The rig these tables are measured on has one or two GPUs; targets needing more are listed
-# with their reference numbers and a "not run" status.
-RIG_GPUS = 2
 
 NO_REF = "—"  # reference cell of an analogue row: there is no published number
 
@@ -128,10 +128,49 @@ def fmt_runs(rec: RunRecord | None) -> str:
     return "1" if not runs else f"{runs.n} ({_fixed(runs.lo_ms, 0)}–{_fixed(runs.hi_ms, 0)})"
 
 
+@functools.lru_cache(maxsize=1024)
+def _load(path: Path) -> RunRecord | None:
+    try:
+        return RunRecord.load(path)
+    except RecordError:
+        return None
+
+
+def repeat_records(rec: RunRecord) -> list[RunRecord]:
+    """The runs a row's step time is the median of: its repeats (records.repeats, read from beside it),
+    else the record itself."""
+    if rec.runs is None or rec.run_dir is None:
+        return [rec]
+    found = [r for name in rec.runs.runs if (r := _load(rec.run_dir.parent / name / "run.json")) is not None]
+    return found or [rec]
+
+
+def timed_steps(rec: RunRecord | None) -> tuple[int, int] | None:
+    """(fewest, most) steps after warm-up that a run of the row's median timed; None without a step time."""
+    if rec is None or _measured(rec)[0] is None:
+        return None
+    counts = [r.step_count for r in repeat_records(rec) if r.step_count is not None]
+    return (min(counts), max(counts)) if counts else None
+
+
+def fmt_timed_steps(rec: RunRecord | None) -> str:
+    """'22' (every run of the median timed 22 steps), '12–22' where they differ; empty without a step time."""
+    steps = timed_steps(rec)
+    if steps is None:
+        return ""
+    return str(steps[0]) if steps[0] == steps[1] else f"{steps[0]}–{steps[1]}"
+
+
+TIMED_STEPS_NOTE = ("`timed steps` = the steps after warm-up that each of the row's `runs` timed (ITERS less "
+                    "WARMUP; a range where the runs differ): `our ms` is the median over those steps of each run, "
+                    "then over the runs.")
+
+
 def _measure_cells(rec: RunRecord | None, ctx: Context) -> dict[str, str]:
     ms, p10, p90, tflops, mfu = _measured(rec)
     return {
         "runs": fmt_runs(rec),
+        "timed steps": fmt_timed_steps(rec),
         "provenance": "" if rec is None else provenance.of(rec, ctx.tree).cell,
         "our ms": "" if ms is None else _fixed(ms, 0),
         "our p10–p90 ms": f"{_fixed(p10, 0)}–{_fixed(p90, 0)}" if (p10 is not None and p90 is not None) else "",
@@ -391,12 +430,20 @@ def chapter_columns(chapter: int) -> list[Column]:
 
 ANCHOR_LAYOUT = ["Row", "make target", "model", "GBS", "MBS", "seq", "GPUs", "DP"]
 ANCHOR_RESULT = ["ref GB (pub.)", "ref GiB", "our GiB", "Δ GiB", "ref ms", "our ms", "Δ ms", "our p10–p90 ms",
-                 "runs", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
+                 "runs", "timed steps", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
 TWOGPU_LAYOUT = ["Row", "make target", "idea", "GBS", "MBS"]
 TWOGPU_RESULT = ["ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1", "Δ GiB", "ref ms",
-                 "our ms", "Δ ms", "our p10–p90 ms", "runs", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
+                 "our ms", "Δ ms", "our p10–p90 ms", "runs", "timed steps", "TFLOP/s/GPU", "MFU", "tok/s/GPU"]
+# A chapter with rows no machine here runs shows the estimator's prediction for them (predicted.py), each
+# column just before our measured one of the same quantity: beside the published figure, never in ours.
+PREDICTED = {"predicted GiB": ("our GiB", "our GiB GPU0"), "predicted ms": ("our ms",)}
 TAIL = ["hardware", "machine", "provenance", "status"]
 _LEFT = {"Row", "make target", "model", "idea", "hardware", "machine", "provenance", "status"}
+
+
+def has_predictions(chapter: int) -> bool:
+    """Whether a chapter has rows no machine here runs (predicted.wanted): then it has predicted columns."""
+    return any(e.chapter == chapter and predicted.wanted(e) for e in catalog.catalog().values())
 
 
 def columns(chapter: int) -> list[str]:
@@ -407,6 +454,10 @@ def columns(chapter: int) -> list[str]:
     if reference_kind(chapter) == "none":  # nothing published to diff against: no Row, ref or Δ columns
         layout = [c for c in layout if c != "Row"]
         result = [c for c in result if not c.startswith(("ref ", "Δ"))]
+    if has_predictions(chapter):
+        for name, before in PREDICTED.items():
+            at = next(result.index(c) for c in before if c in result)
+            result = [*result[:at], name, *result[at:]]
     return [*layout, *(c.name for c in extra if c.where == "layout"), *result,
             *(c.name for c in extra if c.where == "result"), *TAIL]
 
@@ -519,9 +570,21 @@ TOKENS_NOTE = ("tok/s/GPU = GBS × seq / our median step time / GPUs: tokens tra
                "(the unit Megatron-Bridge and torchtitan report).")
 
 
+def predicted_cells(exp: catalog.Experiment) -> dict[str, str]:
+    """The estimator's prediction for a row no machine here runs (predicted.py): peak GiB per GPU, with
+    `(oom)` where it does not fit in an H100's memory (then no step time), and ms; empty otherwise."""
+    est = predicted.predicted(exp)
+    if est is None:
+        return {name: "" for name in PREDICTED}
+    return {"predicted GiB": _fixed(est.peak_gib, 1) + ("" if est.fits else " (oom)"),
+            "predicted ms": _fixed(est.step_ms, 0) if est.fits else ""}
+
+
 def row(exp: catalog.Experiment, ctx: Context) -> dict[str, str]:
     """One row of a chapter's table: column name -> cell text."""
     cells = _twogpu_cells(exp, ctx) if ctx.kind == "twogpu" else _anchor_cells(exp, ctx)
+    if has_predictions(ctx.chapter):
+        cells.update(predicted_cells(exp))
     tok = tokens_per_s_per_gpu(exp, ctx.our_ms(exp))
     cells["tok/s/GPU"] = "" if tok is None else f"{_round(tok):,.0f}"
     for col in chapter_columns(ctx.chapter):

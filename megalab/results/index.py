@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from megalab.core import catalog
 from megalab.core import markdown
+from megalab.results import dataset
 
 # Results pages besides the chapters: path under results/ and what it holds.
 OTHER_PAGES = (
@@ -72,6 +73,8 @@ def render(root: Path, frames: Mapping[int, Any], *, title: str = "Results", int
     others = [f"- [{p}]({p}): {what}" for p, what in OTHER_PAGES if (results / p).exists()]
     if others:
         lines += ["", "## Other pages", "", *others]
+    if (root / dataset.RUNS_CSV).exists():  # the committed results' data (not `make compare`'s pages)
+        lines += ["", *dataset.schema_section()]
     figures = sorted((results / "plots").glob("*.svg"))
     if figures:
         lines += ["", "## Figures", ""]

@@ -34,7 +34,7 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import logparse, markdown, provenance
-from megalab.results import checkmarks, checks, columns as cols, index, plots, quotes
+from megalab.results import checkmarks, checks, columns as cols, dataset, index, plots, predicted, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
@@ -189,7 +189,9 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
         notes = list(FOOTNOTES)
     if any(str(v).startswith("~") for v in df.get("Row", ())):
         notes.append(ANALOGUE_NOTE)
-    notes += [cols.TOKENS_NOTE] + [c.note for c in cols.chapter_columns(chapter) if c.note]
+    notes += [cols.TOKENS_NOTE, cols.TIMED_STEPS_NOTE] + [c.note for c in cols.chapter_columns(chapter) if c.note]
+    if cols.has_predictions(chapter):
+        notes.append(predicted.note())
     notes.append(provenance.LEGEND)
     if note := machine_note(recs):
         notes.append(note)
@@ -269,6 +271,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
                            (path.with_suffix(".csv"), csv_text)):  # the same rows, machine-readable
             if markdown.write_if_changed(path, text, check=check):
                 changed.append(path)
+    changed += dataset.write(root, records, reference, twogpu, check=check)  # results/runs.csv, rows.csv
     changed += index.write(root, frames, check=check, **(index_page or {}))  # results/README.md
     blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root)
               for ch in catalog.chapters()}

@@ -6,6 +6,12 @@ note where a run is further off than NOTE_ABOVE saying where the difference sits
 memory line, its TensorBoard series). Step time: the step-time model (megalab/core/steptime.py) with
 constants fitted on the calibration set only, reported separately on the held-out and out-of-catalog
 sets.
+
+Honest sets (issue 33): a held-out run whose model input equals a calibration run's (a twin: one
+prediction for both) is counted apart from the unseen ones; the memory allowances come from the
+calibration set by written rules (allowances.py); an out-of-catalog run counts as out of sample only
+if it ran after the step-time constants were frozen (freeze.py), else it was seen by the refit and is
+calibration.
 """
 from __future__ import annotations
 
@@ -21,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from megalab.core import catalog, flags, gpus, logparse, markdown, steptime
+from megalab.core import estimate as E
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
                                    lever_flags, nccl_mib)
 from megalab.core.gpus import nominal_gb_to_gib
 from megalab.core.records import RunRecord, read_records
+from megalab.results import allowances, freeze
 
 RECORD_DIRS = ("results/runs", "results/bench/runs", "results/holdout/runs")
 # The split of the records into a calibration set and a held-out set, fixed: a record is held out when
@@ -34,16 +42,25 @@ RECORD_DIRS = ("results/runs", "results/bench/runs", "results/holdout/runs")
 HELD_OUT_EVERY = 3
 CALIBRATION, HELD_OUT = "calibration", "held-out"
 # Configurations that were never catalog targets (other models, batch sizes and layouts, through EXTRA_ARGS'
-# model and layout flags), run after the allowances and the step-time constants were fixed: the clean
-# out-of-sample set. Nothing is calibrated on them.
+# model and layout flags): the clean out-of-sample set, for memory always (the allowances are derived
+# from the calibration set alone), for step time where the run came after the constants' freeze
+# (freeze.py; a run from before it was seen by the refit and counts as calibration).
 OUT_OF_CATALOG = "out-of-catalog"
 HOLDOUT_DIR = "results/holdout/runs"
 SETS = (CALIBRATION, HELD_OUT, OUT_OF_CATALOG)
 
 
 def set_of(records_dir: str, target: str) -> str:
-    """OUT_OF_CATALOG for the holdout runs, else split(target)."""
+    """The memory set: OUT_OF_CATALOG for the holdout runs, else split(target)."""
     return OUT_OF_CATALOG if records_dir == HOLDOUT_DIR else split(target)
+
+
+def step_set_of(records_dir: str, rec: RunRecord, root: Path) -> str:
+    """The step-time set: a holdout run is OUT_OF_CATALOG when it ran after the freeze of today's
+    constants (freeze.after_freeze), else CALIBRATION (a refit saw it); the rest split(target)."""
+    if records_dir != HOLDOUT_DIR:
+        return split(rec.target)
+    return OUT_OF_CATALOG if freeze.after_freeze(rec.versions.megalab_commit, rec.started, root) else CALIBRATION
 
 
 def split(target: str) -> str:
@@ -210,7 +227,10 @@ def left_out(root: Path) -> list[str]:
     return [f"{d}/{rec.run_dir.name}: {why}" for d, rec in _committed_records(root) if (why := not_modelled(rec))]
 
 
-def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
+def validation_rows(root: Path | None = None, detail: bool = True) -> list[dict[str, Any]]:
+    """Every committed ok or out-of-memory run the memory model covers: predicted and measured peak, its
+    set, and (detail) Megatron's own allocator figures, which the notes and allowances.py read (from the
+    TensorBoard series: the slow part; detail=False leaves them empty)."""
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
     for d, rec in _committed_records(root):
@@ -220,10 +240,11 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
             continue
         est = estimate_record(rec)
         meas = max(rec.mem_peak_mib) / 1024
-        mem = megatron_mem_by_rank(rec)
+        mem = megatron_mem_by_rank(rec) if detail else {}
         oom = rec.status == "oom"
         err = (est.peak_gib - meas) / meas
         ok = (not est.fits) if oom else abs(err) <= 0.10
+        cfg = rec.config
         rows.append({
             "run": f"{d}/{rec.run_dir.name}", "target": rec.target, "status": rec.status, "set": set_of(d, rec.target),
             "spec": est.spec, "gpu": rec.gpu_name or "?", "gpus": est.gpus,
@@ -232,7 +253,11 @@ def validation_rows(root: Path | None = None) -> list[dict[str, Any]]:
             "pred_alloc_mb": est.allocated_gib * 1024,
             "meas_alloc_mb": max((v["max_allocated_mb"] for v in mem.values()), default=None),
             "fits": est.fits, "ok": ok,
-            "note": "" if oom or abs(err) <= NOTE_ABOVE else _diagnose(rec, est, mem),
+            "note": "" if oom or abs(err) <= NOTE_ABOVE or not detail else _diagnose(rec, est, mem),
+            # what the allowances are derived from (allowances.py) and what makes two runs twins
+            "est": est, "mem": mem, "peaks_mib": list(rec.mem_peak_mib), "graph": bool(cfg.cuda_graph),
+            "pair_key": (rec.target, rec.gpu_name, rec.num_gpus, cfg.fastpath, cfg.extra_args, cfg.gpu_mem_gb),
+            "model_key": (tuple(round(st.peak_bytes) for st in est.stages), round(est.gpu_mem_gib, 3), est.gpus),
         })
     return rows
 
@@ -251,17 +276,51 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
         est = estimate_record(rec)
         old = estimate(_record_layout(rec)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
                        model_cfg=_record_layout(rec)[1])
-        rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": set_of(d, rec.target),
+        step_set = step_set_of(d, rec, root)
+        rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": step_set,
+                     "seen": d == HOLDOUT_DIR and step_set == CALIBRATION,  # out of catalog, before the freeze
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
-                     "features": est.step, "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
+                     "fastpath": rec.config.fastpath or "none",
+                     "features": est.step, "model_key": dataclasses.astuple(est.step),
+                     "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
                      "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1})
     return rows
 
 
 def fit_steptime(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """steptime's four constants fitted on the calibration rows only (the held-out rows never enter)."""
+    """steptime's constants fitted on the calibration rows only (the held-out rows never enter)."""
     calib = [r for r in rows if r["set"] == CALIBRATION]
     return steptime.fit([r["features"] for r in calib], [r["meas_ms"] / 1e3 for r in calib])
+
+
+def twins(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Held-out run -> the calibration target whose model input it repeats (`model_key`: the step-time
+    model's whole input, or the memory model's per-stage peaks on one capacity and GPU count). Two runs
+    with one input get one prediction, so the model has in effect seen a twin."""
+    seen: dict[tuple, str] = {}
+    for r in rows:
+        if r["set"] == CALIBRATION:
+            seen.setdefault(r["model_key"], r["target"])
+    return {r["run"]: seen[r["model_key"]] for r in rows if r["set"] == HELD_OUT and r["model_key"] in seen}
+
+
+def by_set(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(label, rows) per set, the held-out set split into its twins and its unseen runs."""
+    twin = twins(rows)
+    held = [r for r in rows if r["set"] == HELD_OUT]
+    return [(CALIBRATION, [r for r in rows if r["set"] == CALIBRATION]),
+            (f"{HELD_OUT} with a calibration twin (identical model input)", [r for r in held if r["run"] in twin]),
+            (f"{HELD_OUT}, unseen", [r for r in held if r["run"] not in twin]),
+            (OUT_OF_CATALOG, [r for r in rows if r["set"] == OUT_OF_CATALOG])]
+
+
+def set_cell(r: dict[str, Any], twin: dict[str, str]) -> str:
+    """The table's set cell: a twin names its calibration target, a seen holdout run says so."""
+    if r["run"] in twin:
+        return f"{HELD_OUT} (twin of {twin[r['run']].split('-')[0]})"
+    if r.get("seen"):
+        return f"{CALIBRATION} (out of catalog, run before the freeze)"
+    return r["set"]
 
 
 def error_summary(errs: list[float]) -> str:
@@ -294,7 +353,14 @@ def _where(run: str) -> str:
     return "bench" if "/bench/" in run else ("holdout" if "/holdout/" in run else "runs")
 
 
-def _validation_cells(r: dict[str, Any]) -> list[str]:
+def _allowance_cells(ran: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per derived allowance: committed value, the calibration set's figure, its rule."""
+    calib = [r for r in ran if r["set"] == CALIBRATION]
+    return [[name, f"{committed:g}", f"{figure:.4g}", rule, what]
+            for name, (figure, what, rule, _, committed) in allowances.check(calib).items()]
+
+
+def _validation_cells(r: dict[str, Any], twin: dict[str, str] | None = None) -> list[str]:
     err = "OOM" if r["err"] is None else f"{r['err']:+.1%}"
     meas_alloc = f"{r['meas_alloc_mb']:.0f}" if r["meas_alloc_mb"] else "-"
     if r["status"] == "oom":
@@ -302,7 +368,8 @@ def _validation_cells(r: dict[str, Any]) -> list[str]:
     else:
         verdict = "ok" if r["ok"] else "MISS (outside 10%)"
     where = _where(r["run"])
-    return [f"{r['run'].split('/')[-1]} ({where})", r["spec"], f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}",
+    return [f"{r['run'].split('/')[-1]} ({where})", set_cell(r, twin or {}), r["spec"],
+            f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}",
             r["layout"], f"{r['capacity_gib']:.1f}", f"{r['pred_gib']:.1f}", f"{r['meas_gib']:.1f}", err,
             f"{r['pred_alloc_mb']:.0f} / {meas_alloc}", "fits" if r["fits"] else "does not fit", verdict, r["note"]]
 
@@ -342,24 +409,35 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
         "## Calibration and held-out records",
         "",
         f"The records are split once, by target: a run is held out when the SHA-1 of its target id is 0 "
-        f"modulo {HELD_OUT_EVERY} (`estimate.split`; a bench variant such as `101-...gbs4` is a target of its "
-        "own), so every run of a target sits on one side. Memory: the allowances above (CUDA_CONTEXT_MIB, "
-        "NCCL_*, ALLOCATOR_SLACK, RING_STRANDED_CHUNKS_PER_STEP) were set by hand before this split, from "
-        "all the records, so the held-out memory error is not a clean out-of-sample figure; the step-time "
-        "model's constants are fitted on the calibration set only. The out-of-catalog set is the clean "
-        f"out-of-sample figure for both: configurations never in the catalog ({HOLDOUT_DIR}: other layer "
-        "counts, widths, sequence lengths, batch sizes, query groups, ZeRO-2 at DP=1, each a catalog target "
-        "with EXTRA_ARGS' model and layout flags), run after the allowances and constants were fixed.",
+        f"modulo {HELD_OUT_EVERY} (`validation.split`; a bench variant such as `101-...gbs4` is a target of its "
+        "own), so every run of a target sits on one side. A held-out run whose model input equals a "
+        "calibration run's is a *twin*: one prediction serves both, so the model has in effect seen it "
+        "(for memory the same predicted peak per stage on the same capacity and GPU count; for step time "
+        "the same step-time model input, `steptime.Features`). Twins are counted apart from the unseen "
+        "held-out runs, and a twin's set cell names its calibration target. The out-of-catalog set: "
+        f"configurations never in the catalog ({HOLDOUT_DIR}: other layer counts, widths, sequence lengths, "
+        "batch sizes, query groups, ZeRO-2 at DP=1, each a catalog target with EXTRA_ARGS' model and layout "
+        "flags).",
+        "",
+        "Memory allowances, derived from the calibration set only (megalab/results/allowances.py: the "
+        "figure each is measured as in the calibration records, and the rule that rounds it; "
+        "tests/test_estimate.py keeps every committed constant equal to its rule's value), so the "
+        "held-out and out-of-catalog memory errors below are out of sample:",
+        "",
+        *markdown.table(["allowance", "committed", "calibration figure", "rule", "measured as"],
+                        _allowance_cells(ran), [None, "right", "right", None, None]),
+        "",
+        *[f"- {name}={getattr(E, name):g} is not derived: {why}." for name, why in allowances.NOT_DERIVED.items()],
         "",
     ]
-    for which in SETS:
-        errs = [r["err"] for r in ran if r["set"] == which]
-        out.append(f"- memory, {which}: {error_summary(errs)}")
+    for label, sel in by_set(ran):
+        out.append(f"- memory, {label}: {error_summary([r['err'] for r in sel])}")
+    mem_twins = twins(ran)
     out += [""]
     out += markdown.table(
-        ["run", "spec", "GPUs", "layout", "capacity GiB", "predicted GiB", "measured GiB", "error",
+        ["run", "set", "spec", "GPUs", "layout", "capacity GiB", "predicted GiB", "measured GiB", "error",
          "alloc MB pred / Megatron", "predicted", "verdict", "where the difference sits"],
-        (_validation_cells(r) for r in rows), [None] * 4 + ["right"] * 5 + [None] * 3)
+        (_validation_cells(r, mem_twins) for r in rows), [None] * 5 + ["right"] * 5 + [None] * 3)
     out += step_section(steps)
     skipped = left_out(Path(records_root) if records_root is not None else catalog.ROOT)
     if skipped:
@@ -381,39 +459,95 @@ def validation_table(records_root: Path | None = None, rows: list[dict[str, Any]
     return "\n".join(out) + "\n"
 
 
+def _signed_median(errs: list[float]) -> str:
+    if not errs:
+        return "no runs"
+    med = statistics.median(errs)
+    return f"{med if round(med, 3) else 0.0:+.1%} over {len(errs)} run{'s' * (len(errs) != 1)}"  # no -0.0%
+
+
+def lever_bias(steps: list[dict[str, Any]], consts: dict[str, float] | None = None,
+               features=lambda r: r["features"]) -> tuple[list[float], list[float]]:
+    """Signed errors of the 1-GPU H100 runs (one machine kind, no parallelism) with the loss or bias
+    levers on (bf16_ce, addmm_bias: today's defaults) and with neither (the older fast path)."""
+    on, off = [], []
+    for r in steps:
+        if r["gpus"] == 1 and "H100" in r["gpu"]:
+            err = steptime.step_seconds(features(r), consts) * 1e3 / r["meas_ms"] - 1
+            (on if {"bf16_ce", "addmm_bias"} & set(r["fastpath"].split(",")) else off).append(err)
+    return on, off
+
+
+def _no_lever_terms(r: dict[str, Any]) -> steptime.Features:
+    return dataclasses.replace(r["features"], hbm_s=tuple(0.0 for _ in r["features"].hbm_s))
+
+
 def step_section(steps: list[dict[str, Any]]) -> list[str]:
-    """The page's step-time part: the model, its constants (stored and refitted), error per set, rows."""
+    """The page's step-time part: the model, its constants (stored and refitted) and their freeze, error
+    per set (twins apart), what the levers' terms explain, rows."""
     consts = steptime.fitted()
-    refit = fit_steptime(steps) if any(r["set"] == CALIBRATION for r in steps) else consts
+    calib = [r for r in steps if r["set"] == CALIBRATION]
+    refit = fit_steptime(steps) if calib else consts
+    seen = [r for r in steps if r.get("seen")]
+    after = [r for r in steps if r["set"] == OUT_OF_CATALOG]
     out = [
         "",
         "## Step time",
         "",
         "Predicted step time from `megalab/core/steptime.py` (not a constant MFU): every GEMM at "
         "`peak x GEMM_EFF_MAX x mnk / (mnk + GEMM_HALF_MNK)` (forward once, backward twice, recomputed "
-        "forwards again), the stage's kernel launches at LAUNCH_US each (a micro-batch takes the larger of "
-        "GPU and CPU time: small batches are launch-bound), tensor/context/expert-parallel traffic by bytes "
-        "over the datasheet link bandwidth, the pipeline's (m + (p - 1)/v) slots, the optimizer's HBM traffic, "
-        "the DP reduction the backward does not hide, COMM_CALL_US per collective or p2p call, MOE_LAYER_MS "
-        "per MoE layer and micro-batch, and STEP_OVERHEAD_MS per step. Fitted on the calibration set only "
+        "forwards again), the memory-bound kernels by their HBM bytes over the datasheet bandwidth "
+        f"(ELEMENTWISE_BYTES per token, hidden unit and layer, {steptime.ELEMENTWISE_OUTSIDE_TP:.0%} of it on the "
+        "whole hidden state that TP splits only with SP; the loss's "
+        f"{steptime.LOSS_BYTES_PER_LOGIT} bytes per logit, {steptime.LOSS_BYTES_PER_LOGIT_BF16_CE} with bf16_ce; "
+        f"the QKV bias add's {steptime.BIAS_ADD_BYTES} per element, none with addmm_bias), the stage's kernel "
+        "launches at LAUNCH_US each (a micro-batch takes the larger of GPU and CPU time: small batches are "
+        "launch-bound), tensor/context/expert-parallel traffic by bytes over the datasheet link bandwidth, the "
+        "pipeline's (m + (p - 1)/v) slots, the optimizer's HBM traffic, the DP reduction the backward does not "
+        "hide, COMM_CALL_US per collective or p2p call outside a CUDA graph (bounded to "
+        f"{steptime.BOUNDS['COMM_CALL_US'][1]:g} us: a host's cost per call), MOE_LAYER_MS per MoE layer and "
+        "micro-batch, and STEP_OVERHEAD_MS per step. Fitted on the calibration set only "
         "(mean |log(predicted / measured)|, coordinate descent on the constants' logarithms): "
         + ", ".join(f"{k}={consts[k]:g}" for k in steptime.CONSTANTS)
         + (" (a refit on today's calibration records gives the same)." if refit == consts else
            " (a refit on today's calibration records gives " + ", ".join(f"{k}={refit[k]:g}" for k in steptime.CONSTANTS)
            + ": store them in steptime.py)."),
         "",
+        f"The constants were frozen at commit {freeze.FROZEN_AT[:7]} ({freeze.FROZEN_TIME[:16].replace('T', ' ')} "
+        "UTC; megalab/results/freeze.py, which tests/test_estimate.py keeps at the commit whose steptime.py "
+        "holds them). An out-of-catalog run is judged against them only if its code descends from that commit "
+        f"(where git does not know its commit: if it started later): {len(after)} ran after it. "
+        f"{len(seen)} out-of-catalog run{'s' * (len(seen) != 1)} ran before it and {'were' if len(seen) != 1 else 'was'} "
+        "seen by the refit that set these constants, so "
+        f"{'they count' if len(seen) != 1 else 'it counts'} as calibration (fitted on; set cell "
+        "`calibration (out of catalog, run before the freeze)`). Fresh out-of-catalog runs on today's code "
+        "are the next clean test.",
+        "",
     ]
-    for which in SETS:
-        rows = [r for r in steps if r["set"] == which]
-        out.append(f"- step time, {which}: {error_summary([r['err'] for r in rows])}; the old constant "
-                   f"{DEFAULT_MFU:.0%} MFU guess on the same runs: "
-                   f"{error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in rows])}")
-    out += ["", *markdown.table(
+    for label, sel in by_set(steps):
+        out.append(f"- step time, {label}: " + (
+            f"{error_summary([r['err'] for r in sel])}; the old constant {DEFAULT_MFU:.0%} MFU guess on the same "
+            f"runs: {error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in sel])}" if sel else "no runs yet"))
+    on, off = lever_bias(steps)
+    bare = steptime.fit([_no_lever_terms(r) for r in calib], [r["meas_ms"] / 1e3 for r in calib]) if calib else consts
+    on0, off0 = lever_bias(steps, bare, _no_lever_terms)
+    out += [
+        "",
+        "What the levers' terms explain: bf16_ce and addmm_bias (default since 26e1d33) remove the loss's fp32 "
+        "passes over the logits and the QKV bias add, work that changes no FLOPs. Priced through GEMM_EFF_MAX "
+        "alone, the model cannot see them go. Signed median error of the 1-GPU H100 runs (one GPU kind, "
+        f"no parallelism): with either lever {_signed_median(on)}, with neither {_signed_median(off)}; the "
+        f"same model without the two lever terms, refit on the same calibration set: {_signed_median(on0)} "
+        f"and {_signed_median(off0)}.",
+        "",
+    ]
+    twin = twins(steps)
+    out += markdown.table(
         ["run", "set", "GPUs", "layout", "predicted ms", "measured ms", "error", f"{DEFAULT_MFU:.0%} MFU ms"],
-        ([f"{r['run'].split('/')[-1]} ({_where(r['run'])})", r["set"],
+        ([f"{r['run'].split('/')[-1]} ({_where(r['run'])})", set_cell(r, twin),
           f"{r['gpus']} x {gpus.short_gpu_name(r['gpu'])}", r["layout"], f"{r['pred_ms']:.0f}",
           f"{r['meas_ms']:.0f}", f"{r['err']:+.1%}", f"{r['mfu_ms']:.0f}"] for r in steps),
-        [None] * 4 + ["right"] * 4)]
+        [None] * 4 + ["right"] * 4)
     return out
 
 
@@ -432,11 +566,10 @@ def main(args: argparse.Namespace) -> int:
     rows = validation_rows(args.root)
     steps = step_rows(args.root)
     path = write_validation(args.root, rows, steps)
-    for which in (HELD_OUT, OUT_OF_CATALOG):
-        print(f"megalab plan: step time, {which} runs: {error_summary([r['err'] for r in steps if r['set'] == which])}")
-        print(f"megalab plan: memory, {which} runs: "
-              f"{error_summary([r['err'] for r in rows if r['set'] == which and r['status'] == 'ok'])}")
     ran = [r for r in rows if r["status"] == "ok"]
+    for what, table in (("step time", steps), ("memory", ran)):
+        for label, sel in by_set(table)[2:]:  # the out-of-sample figures: held-out unseen, out of catalog
+            print(f"megalab plan: {what}, {label} runs: {error_summary([r['err'] for r in sel])}")
     ooms = [r for r in rows if r["status"] == "oom"]
     worst = max(ran, key=lambda r: abs(r["err"]), default=None)
     print(f"megalab plan: {sum(r['ok'] for r in ran)}/{len(ran)} runs within 10%"

@@ -1,0 +1,66 @@
+"""When the step-time model's fitted constants were frozen, and which runs came after.
+
+An out-of-catalog run (results/holdout/runs: a configuration never in the catalog) is a clean test of
+the step-time model only if the constants it is judged against were fixed before it ran. FROZEN_AT is
+the commit whose megalab/core/steptime.py holds today's constants (tests/test_estimate.py keeps the two
+equal, so a refit must move it). A run whose code descends from that commit ran with those constants:
+out of sample. A run from before it was seen by the refit that set them: it counts as calibration (and
+the fit uses it), and the page says how many did.
+
+Workflow: commit A stores a refit; commit B sets FROZEN_AT to A (a commit cannot name itself).
+"""
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+
+from megalab.core.paths import ROOT
+from megalab.core.schema import stamp
+
+# The commit that set today's step-time constants, and its commit time (what decides where git cannot:
+# a tree copied without .git).
+FROZEN_AT = "85562630796396892504c3bfd4216e5528dbc299"
+FROZEN_TIME = "2026-11-25T18:12:05+00:00"
+STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _descends(commit: str, root: Path) -> bool | None:
+    """Whether COMMIT contains FROZEN_AT (None where git cannot say)."""
+    known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    if known is None or known.returncode != 0:
+        return None
+    anc = _git(root, "merge-base", "--is-ancestor", FROZEN_AT, commit)
+    return None if anc is None or anc.returncode not in (0, 1) else anc.returncode == 0
+
+
+def after_freeze(commit: str | None, started: str | None, root: Path = ROOT) -> bool:
+    """Whether a run ran with today's step-time constants: its megalab commit (a `-dirty` tree read as
+    its commit) descends from FROZEN_AT; where git does not know the commit, it started after FROZEN_TIME."""
+    if commit:
+        known = _descends(commit.removesuffix("-dirty"), Path(root))
+        if known is not None:
+            return known
+    return stamp(started) > stamp(FROZEN_TIME)
+
+
+def constants_at(commit: str, names: tuple[str, ...], root: Path = ROOT) -> dict[str, float] | None:
+    """The fitted constants as steptime.py stored them at COMMIT (None where git cannot read it)."""
+    for path in STEPTIME_PATHS:
+        shown = _git(root, "show", f"{commit}:{path}")
+        if shown is not None and shown.returncode == 0:
+            out = {}
+            for line in shown.stdout.splitlines():
+                name, _, rest = line.partition(" = ")
+                if name in names:
+                    out[name] = float(rest.split("#")[0])
+            return out
+    return None
