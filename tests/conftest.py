@@ -5,7 +5,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
-os.environ.setdefault("PY", sys.executable)  # `make` in a test runs this interpreter, not whatever python3 is
+# `make` in a test runs this interpreter, never the PY a parent make exported: `make test` on a fresh
+# clone parses the Makefile before .venv exists, so its PY is python3, which lacks the venv's packages.
+os.environ["PY"] = sys.executable
 # Megatron-check verdicts (megalab/harness/validate.py) go to a fresh folder per test session, never ~/.cache
 import tempfile  # noqa: E402
 
