@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from megalab.core.paths import ROOT
-from megalab.core import markdown, provenance
+from megalab.core import markdown, provenance, variables
 from megalab.core.records import USABLE, RunRecord, load_records, read_records, repeats, stamp
 from megalab.core import catalog
 from megalab.core.catalog import CatalogError
@@ -393,6 +393,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Test the published claims (configs/checks.yaml) against the committed run records; write results/checks.md."""
+    strict = args.strict or variables.value("STRICT")  # make passes --strict for STRICT=1: other words, here
     try:
         results, _ = write_checks(args.root, args.claims)
     except (ChecksError, CatalogError) as e:
@@ -404,5 +405,5 @@ def main(args: argparse.Namespace) -> int:
             print(f"FAIL {r.claim.id}: {r.why}")
     print(f"checks: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN "
           f"({len(results)} claims) -> {OUTPUT}")
-    return 1 if (args.strict and counts[FAIL]) else 0
+    return 1 if (strict and counts[FAIL]) else 0
 
