@@ -151,14 +151,24 @@ def reset_caches() -> None:
 
 # --------------------------------------------------------------------------- pages lost
 
+def _text(p: Path) -> str | None:
+    """A regular file's text (None for anything else: the driver must never block on a FIFO a case made)."""
+    try:
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return None
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def page_state(root: Path) -> dict:
     """What a reader of the pages would miss if it went: each chapter CSV's rows (target -> status, the
     numeric `ref` cells), each generated page, each tutorial quote that shows a number or a table."""
     state = {"rows": {}, "refs": {}, "pages": set(), "quotes": {}, "embeds": {}}
     for p in sorted((root / "results").glob("*.csv")):
         try:
-            rows = list(csv.DictReader(io.StringIO(p.read_text(encoding="utf-8"))))
-        except (OSError, UnicodeDecodeError, csv.Error):
+            rows = list(csv.DictReader(io.StringIO(_text(p) or "")))
+        except csv.Error:
             continue
         for r in rows:
             t = r.get("make target")
@@ -170,13 +180,11 @@ def page_state(root: Path) -> dict:
                     state["refs"][(p.name, t, k)] = v
     for p in [*(root / "results").glob("*.md"), *(root / "results").glob("*/README.md"),
               *(root / "results" / "plots").glob("*.svg")]:
-        with contextlib.suppress(OSError):
-            if p.stat().st_size:
-                state["pages"].add(str(p.relative_to(root)))
+        if _text(p):
+            state["pages"].add(str(p.relative_to(root)))
     for p in sorted((root / "tutorials").glob("*.md")):
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+        text = _text(p)
+        if text is None:
             continue
         for i, m in enumerate(QUOTE.finditer(text)):
             if NUMBER.search(m.group(3)):

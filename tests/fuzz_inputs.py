@@ -760,8 +760,35 @@ def variable_cases() -> list[dict]:
     return cases
 
 
+# --------------------------------------------------------------------------- the pages and committed files the page writers read
+
+def pages_cases(root: Path = ROOT) -> list[dict]:
+    """What is where a page goes (a FIFO, a directory, garbage, half a CSV) and the committed files beside
+    the pages (tutorials, the bench's and integrity's texts): read or replaced by every page writer, never
+    hung on, never a traceback."""
+    readers = _commands([["tables"], ["check"], ["plan", "--validate"], ["bench-report"], ["data-report"],
+                         ["integrity"], ["plots"]])
+    fifo, folder, garbage = {"special": "fifo"}, {"special": "dir"}, b64(bytes(range(256)) * 4)
+    csv_text = (root / "results" / "01-dp-zero2.csv").read_text(encoding="utf-8")
+    damages = [("results/01-dp-zero2.csv", "fifo", fifo), ("results/01-dp-zero2.csv", "directory", folder),
+               ("results/01-dp-zero2.csv", "garbage", garbage), ("results/01-dp-zero2.csv", "half", b64(csv_text[:700])),
+               ("results/01-dp-zero2.csv", "empty", b64("")), ("results/01-dp-zero2.md", "fifo", fifo),
+               ("results/01-dp-zero2.md", "directory", folder), ("results/README.md", "fifo", fifo),
+               ("results/checks.md", "fifo", fifo), ("results/estimate-vs-measured.md", "directory", folder),
+               ("results/plots/01-dp-zero2-memory.svg", "directory", folder),
+               ("tutorials/01-dp-zero2.md", "fifo", fifo), ("tutorials/01-dp-zero2.md", "not UTF-8", garbage),
+               ("tutorials/99-new.md", "an embed of no chapter",
+                b64("<!-- megalab:table chapter=99 -->\nx\n<!-- /megalab:table -->\n")),
+               ("results/bench/cp-ring-microbench.txt", "fifo", fifo), ("results/bench/matmul.json", "garbage", garbage),
+               ("results/bench/matmul.json", "fifo", fifo), ("results/integrity/kill-transcript.txt", "fifo", fifo),
+               ("results/data/README.md", "fifo", fifo), ("results/integrity/README.md", "directory", folder)]
+    return [{"name": f"{rel}: {what}", "group": "pages", "files": {rel: dmg}, "commands": readers, "expect": "any"}
+            for rel, what, dmg in damages]
+
+
 GROUPS = {"records": record_cases, "beside": beside_cases, "catalog": catalog_cases, "models": models_cases,
-          "checks": checks_cases, "bench": bench_cases, "reference": reference_cases, "variables": variable_cases}
+          "checks": checks_cases, "bench": bench_cases, "reference": reference_cases, "variables": variable_cases,
+          "pages": pages_cases}
 
 # The sandbox holds a dozen of the committed records: its pages are made again from them first (FORCE: they
 # are smaller than the committed ones), and that is what every later answer is compared with.

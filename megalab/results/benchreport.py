@@ -217,6 +217,15 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     return "\n".join(L) + "\n"
 
 
+def _text(path: Path) -> str:
+    """A committed text file of the bench, through the file door; '' (and a line) where it is no file."""
+    try:
+        return infile.text(path)
+    except OSError as e:
+        print(f"megalab bench-report: skipping {e}", file=sys.stderr)
+        return ""
+
+
 def _matmul(path: Path) -> dict | None:
     """The GPU's measured matmul rate (bench matmul's JSON), or None: none there, or not that JSON (said)."""
     if not path.exists():
@@ -462,7 +471,7 @@ def _cp_section(bench_dir: Path) -> list[str]:
     if not path.exists():
         return []
     body = []
-    for ln in path.read_text().splitlines():
+    for ln in _text(path).splitlines():
         if not ln.startswith("# ") and (ln.strip() or (body and body[-1].strip())):  # no '# ' notes, one blank
             body.append(ln)
     return ["## Context-parallel attention without TE: what the ring costs besides communication", "",
@@ -503,7 +512,7 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
                 "separate kernels, `--no-gradient-accumulation-fusion`, unless `FAST=...,fused_wgrad`: see "
                 "\"Levers tried against the default\").", "",
-                *d.read_text().strip().splitlines(), ""]
+                *_text(d).strip().splitlines(), ""]
     intro = ("Two default fast-path levers came from row 111's kernel list (below, with the fast path it was "
              "profiled with): `bf16_ce` removed the loss's fp32 copy, max, exp, sum, divide and gradient kernels over "
              "the [tokens, vocabulary] logits (about 16 ms of the step; 15.8 ms against 2.4 ms per call in "

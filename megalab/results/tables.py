@@ -33,7 +33,7 @@ import pandas as pd
 
 from megalab.core import catalog
 from megalab.core.paths import ROOT
-from megalab.core import logparse, markdown, provenance, variables
+from megalab.core import infile, logparse, markdown, provenance, variables
 from megalab.results import columns as cols, index, keep, plots, quotes
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
@@ -271,7 +271,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
               for ch in chapters}
     tutorials: dict[Path, tuple[str, list[str]]] = {}
     for path in sorted((root / "tutorials").glob("*.md")):
-        old = path.read_text(encoding="utf-8")
+        old = infile.text(path)  # the file door: a FIFO, a directory, bytes not UTF-8 are one line
         try:  # the chapter tables, then the prose's quoted cells (quotes.py)
             tutorials[path] = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t), keep_missing=force)
         except quotes.QuoteError as e:
