@@ -533,6 +533,12 @@ def catalog_cases(root: Path = ROOT, seed: int = SEED) -> list[dict]:
     cases.append(_config_case("catalog", "id of chapter 1 in chapter 2's file",
                               {str(files[2].relative_to(root)): b64(other.replace("experiments:\n", f"experiments:\n  - {{id: {dup}, gpus: 1, gbs: 1, about: dup}}\n", 1))},
                               True, CATALOG_READERS))
+    ref = re.search(r"ref: (R\d+)", text).group(0)  # a published row the reference does not have
+    refs = _config_case("catalog", "ref naming no published row", {str(first.relative_to(root)): b64(
+        text.replace(ref, "ref: R999", 1))}, False, CATALOG_READERS)
+    for c in refs["commands"]:
+        c["expect"] = "refuse" if c["argv"][0] == "tables" else "any"
+    cases.append(refs)
     cases.append(_config_case("catalog", "chapter file removed", {str(files[1].relative_to(root)): {"special": "delete"}},
                               False, CATALOG_READERS))
     cases.append(_config_case("catalog", "chapter file a directory", {"configs/experiments/98-dir.yaml": {"special": "dir"}},

@@ -427,3 +427,18 @@ def test_limits_are_generous_for_what_is_committed():
     recs = [p.stat().st_size for p in ROOT.glob("results/**/run.json")]
     assert max(logs) * 100 < infile.LOG_LIMIT and max(recs) * 100 < infile.RECORD_LIMIT
     assert max(p.stat().st_size for p in ROOT.glob("configs/**/*.*")) * 50 < infile.CONFIG_LIMIT
+
+
+def test_a_catalog_ref_that_names_no_published_row_stops_make_tables(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    cat = dict(catalog.catalog())
+    first = next(e for e in cat.values() if e.ref and e.chapter == 1)
+    cat[first.id] = dataclasses.replace(first, ref="R99")
+    monkeypatch.setattr(catalog, "catalog", lambda: cat)
+    (tmp_path / "results" / "runs").mkdir(parents=True)
+    assert main(["tables", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"configs/experiments/01-dp-zero2.yaml: {first.id}: ref R99 is no row of " \
+        "chapter 1 in configs/reference/anchor_8xh100.csv; fix:" in err
+    assert not (tmp_path / "results" / "01-dp-zero2.md").exists()

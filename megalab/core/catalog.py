@@ -12,7 +12,7 @@ wrong type, an unknown or missing key, a number out of its range (a size of 0 wo
 in a plan) is one CatalogError line naming the file, the entry and the field; so is a layout Megatron
 would reject (Experiment.validate, run on every entry as it is loaded), a chapter number, a target id or
 a results page that two entries or files share. The YAML itself comes in by core/yamlfile.py (a regular
-file, UTF-8, no key given twice, no aliases).
+file, UTF-8, no key given twice, no alias bomb).
 """
 from __future__ import annotations
 

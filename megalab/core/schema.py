@@ -22,10 +22,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import types
 import typing
 from functools import cached_property
-import re
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 

@@ -176,11 +176,17 @@ def _findings(cfg: dict, get) -> list[str]:
 def checked(cfg: dict) -> dict:
     """CFG, once what the page itself reads in it is there: the cases its goals name (GOALS) and every
     case's published row (`ref`: chapter 1 of anchor_8xh100.csv, `ref2`: twogpu_2xh200.csv) with a
-    number for its step time and memory; benchruns.BenchConfigError (one line) else."""
+    number for its step time and memory, and the published rows of the default goals' targets;
+    benchruns.BenchConfigError or chapter.ReferenceTableError (one line) else."""
     names = {c["name"] for c in cfg["cases"]}
     if missing := sorted({case for _, case, *_ in GOALS} - names):
         raise benchruns.BenchConfigError(f"cases: no case named {missing} (the page's goals read them)")
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
+    chapter.check_refs(anchor, twogpu)  # the catalog's refs, which the default goals read
+    for _, target, ms_max, _ in DEFAULT_GOALS:
+        if ms_max is None and defaults._reference(catalog.get(target), anchor, twogpu) is None:
+            raise benchruns.BenchConfigError(f"{target} has no published row, and the page's goal for it is the "
+                                             "published step time", "give the target its `ref` in the catalog")
     for case in cfg["cases"]:
         for key, table, index, cols in (("ref", anchor, lambda r: (1, r), ("step_ms", "mem_gb_per_gpu")),
                                         ("ref2", twogpu, lambda r: r, ("step_ms", "mem_mib_gpu0"))):

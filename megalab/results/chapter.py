@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from megalab.core import catalog, infile
+from megalab.core import catalog, infile, yamlfile
 from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core import provenance
@@ -141,6 +141,21 @@ def load_twogpu_reference(path: Path | None = None) -> pd.DataFrame:
     df = pd.read_csv(io.StringIO(_checked_text(path, TWOGPU_COLUMNS, ("row",))),
                      dtype={"row": str, "experiment": str, "notes": str})
     return df.set_index("row")
+
+
+def check_refs(reference: pd.DataFrame, twogpu: pd.DataFrame) -> None:
+    """ReferenceTableError (one line) for a catalog entry whose `ref` names no row of its chapter's published
+    table: its row would show no published number (make tables refuses; a cell elsewhere warns once)."""
+    for exp in catalog.catalog().values():
+        kind = reference_kind(exp.chapter)
+        if not exp.ref or kind == "none":
+            continue
+        table, key, name = (twogpu, exp.ref, "twogpu_2xh200.csv") if kind == "twogpu" else \
+            (reference, (exp.chapter, exp.ref), "anchor_8xh100.csv")
+        if key not in table.index:
+            raise ReferenceTableError(yamlfile.shown(catalog.chapters()[exp.chapter]["file"]), f"{exp.id}: ref {exp.ref} is no row of "
+                                      f"chapter {exp.chapter} in configs/reference/{name}",
+                                      "name the row it reproduces (or drop `ref`)")
 
 
 # --------------------------------------------------------------------------- the chapter

@@ -35,6 +35,7 @@ from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import infile, logparse, markdown, provenance, variables
 from megalab.results import columns as cols, index, keep, plots, quotes
+from megalab.results import chapter as chapter_inputs
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
@@ -260,6 +261,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
                        + "; ".join(f"{why}: {' '.join(ids)}" for why, ids in rows.items()) + "; fix: re-run them with `make <target>` (plain, no FAST/CUDA_GRAPH/"
                        "EXTRA_ARGS/WARMUP) and commit the records, or build without STRICT=1")
     reference, twogpu = load_reference(), load_twogpu_reference()
+    chapter_inputs.check_refs(reference, twogpu)
     # every page in memory first: nothing is written when one of them cannot be made or would lose something
     frames, pages = {}, {}
     for chapter, meta in chapters.items():
