@@ -49,10 +49,11 @@ def sandbox(base: Path, ref: str | None = None, *, runs: list[Path] | None = Non
     """A copy of the repository under BASE (no .git, no venv, no tests): the commands' ROOT. REF: the
     tree of that commit instead of the working tree (the audit of main: --tree main). RUNS: the only run
     folders kept under results/**/runs/ (default sources(): every reader then reads a dozen records, not
-    three hundred, and the damaged ones beside them)."""
-    repo = base / "repo"
+    three hundred, and the damaged ones beside them). The copy sits two folders down, so that a page path
+    of ../../x that code would take still lands in BASE."""
+    repo = base / "sandbox" / "repo"
     if ref:
-        repo.mkdir()
+        repo.mkdir(parents=True)
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
         shutil.rmtree(repo / "tests", ignore_errors=True)
@@ -69,7 +70,7 @@ def sandbox(base: Path, ref: str | None = None, *, runs: list[Path] | None = Non
 
 def drive(repo: Path, cases: list[dict], timeout: float = 1800, progress: bool = False) -> list[dict]:
     """Run CASES in REPO (tests/fuzz_driver.py, one process); every (case, command) answer."""
-    base = repo.parent
+    base = repo.parent.parent
     work = Path(tempfile.mkdtemp(prefix="drive-", dir=base))
     (work / "cases.json").write_text(json.dumps(cases))
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
@@ -488,7 +489,8 @@ def chapter_edits(text: str) -> list[tuple[str, str, str, bool]]:
     e = [("chapter a word", "\nchapter: ", "\nchapter: one #", True), ("title a list", "\ntitle: ", "\ntitle: [a] #", True),
          ("unknown file key", "\nchapter: ", "\ncolour: red\nchapter: ", True),
          ("table outside results", "\ntable: ", "\ntable: ../../etc/x.md #", True),
-         ("table absolute", "\ntable: ", "\ntable: /tmp/megalab-fuzz.md #", True),
+         ("table absolute", "\ntable: ", "\ntable: /proc/megalab-fuzz.md #", True),  # unwritable: code that
+         # took it would fail there, not write outside
          ("reference unknown", "\ntable: ", "\nreference: bogus\ntable: ", True),
          ("tutorial outside", "\ntable: ", "\ntutorial: ../../x.md\ntable: ", True),
          ("defaults unknown key", "defaults: {", "defaults: {colour: red, ", True),

@@ -217,3 +217,32 @@ def test_without_git_nothing_is_explained(tmp_path):
     assert keep.catalog_change(tmp_path) is None
     row = keep.Loss("results/01-dp-zero2.md", "row 101", T101, 1)
     assert keep.unexplained([row], None) == [row]
+
+
+def _drop(checkout: Path, target: str) -> None:
+    path = checkout / "configs" / "experiments" / "01-dp-zero2.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["experiments"] = [e for e in doc["experiments"] if e["id"] != target]
+    path.write_text(yaml.safe_dump(doc))
+    for f in (catalog.models, catalog.chapters, catalog.catalog, catalog._chapter_files):
+        f.cache_clear()
+
+
+def test_make_tables_drops_the_row_of_an_uncommitted_catalog_removal_but_not_a_committed_one(checkout, tmp_path,
+                                                                                           capsys, monkeypatch):
+    monkeypatch.delenv("FORCE", raising=False)
+    pages = tmp_path / "pages"
+    _write(pages / "results" / "runs", "r1")
+    assert main(["tables", "--root", str(pages)]) == 0
+    csv = pages / "results" / "01-dp-zero2.csv"
+    assert T101 in csv.read_text()
+    before = csv.read_bytes()
+    _drop(checkout, T101)  # removed in the working tree, not committed: the pages go with it
+    assert main(["tables", "--root", str(pages)]) == 0
+    assert T101 not in csv.read_text()
+    # the same removal committed first, then pages that still have the row: nothing explains the loss
+    _git(checkout, "commit", "-qam", "101 gone")
+    csv.write_bytes(before)
+    capsys.readouterr()
+    assert main(["tables", "--root", str(pages)]) == 1
+    assert "results/01-dp-zero2.md: row 101" in capsys.readouterr().err and csv.read_bytes() == before
