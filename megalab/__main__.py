@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
               + "; fix: python -m megalab --help lists the commands", file=sys.stderr)
         return 2
     from megalab.core.catalog import CatalogError
+    from megalab.core.infile import InputError
     from megalab.core.variables import LaunchError
 
     try:
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except (CatalogError, LaunchError) as e:
+    except (CatalogError, LaunchError, InputError) as e:  # a bad input: one line, its fix
         print(f"megalab: {e}", file=sys.stderr)
         return 2
 
@@ -192,13 +193,23 @@ def _refresh_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _refresh(args) -> int:
+    """Each DIR's record derived again; a DIR whose record, log or memory CSV cannot be read is one line
+    (the others are refreshed), and the exit status 2."""
     from pathlib import Path
 
+    from megalab.core.logparse import LogReadError
+    from megalab.core.schema import RecordError
     from megalab.harness import record
 
+    rc = 0
     for d in args.run_dirs:
-        print(record.one_line(record.refresh(Path(d))))
-    return 0
+        try:
+            print(record.one_line(record.refresh(Path(d))))
+        except (RecordError, LogReadError) as e:
+            fix = "" if "fix:" in str(e) else "; fix: restore the run's raw log (or leave the record as it is)"
+            print(f"megalab refresh: {e}{fix}", file=sys.stderr)
+            rc = 2
+    return rc
 
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:

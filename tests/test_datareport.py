@@ -30,7 +30,8 @@ def _run(root: Path, name: str, target: str, *, data: str = DATA, status: str = 
         "tflops_per_gpu": 40.0, "mem_peak_gib": [31.4], "iters_logged": iters,
         "error": None if status == "ok" else "AssertionError: no sample to consume: 0",
         "files": {"log": "logs.txt", "memory": "gpu_memory.csv"},
-        "config": {"data": data, "extra_args": extra_args, "iters": iters, "model_preset": {"vocab_size": 50257}},
+        # ITERS as set (at least 1: a failed log's 0 iterations logged is no setting a launcher writes)
+        "config": {"data": data, "extra_args": extra_args, "iters": max(iters, 1), "model_preset": {"vocab_size": 50257}},
         **rec}))
     return d
 

@@ -3,24 +3,210 @@
 configs/bench.yaml names cases, levers, an ablation, parity and MoE-expert pairs; each becomes a Run
 (a catalog target under a spec and levers) whose key finds its newest record. The launcher
 (megalab/harness/bench.py) runs them, the report (benchreport.py) reads them.
+
+The file is typed at the edge (BenchConfig, pydantic, strict): every section and key known, every count
+at least 1, every lever, spec, case and target it names defined (a lever in `levers`, a target in the
+catalog). A problem is one BenchConfigError line naming the file, the place and the fix.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Annotated, Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from megalab.core import catalog, yamlfile
+from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
-from megalab.core import catalog
+from megalab.runtime import levers as lever_names
 
 CONFIG = ROOT / "configs" / "bench.yaml"
 BENCH_DIR = ROOT / "results" / "bench"
 
 
+class BenchConfigError(InputError):
+    """configs/bench.yaml is not what the bench reads: one line, with the fix."""
+
+    def __init__(self, reason: str, fix: str = "fix configs/bench.yaml"):
+        super().__init__("configs/bench.yaml", reason, fix)
+
+
+# --------------------------------------------------------------------------- the file, typed
+
+Count = Annotated[int, Field(ge=1)]
+Spec = Literal["local", "megalab"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Lever(_Strict):
+    about: str
+    fast: str | None = None  # a MEGALAB_FAST lever name (megalab/runtime/levers.py)
+    args: str | None = None  # Megatron flags
+    cuda_graph: bool | None = None
+
+
+class SpecEntry(_Strict):
+    spec: Spec
+    levers: list[str]
+
+
+class Case(_Strict):
+    name: str
+    target: str
+    gbs: Count | None = None
+    zero2: bool | None = None
+    ref: str | None = None  # anchor_8xh100.csv row (chapter 1)
+    ref2: str | None = None  # twogpu_2xh200.csv row
+    levers: dict[str, list[str]] | None = None  # per spec name
+
+
+class Ablation(_Strict):
+    cases: list[str]
+    steps: Annotated[list[list[str]], Field(min_length=1)]
+    alternatives: list[str] = []
+
+
+class Search(_Strict):
+    target: str
+    levers: dict[str, list[str]]
+    start: dict[str, Count]
+    up_to: Count
+
+
+class Side(_Strict):
+    target: str
+    spec: Spec
+    gbs: Count | None = None
+    cuda_graph: bool | None = None
+
+
+class Pair(_Strict):
+    name: str
+    gpus: Count
+    a: Side
+    b: Side
+    iters: Count | None = None
+    extra_args: str | None = None
+    note: str | None = None
+
+
+class Parity(_Strict):
+    iters: Count
+    extra_args: str
+    pairs: list[Pair]
+
+
+class Trial(_Strict):
+    lever: str | list[str]
+    base: list[str] | None = None
+    targets: Annotated[list[str], Field(min_length=1)]
+
+
+class ExpertPair(_Strict):
+    name: str
+    gpus: Count
+    target: str
+    a: list[str]
+    b: list[str]
+
+
+class Experts(_Strict):
+    iters: Count
+    pairs: list[ExpertPair]
+
+
+class BenchConfig(_Strict):
+    """configs/bench.yaml."""
+    iters: Count
+    levers: Annotated[dict[str, Lever], Field(min_length=1)]
+    specs: dict[str, SpecEntry]
+    cases: list[Case]
+    ablation: Ablation
+    search: Search
+    parity: Parity
+    trials: list[Trial] = []
+    experts: Experts | None = None
+
+    @model_validator(mode="after")
+    def _names_are_defined(self) -> "BenchConfig":
+        """Every lever, spec, case and target named is defined: the page and the launcher look each up."""
+        def levers(names, where):
+            if bad := [n for n in names if n not in self.levers]:
+                raise ValueError(f"{where}: unknown lever(s) {bad} (levers: {', '.join(self.levers)})")
+
+        def specs(names, where):
+            if bad := [n for n in names if n not in self.specs]:
+                raise ValueError(f"{where}: unknown spec(s) {bad} (specs: {', '.join(self.specs)})")
+
+        if set(self.specs) != {"local", "megalab"}:
+            raise ValueError("specs: the two contenders are `local` and `megalab`")
+        for name, lever in self.levers.items():
+            if lever.fast and lever.fast not in lever_names.PATCHES:
+                raise ValueError(f"levers.{name}.fast: {lever.fast!r} is not a fast-path lever "
+                                 f"({', '.join(lever_names.PATCHES)})")
+        for name, spec in self.specs.items():
+            levers(spec.levers, f"specs.{name}")
+        names = [c.name for c in self.cases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cases: a name given twice ({sorted({n for n in names if names.count(n) > 1})})")
+        for c in self.cases:
+            specs(c.levers or {}, f"cases '{c.name}'")
+            for spec, ls in (c.levers or {}).items():
+                levers(ls, f"cases '{c.name}' levers.{spec}")
+        if bad := [n for n in self.ablation.cases if n not in names]:
+            raise ValueError(f"ablation.cases: no case named {bad}")
+        for step in self.ablation.steps:
+            levers(step, "ablation.steps")
+        levers(self.ablation.alternatives, "ablation.alternatives")
+        specs(self.search.levers, "search.levers")
+        specs(self.search.start, "search.start")
+        for spec, ls in self.search.levers.items():
+            levers(ls, f"search.levers.{spec}")
+        for t in self.trials:
+            levers(t.lever if isinstance(t.lever, list) else [t.lever], "trials")
+            levers(t.base or [], "trials base")
+        for pair in self.experts.pairs if self.experts else []:
+            levers(pair.a + pair.b, f"experts '{pair.name}'")
+        return self
+
+    def targets(self) -> list[str]:
+        """Every catalog target the file names."""
+        out = [c.target for c in self.cases] + [self.search.target]
+        out += [side.target for p in self.parity.pairs for side in (p.a, p.b)]
+        out += [t for trial in self.trials for t in trial.targets]
+        out += [p.target for p in (self.experts.pairs if self.experts else [])]
+        return out
+
+
 def load_config(path: Path = CONFIG) -> dict:
-    return yaml.safe_load(path.read_text())
+    """configs/bench.yaml as written (the launcher and the page read it by key), every part of it checked
+    (BenchConfig, and each target a catalog id); BenchConfigError, one line, else."""
+    try:
+        raw = yamlfile.load(path, fix="fix configs/bench.yaml")
+    except InputError as e:
+        raise BenchConfigError(e.reason) from None
+    if not isinstance(raw, dict):
+        raise BenchConfigError("expected a mapping of sections (iters, levers, specs, cases, ...)")
+    try:
+        cfg = BenchConfig.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "the file"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise BenchConfigError(f"{where}: {msg}") from None
+    for target in cfg.targets():
+        try:
+            catalog.get(target)
+        except catalog.CatalogError:
+            raise BenchConfigError(f"target {target!r} is not a catalog target", "a target of `make list`") from None
+    return raw
 
 
 @dataclasses.dataclass(frozen=True)

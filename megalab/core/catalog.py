@@ -8,7 +8,11 @@ only after a 40-second start-up.
 The files are typed at the edge (pydantic, as the run record and checks.yaml are): a chapter file is a
 ChapterFile, each entry a CatalogEntry (a strict model made from Experiment's own fields, so the
 dataclass stays the one definition and `dataclasses.replace` keeps working), each preset a Preset. A
-wrong type, an unknown or missing key is one CatalogError line naming the file, the entry and the field.
+wrong type, an unknown or missing key, a number out of its range (a size of 0 would divide by zero deep
+in a plan) is one CatalogError line naming the file, the entry and the field; so is a layout Megatron
+would reject (Experiment.validate, run on every entry as it is loaded), a chapter number, a target id or
+a results page that two entries or files share. The YAML itself comes in by core/yamlfile.py (a regular
+file, UTF-8, no key given twice, no alias bomb).
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from megalab.core import yamlfile
+from megalab.core.infile import InputError
 from megalab.core.paths import CONFIGS, ROOT  # noqa: F401 (catalog.ROOT: callers and tests)
 
 
@@ -187,48 +192,80 @@ class Experiment:
 # Megatron's --cp-comm-type values (a2a+p2p also needs --hierarchical-context-parallel-sizes).
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
+# The least (and most) value of each number an entry sets: every size divides something in the plan.
+LEAST = {"chapter": 0, "gpus": 1, "gbs": 1, "mbs": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1,
+         "layers_per_virtual_stage": 1, "num_experts": 1, "topk": 1, "timing_log_level": 0}
+MOST = {"timing_log_level": 2}
+
+# The published tables a chapter is diffed against (results/chapter.py): none for our rows only.
+REFERENCES = ("anchor", "twogpu", "none")
+
 # Preset keys with a fixed set of values (the first is Megatron's default).
 PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding": ("learned_absolute", "rope")}
 
 
+Positive = typing.Annotated[int, Field(ge=1)]  # a size: 0 or less divides by zero somewhere
+
+
 class Preset(BaseModel):
-    """One preset of configs/models.yaml (core/flags.py turns each key into flags). Anything else in the file is a typo and refused."""
+    """One preset of configs/models.yaml (core/flags.py turns each key into flags). Anything else in the file
+    is a typo and refused; every size is at least 1, and the heads split the hidden size (Megatron's own
+    rule) as the query groups split the heads."""
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
     about: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    seq_length: int
-    max_position_embeddings: int
-    vocab_size: int
-    ffn_hidden_size: int | None = None
+    num_layers: Positive
+    hidden_size: Positive
+    num_attention_heads: Positive
+    seq_length: Positive
+    max_position_embeddings: Positive
+    vocab_size: Positive
+    ffn_hidden_size: Positive | None = None
     disable_bias_linear: bool | None = None
     # modern decoders (chapter 6): RMSNorm, SwiGLU, rotary positions, grouped-query attention (GQA)
     normalization: Literal[PRESET_CHOICES["normalization"]] | None = None
     swiglu: bool | None = None
     position_embedding: Literal[PRESET_CHOICES["position_embedding"]] | None = None
-    rotary_base: int | None = None
-    num_query_groups: int | None = None
+    rotary_base: Positive | None = None
+    num_query_groups: Positive | None = None
     untie_embeddings: bool | None = None
-    moe_ffn_hidden_size: int | None = None
-    moe_router_topk: int | None = None
+    moe_ffn_hidden_size: Positive | None = None
+    moe_router_topk: Positive | None = None
     moe_router_force_load_balancing: bool | None = None
     moe_token_dispatcher: str | None = None
     moe_grouped_gemm: bool | None = None
     moe_permute_fusion: bool | None = None
 
+    @model_validator(mode="after")
+    def _shapes(self) -> "Preset":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                             f"{self.num_attention_heads}")
+        if self.num_query_groups and self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"num_query_groups {self.num_query_groups} does not divide num_attention_heads "
+                             f"{self.num_attention_heads}")
+        if self.seq_length > self.max_position_embeddings and self.position_embedding != "rope":
+            raise ValueError(f"seq_length {self.seq_length} is above max_position_embeddings "
+                             f"{self.max_position_embeddings} (learned positions)")
+        return self
+
 
 PRESET_KEYS = frozenset(Preset.model_fields)
+
+
+# A chapter's page and tutorial: a markdown file directly under results/ and tutorials/ (make tables
+# writes the page: never a path outside the checkout or into another folder)
+PAGE = r"^results/[0-9A-Za-z][0-9A-Za-z._-]*\.md$"
+TUTORIAL = r"^tutorials/[0-9A-Za-z][0-9A-Za-z._-]*\.md$"
 
 
 class ChapterFile(BaseModel):
     """A configs/experiments/NN-*.yaml: the chapter's page and tutorial, defaults, and its targets."""
     model_config = ConfigDict(strict=True, extra="forbid")
-    chapter: int
-    title: str
-    table: str  # its results page, e.g. results/01-dp-zero2.md
-    tutorial: str | None = None
-    reference: str | None = None  # the published table it is diffed against (results/chapter.py)
+    chapter: typing.Annotated[int, Field(ge=0)]
+    title: typing.Annotated[str, Field(min_length=1)]
+    table: typing.Annotated[str, Field(pattern=PAGE)]  # its results page, e.g. results/01-dp-zero2.md
+    tutorial: typing.Annotated[str, Field(pattern=TUTORIAL)] | None = None
+    reference: Literal[REFERENCES] | None = None  # the published table it is diffed against (results/chapter.py)
     defaults: dict[str, Any] = {}
     experiments: list[dict[str, Any]]
 
@@ -236,13 +273,26 @@ class ChapterFile(BaseModel):
 # (flags.effective_model, flags.effective_experiment), beside the argv that writes them.
 
 
+def _ranged(name: str, hint: Any) -> Any:
+    """A field's type with its range (LEAST, MOST): `int` becomes Annotated[int, Field(ge=..)], also inside
+    `int | None`."""
+    if name not in LEAST:
+        return hint
+    bound = typing.Annotated[int, Field(ge=LEAST[name], le=MOST.get(name))]
+    return bound | None if type(None) in typing.get_args(hint) else bound
+
+
 @lru_cache(maxsize=None)
-def _entry_model() -> type[BaseModel]:
-    """A catalog entry as written: Experiment's fields, typed strictly (a quoted "2" is no GPU count)."""
+def _entry_model(partial: bool = False) -> type[BaseModel]:
+    """A catalog entry as written: Experiment's fields, typed strictly (a quoted "2" is no GPU count) and
+    in range. partial: a chapter's `defaults` (any of the fields but the id and chapter, none required)."""
     hints = typing.get_type_hints(Experiment)
-    fields = {f.name: (hints[f.name], ... if f.default is dataclasses.MISSING else f.default)
+    fields = {f.name: (_ranged(f.name, hints[f.name]), ... if f.default is dataclasses.MISSING else f.default)
               for f in dataclasses.fields(Experiment)}
-    return create_model("CatalogEntry", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
+    if partial:
+        fields = {k: (t | None, None) for k, (t, _) in fields.items() if k not in ("id", "chapter")}
+    return create_model("CatalogDefaults" if partial else "CatalogEntry",
+                        __config__=ConfigDict(strict=True, extra="forbid"), **fields)
 
 
 def _why(e: ValidationError) -> str:
@@ -257,11 +307,18 @@ def _why(e: ValidationError) -> str:
 
 def _load_yaml(path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CatalogError(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: unreadable "
-                           f"({first}); fix the file") from None
+        return yamlfile.load(path)
+    except InputError as e:
+        raise CatalogError(str(e)) from None
+
+
+def _tupled(spec: dict) -> dict:
+    """SPEC with a YAML list of extra_args as the tuple Experiment holds."""
+    return {**spec, "extra_args": tuple(spec["extra_args"])} if isinstance(spec.get("extra_args"), list) else spec
+
+
+def _shown(path: Path) -> str:
+    return yamlfile.shown(path)
 
 
 @lru_cache(maxsize=None)
@@ -269,9 +326,12 @@ def models() -> dict[str, dict[str, Any]]:
     """The presets by name, each as written (plan.py and the estimator read them by key), every one a
     valid Preset."""
     presets = _load_yaml(CONFIGS / "models.yaml")
-    if not isinstance(presets, dict):
+    if not isinstance(presets, dict) or not presets:
         raise CatalogError("configs/models.yaml: expected a mapping of preset name -> keys; fix the file")
     for name, preset in presets.items():
+        if not isinstance(name, str) or not PRESET_NAME.fullmatch(name):
+            raise CatalogError(f"configs/models.yaml: preset name {name!r}: letters, digits, '.', '_', '-' and '+'; "
+                               "fix: rename it")
         try:
             Preset.model_validate(preset)
         except ValidationError as e:
@@ -282,16 +342,22 @@ def models() -> dict[str, dict[str, Any]]:
 
 @lru_cache(maxsize=None)
 def _chapter_files() -> dict[int, tuple[Any, ChapterFile]]:
-    out = {}
+    out: dict[int, tuple[Any, ChapterFile]] = {}
+    pages: dict[str, Path] = {}
     for path in sorted((CONFIGS / "experiments").glob("*.yaml")):
         try:
             doc = ChapterFile.model_validate(_load_yaml(path))
+            _entry_model(partial=True).model_validate(_tupled(doc.defaults))
         except ValidationError as e:
-            raise CatalogError(f"configs/experiments/{path.name}: {_why(e)}; fix the chapter file") from None
+            where = "defaults: " if e.title == "CatalogDefaults" else ""
+            raise CatalogError(f"configs/experiments/{path.name}: {where}{_why(e)}; fix the chapter file") from None
         if doc.chapter in out:
             raise CatalogError(f"configs/experiments/{path.name}: chapter {doc.chapter} is also "
                                f"{out[doc.chapter][0].name}'s; fix: one file per chapter")
-        out[doc.chapter] = (path, doc)
+        if doc.table in pages:
+            raise CatalogError(f"configs/experiments/{path.name}: table {doc.table} is also {pages[doc.table].name}'s "
+                               "page; fix: one page per chapter")
+        out[doc.chapter], pages[doc.table] = (path, doc), path
     return out
 
 
@@ -305,6 +371,7 @@ def chapters() -> dict[int, dict[str, Any]]:
 # A target id is a make target, a run folder's name and a word of the sbatch script: letters, digits,
 # '.', '_' and '-', a letter or digit first (never an option, a hidden file or shell syntax).
 ID_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
+PRESET_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]*")  # gpt2-xl+14L
 
 
 def check_id(entry: Any, path: Path, index: int) -> None:
@@ -319,23 +386,30 @@ def check_id(entry: Any, path: Path, index: int) -> None:
 
 @lru_cache(maxsize=None)
 def catalog() -> dict[str, Experiment]:
-    """All experiments, in catalog order, keyed by target id."""
+    """All experiments, in catalog order, keyed by target id; each one typed, in range and a layout
+    Megatron takes (Experiment.validate), else one CatalogError line naming its file."""
     out: dict[str, Experiment] = {}
+    where: dict[str, Path] = {}
     for chapter, (path, doc) in _chapter_files().items():
         for index, entry in enumerate(doc.experiments, 1):
             check_id(entry, path, index)
-            spec = {**doc.defaults, **entry, "chapter": chapter}
-            if isinstance(spec.get("extra_args"), list):
-                spec["extra_args"] = tuple(spec["extra_args"])
+            spec = _tupled({**doc.defaults, **entry, "chapter": chapter})
             try:
                 exp = Experiment(**dict(_entry_model().model_validate(spec)))
             except ValidationError as e:
                 raise CatalogError(f"{path.name}: {entry.get('id')}: {_why(e)}; fix the catalog entry") from None
             if exp.id in out:
-                raise CatalogError(f"duplicate target id {exp.id}")
+                also = "" if where[exp.id] == path else f" and {_shown(where[exp.id])}"
+                raise CatalogError(f"{_shown(path)}{also}: target id {exp.id} is given twice; fix: give each "
+                                   "target its own id")
             if exp.model not in models():
-                raise CatalogError(f"{exp.id}: unknown model preset '{exp.model}' (configs/models.yaml)")
-            out[exp.id] = exp
+                raise CatalogError(f"{_shown(path)}: {exp.id}: unknown model preset '{exp.model}' "
+                                   f"(configs/models.yaml); fix: one of {', '.join(models())}")
+            try:
+                exp.validate()
+            except CatalogError as e:
+                raise CatalogError(f"{_shown(path)}: {e}") from None
+            out[exp.id], where[exp.id] = exp, path
     return out
 
 

@@ -35,10 +35,11 @@ import json
 import math
 import re
 import sys
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from megalab.core import infile
 
 __all__ = [
     "IterationLine",
@@ -615,16 +616,12 @@ def log_file(path) -> Path:
     return gz if not p.exists() and gz.exists() else p
 
 
-def read_log(path) -> bytes:
-    """The bytes of a log, from PATH or its gzip (log_file)."""
-    p = log_file(path)
-    data = p.read_bytes()
-    if p.suffix != ".gz":
-        return data
-    try:
-        return gzip.decompress(data)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # truncated or damaged: readers catch OSError
-        raise OSError(f"damaged gzip ({e})") from None
+def read_log(path, limit: int | None = infile.LOG_LIMIT) -> bytes:
+    """The bytes of a log, from PATH or its gzip (log_file), through the file door (core/infile.py): a
+    regular file (a FIFO, a device, a directory is refused without blocking), at most LIMIT bytes once
+    unpacked (a gzip bomb stops there; None: no limit, for the launcher's own fresh log). Anything else is
+    an InputError, an OSError: readers catch OSError."""
+    return infile.read(log_file(path), limit)
 
 
 def plain_logs(root: Path) -> list[Path]:
@@ -639,29 +636,32 @@ def plain_logs(root: Path) -> list[Path]:
 
 def compress_logs(root: Path) -> list[Path]:
     """Gzip every plain_logs(ROOT) (a .gz beside it is replaced: the plain file is the newer copy;
-    atomic: the .gz is complete before the plain file goes); the paths written."""
+    atomic: the .gz is complete before the plain file goes); the paths written. A file the door refuses
+    (a FIFO, a device, larger than infile.LOG_LIMIT) is left as it is, with one line on stderr."""
     done = []
     for p in plain_logs(root):
+        try:
+            data = infile.read(p, infile.LOG_LIMIT, gunzip=False)
+        except infile.InputError as e:
+            print(f"megalab: not gzipping {e}", file=sys.stderr)
+            continue
         gz = p.with_name(p.name + ".gz")
         tmp = gz.with_name(gz.name + ".tmp")
-        tmp.write_bytes(gzip.compress(p.read_bytes(), compresslevel=9, mtime=0))  # mtime 0: same bytes each time
+        tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))  # mtime 0: same bytes each time
         tmp.replace(gz)
         p.unlink()
         done.append(gz)
     return done
 
 
-def parse_file(path) -> LogSummary:
-    """Read and parse a log file (or its gzip, log_file); undecodable bytes are replaced, never fatal."""
+def parse_file(path, limit: int | None = infile.LOG_LIMIT) -> LogSummary:
+    """Read and parse a log file (or its gzip, log_file; read_log's LIMIT); undecodable bytes are replaced,
+    never fatal."""
     p = Path(path)
     try:
-        data = read_log(p)
-    except FileNotFoundError:
-        raise LogReadError(p, "no such file") from None
-    except IsADirectoryError:
-        raise LogReadError(p, "is a directory, not a log file") from None
-    except PermissionError:
-        raise LogReadError(p, "permission denied") from None
+        data = read_log(p, limit)
+    except infile.InputError as exc:
+        raise LogReadError(p, exc.reason) from None
     except ValueError as exc:  # a path with a NUL byte
         raise LogReadError(p, str(exc)) from None
     except OSError as exc:

@@ -15,6 +15,8 @@ from typing import Iterable, Sequence
 
 from tabulate import tabulate
 
+from megalab.core import infile
+
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]], align: Sequence[str] | None = None,
           *, padded: bool = False) -> list[str]:
@@ -39,19 +41,25 @@ def _line(cells: Sequence[str]) -> str:
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:
-    """Write a page or figure through a temporary file, so a reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a page or figure through a temporary file, so a reader never sees half of it. Where it cannot
+    (a directory where the page goes, a read-only folder): infile.InputError, one line."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise infile.InputError(path, f"cannot be written ({e.strerror or e})",
+                                "remove what is in its place, or make its folder writable") from None
 
 
 def write_if_changed(path: Path, content: str | bytes, *, check: bool = False) -> bool:
     """Write PATH (write_atomic) unless it holds CONTENT already; True when it did not. check=True
     writes nothing and says whether it would: every generator's --check."""
     data = content.encode("utf-8") if isinstance(content, str) else content
-    try:
-        same = path.read_bytes() == data
+    try:  # the file door: a FIFO or a directory where a page should be is replaced, never read (or hung on)
+        same = infile.read(path, None) == data
     except OSError:
         same = False
     if not same and not check:

@@ -14,6 +14,7 @@ each with the repeats of its measurement (`runs`) and the runs that shared its h
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -38,12 +39,21 @@ def num(v: Any) -> float | None:
 
 def read_records(root: Path, who: str | None = "megalab", pattern: str = "*/run.json") -> Iterator[RunRecord]:
     """Every ROOT/PATTERN as a RunRecord (run_dir: its folder), in path order. A file that is no valid
-    record is skipped with one line on stderr (WHO: the command saying it), once per file and problem."""
-    for path in sorted(Path(root).glob(pattern)):
+    record is skipped with one line on stderr (WHO: the command saying it), once per file and problem:
+    a run.json that is a directory, a FIFO or a link to nowhere (which glob would pass over) too."""
+    for path in _candidates(Path(root), pattern):
         try:
             yield RunRecord.load(path)
         except RecordError as e:
             skip(path, str(e), who or "megalab")
+
+
+def _candidates(root: Path, pattern: str) -> list[Path]:
+    """ROOT/PATTERN's paths, PATTERN's last part a plain name: every folder the rest matches that holds
+    something by that name, whatever it is (os.path.lexists: a symbolic-link loop is named, not skipped)."""
+    head, _, name = pattern.rpartition("/")
+    folders = root.glob(head) if head else [root]
+    return sorted(d / name for d in folders if os.path.lexists(d / name))
 
 
 def skip(path: Path, why: str, who: str = "megalab") -> None:
@@ -56,9 +66,9 @@ def skip(path: Path, why: str, who: str = "megalab") -> None:
 
 
 def _rel(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(ROOT))
-    except ValueError:
+    try:  # the folder resolved, the file's own name kept: run.json may be a link that leads nowhere
+        return str((Path(path).parent.resolve() / Path(path).name).relative_to(ROOT))
+    except (ValueError, RuntimeError, OSError):
         return str(path)
 
 

@@ -22,22 +22,25 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import types
 import typing
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
                       PlainValidator, PrivateAttr, Strict, ValidationError)
 
-from megalab.core import logparse
+from megalab.core import infile, logparse
 
 SCHEMA = 2  # what the launcher writes now
 
 STATUSES = ("ok", "oom", "failed", "incomplete", "killed", "hung", "oom_busy")
 USABLE = ("ok", "oom")  # statuses preferred when picking a target's record
 MEASURED = ("ok", "incomplete")  # statuses whose step times are measurements (an oom/failed/killed run has none)
+# A target as records name it: a catalog id (catalog.ID_PATTERN), or its bench or profile variant (101-x.gbs4)
+TARGET = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
 
 
 class RecordError(ValueError):
@@ -54,15 +57,39 @@ def _finite(v: Any) -> float:
     return v
 
 
+def _amount(v: Any) -> float:
+    v = _finite(v)
+    if v < 0:
+        raise ValueError(f"a measurement is never negative ({v})")
+    return v
+
+
 def _cap(v: Any) -> Any:
     """GPU_MEM_GB as written: text ("80", schema 1 and 2 launchers) or a number; '' is no cap."""
     if isinstance(v, str):
         if not v.strip():
             return None
         try:
-            return float(v)
+            v = float(v)
         except ValueError:
             raise ValueError(f"not a number of GB ({_short(v)})") from None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not v > 0:
+        raise ValueError(f"a memory cap is above 0 GB ({v})")
+    return v
+
+
+def _inside(v: str) -> str:
+    """A file of the record's folder: a relative path that stays inside it (a record names its log and
+    memory CSV; every reader opens them, so /dev/zero or ../../x would be read in its place)."""
+    p = PurePosixPath(v)
+    if not v or p.is_absolute() or ".." in p.parts or "\\" in v or "\x00" in v:
+        raise ValueError(f"not a file of the run's folder ({_short(v)}): a relative path inside it")
+    return v
+
+
+def _target(v: str) -> str:
+    if not TARGET.fullmatch(v):
+        raise ValueError(f"not a target id ({_short(v)}): letters, digits, '.', '_' and '-', a letter or digit first")
     return v
 
 
@@ -81,11 +108,16 @@ def _short(v: Any) -> str:
 
 # A finite number, kept as written (an int stays an int in the JSON: records are rewritten byte-alike).
 Num = Annotated[float, PlainValidator(_finite), PlainSerializer(lambda v: v, return_type=Any)]
+# A measured amount (a time, memory, a rate): finite and never negative.
+Amount = Annotated[float, PlainValidator(_amount), PlainSerializer(lambda v: v, return_type=Any)]
 Int = Annotated[int, Strict()]  # an int: not 3.0, "3" or True
+Count = Annotated[int, Strict(), Field(ge=0)]  # how many, an index, a rank
+Size = Annotated[int, Strict(), Field(ge=1)]  # a layout's size (GPUs, batch, TP, ...): a divisor somewhere
 Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
 Time = Annotated[str, Strict(), AfterValidator(_iso)]
 GB = Annotated[Union[Num, None], BeforeValidator(_cap)]
+InFolder = Annotated[str, Strict(), AfterValidator(_inside)]
 
 
 class _Part(BaseModel):
@@ -98,38 +130,38 @@ class _Part(BaseModel):
 class Config(_Part):
     """What was run: the catalog entry (as the Experiment's fields) and the launch's settings."""
     id: Str | None = None
-    chapter: Int | None = None
+    chapter: Count | None = None
     about: Str | None = None
     model: Str | None = None
-    gpus: Int | None = None
-    gbs: Int | None = None
-    mbs: Int | None = None
-    tp: Int | None = None
-    pp: Int | None = None
-    cp: Int | None = None
-    ep: Int | None = None
-    etp: Int | None = None
-    layers_per_virtual_stage: Int | None = None
+    gpus: Size | None = None
+    gbs: Size | None = None
+    mbs: Size | None = None
+    tp: Size | None = None
+    pp: Size | None = None
+    cp: Size | None = None
+    ep: Size | None = None
+    etp: Size | None = None
+    layers_per_virtual_stage: Size | None = None
     cp_comm: Str | None = None
     sp: Bool | None = None
     zero2: Bool | None = None
     recompute: Str | None = None
-    num_experts: Int | None = None
-    topk: Int | None = None
-    timing_log_level: Int | None = None
+    num_experts: Size | None = None
+    topk: Size | None = None
+    timing_log_level: Annotated[int, Strict(), Field(ge=0, le=2)] | None = None
     ref: Str | None = None
     analogue_of: Str | None = None
     extra_args: Str | None = None  # the user's EXTRA_ARGS (the catalog's own: catalog_extra_args)
-    dp: Int | None = None
-    grad_accum: Int | None = None
+    dp: Size | None = None
+    grad_accum: Size | None = None
     model_preset: dict[str, Any] | None = None  # the model as built (the preset with EXTRA_ARGS' model flags)
-    iters: Int | None = None
-    warmup: Int | None = None  # the WARMUP setting (records from before it was kept: see warmup_iters)
+    iters: Size | None = None
+    warmup: Count | None = None  # the WARMUP setting (records from before it was kept: see warmup_iters)
     gpu_mem_gb: GB = None  # the GPU_MEM_GB cap (None: uncapped)
     transformer_impl: Str | None = None
     spec: Str | None = None
-    nnodes: Int | None = None
-    node_rank: Int | None = None
+    nnodes: Size | None = None
+    node_rank: Count | None = None
     catalog_extra_args: list[Str] | None = None
     fastpath: Str | None = None
     cuda_graph: Bool | None = None
@@ -137,9 +169,9 @@ class Config(_Part):
     dropped_flags: list[Str] | None = None
     substituted_flags: dict[str, Str] | None = None
     save: Bool | None = None
-    save_interval: Int | None = None
+    save_interval: Size | None = None
     load: Str | None = None
-    exit_interval: Int | None = None
+    exit_interval: Size | None = None
     wandb: dict[str, Any] | None = None
     profile: Bool | None = None
     cp_impl: Str | None = None
@@ -147,10 +179,10 @@ class Config(_Part):
 
 class Machine(_Part):
     """The machine the plan was made for (plan.Machine)."""
-    gpus: Int | None = None
+    gpus: Count | None = None
     te: Str | None = None
     gpu_name: Str | None = None
-    gpu_memory_gib: Num | None = None
+    gpu_memory_gib: Amount | None = None
     warning: Str | None = None
 
 
@@ -164,12 +196,12 @@ class Intent(_Part):
     dropped_flags: list[Str] = []
     cuda_graph: Bool | None = None
     cuda_graph_reason: Str | None = None
-    gpus: Int | None = None
-    nnodes: Int | None = None
-    node_rank: Int | None = None
-    gpus_per_node: Int | None = None
+    gpus: Size | None = None
+    nnodes: Size | None = None
+    node_rank: Count | None = None
+    gpus_per_node: Size | None = None
     master_addr: Str | None = None
-    master_port: Int | None = None
+    master_port: Annotated[int, Strict(), Field(ge=1, le=65535)] | None = None
     machine: Machine = Machine()
     run_dir: Str | None = None
     argv: list[Str] = []
@@ -199,10 +231,10 @@ class Versions(_Part):
 
 
 class Files(_Part):
-    """The files beside the record, relative to its folder."""
-    log: Str = "logs.txt"
-    memory: Str | None = None
-    traces: list[Str] = []
+    """The files beside the record, relative to its folder (and inside it)."""
+    log: InFolder = "logs.txt"
+    memory: InFolder | None = None
+    traces: list[InFolder] = []
 
 
 class Breakdown(_Part):
@@ -242,53 +274,53 @@ class RunRecord(_Part):
     """One run.json. Fields in the order the launcher writes them (a dump keeps that order)."""
     # the schema the file was written in (migrate reads any): `schema` in the file, RunRecord.schema here
     schema_: Annotated[int, Strict(), Field(ge=1)] = Field(1, alias="schema")
-    target: Annotated[str, Strict(), Field(min_length=1)]
+    target: Annotated[str, Strict(), AfterValidator(_target)]
     status: Literal[STATUSES]
     returncode: Int | None = None
     # how the run ended, when the launcher ended it: killed (a signal), hung or exit_hang (watchdog)
     ended_by: Str | None = None
     end_detail: Str | None = None
     busy_gpus: list[dict[str, Any]] = []  # what the preflight found in use when ALLOW_BUSY_GPUS=1 let it start
-    step_ms_median: Num | None = None
-    step_ms_p10: Num | None = None
-    step_ms_p90: Num | None = None
-    step_ms_min: Num | None = None
-    step_ms_max: Num | None = None
-    step_count: Int | None = None
-    warmup_iters: Int | None = None  # the steps dropped as warm-up
-    tflops_per_gpu: Num | None = None
+    step_ms_median: Amount | None = None
+    step_ms_p10: Amount | None = None
+    step_ms_p90: Amount | None = None
+    step_ms_min: Amount | None = None
+    step_ms_max: Amount | None = None
+    step_count: Count | None = None
+    warmup_iters: Count | None = None  # the steps dropped as warm-up
+    tflops_per_gpu: Amount | None = None
     loss_first: Num | None = None
     loss_last: Num | None = None
-    iters_logged: Int | None = None
-    train_iters: Int | None = None
-    megatron_mem: dict[str, Num] | None = None
-    megatron_mem_by_rank: dict[int, dict[str, Num]] = {}
-    theoretical_mem_mb: dict[str, Num] | None = None
-    params_total: Int | None = None
-    timers_ms: dict[str, Num] | None = None
+    iters_logged: Count | None = None
+    train_iters: Count | None = None
+    megatron_mem: dict[str, Amount] | None = None
+    megatron_mem_by_rank: dict[Annotated[int, Field(ge=0)], dict[str, Amount]] = {}
+    theoretical_mem_mb: dict[str, Amount] | None = None
+    params_total: Count | None = None
+    timers_ms: dict[str, Amount] | None = None
     breakdown_ms: Breakdown | None = None
-    oom_rank: Int | None = None
+    oom_rank: Count | None = None
     error: Str | None = None
     missing: list[Str] = []
     notes: list[Str] = []  # e.g. "exit_hang: ..." (finished, then hung at exit), "busy_gpus: ..."
-    mfu: Num | None = None
-    mem_peak_mib: list[Num] = []  # NVML peak per GPU
-    mem_peak_gib: list[Num] = []
-    peak_tflops: Num | None = None
-    mem_baseline_mib: list[Num] = []
-    mem_samples: Int | None = None
+    mfu: Amount | None = None
+    mem_peak_mib: list[Amount] = []  # NVML peak per GPU
+    mem_peak_gib: list[Amount] = []
+    peak_tflops: Amount | None = None
+    mem_baseline_mib: list[Amount] = []
+    mem_samples: Count | None = None
     monitor_error: Str | None = None
     gpu_name: Str | None = None
-    num_gpus: Int | None = None
-    gpus_on_node: Int | None = None
+    num_gpus: Size | None = None
+    gpus_on_node: Size | None = None
     gpu_uuids: list[Str] | None = None  # the physical GPUs: what tells two hosts apart (provenance)
     cuda_visible_devices: Str | None = None
-    gpu_memory_mib: Num | None = None
+    gpu_memory_mib: Amount | None = None
     hostname: Str | None = None
     started: Time | None = None
     ended: Time | None = None
-    duration_s: Num | None = None
-    preflight_s: Num | None = None  # the launcher's checks before `started`
+    duration_s: Amount | None = None
+    preflight_s: Amount | None = None  # the launcher's checks before `started`
     command: Str | None = None
     config: Config = Config()
     intent: Intent | None = None
@@ -322,16 +354,20 @@ class RunRecord(_Part):
 
     @classmethod
     def load(cls, path: Path) -> RunRecord:
-        """ROOT/…/run.json; RecordError (one line: the field, or why the file is unreadable)."""
+        """ROOT/…/run.json; RecordError (one line: the field, or why the file is unreadable). The file comes
+        in by core/infile.py: a regular file of at most infile.RECORD_LIMIT bytes (never a FIFO that
+        blocks, nor /dev/zero); a NaN or Infinity in it is named by the field that holds it."""
         path = Path(path)
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise RecordError(f"unreadable ({e.strerror or e})") from None
+            raw = json.loads(infile.read(path, infile.RECORD_LIMIT).decode("utf-8"))
+        except infile.InputError as e:
+            raise RecordError(e.reason) from None
         except UnicodeDecodeError:
             raise RecordError("not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise RecordError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        except RecursionError:
+            raise RecordError("not JSON a record could be (nested too deeply)") from None
         return cls.of(raw, path.parent)
 
     def dump(self, like: dict | None = None) -> dict:

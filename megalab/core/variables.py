@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class Variable:
     maximum: float | None = None  # int, float: the largest
     positive: bool = False  # float: above 0 (a size, a duration)
     example: str | None = None  # the value a fix suggests where the default cannot (None: the default)
+    pattern: str | None = None  # str: the whole value matches this regex (what it is, in `shape`)
+    shape: str = ""  # str with a pattern: what the value is, in words
 
     def parse(self, text: str):
         """The variable's value from its text: the default when empty, else the text as its type, within
@@ -49,6 +52,8 @@ class Variable:
         kind = PARSERS.get(self.type, _text)
         try:
             value = kind(self, text)
+            if self.pattern and not re.fullmatch(self.pattern, text):
+                raise ValueError(f"not {self.shape}")
         except ValueError as e:
             raise LaunchError(f"{self.name}={_shown(text)}: {e}; fix: {self.fix()}") from None
         problem = self.out_of_range(value)
@@ -193,13 +198,15 @@ VARIABLES: tuple[Variable, ...] = (
     V("DATA", "str", "mock", "a Megatron dataset prefix (make prepare-data prints it); mock data by default",
       True, "data", "data"),
     V("TOKENIZER_MODEL", "str", "", "the tokenizer folder saved beside DATA", True, "data", "tokenizer_model"),
-    V("SPLIT", "str", "949,50,1", "train,valid,test split of DATA", True, "data", "split"),
+    V("SPLIT", "str", "949,50,1", "train,valid,test split of DATA", True, "data", "split",
+      pattern=r"\d+(\.\d+)?([,/]\d+(\.\d+)?){0,2}", shape="up to three numbers, comma-separated"),
     V("VOCAB_FILE", "str", "", "GPT-2 BPE vocab (DATA without TOKENIZER_MODEL)", True, "data", "vocab_file"),
     V("MERGE_FILE", "str", "", "GPT-2 BPE merges (with VOCAB_FILE)", True, "data", "merge_file"),
     V("NNODES", "int", 1, "nodes of a multi-node run (each runs make <target>)", group="nodes", field="nnodes",
       minimum=1),
     V("NODE_RANK", "int", 0, "this node's rank (0 to NNODES-1)", group="nodes", field="node_rank", minimum=0),
-    V("MASTER_ADDR", "str", "localhost", "torchrun's rendezvous host", group="nodes", field="master_addr"),
+    V("MASTER_ADDR", "str", "localhost", "torchrun's rendezvous host", group="nodes", field="master_addr",
+      pattern=r"[0-9A-Za-z\[][0-9A-Za-z_.:%\[\]-]*", shape="a host name or an IP address"),
     V("MASTER_PORT", "int", None, "torchrun's rendezvous port (default: a free one on one node, 6000 across nodes)",
       group="nodes", field="master_port", minimum=1, maximum=65535, example="29500"),
     V("ALLOW_BUSY_GPUS", "flag", False, "start even where other processes hold GPU memory (the record says so)",
@@ -223,27 +230,32 @@ VARIABLES: tuple[Variable, ...] = (
     # run's plan; groups campaign, pages, make. Listed so that `make help` shows them and the Makefile takes
     # them literally (its export line).
     V("IDS", "str", "", 'make batch/campaign: the targets, e.g. IDS="101 111"', group="campaign"),
-    V("CHAPTER", "int", None, "make campaign: a chapter's targets (0: the two-GPU tour)", group="campaign"),
+    V("CHAPTER", "int", None, "make campaign: a chapter's targets (0: the two-GPU tour)", group="campaign",
+      minimum=0, example="1"),
     V("STALE", "flag", False, "make campaign: only rows short of REPEATS runs of today's code here",
       group="campaign"),
-    V("REPEATS", "int", 3, "make campaign: launches of each target, pass after pass", group="campaign"),
-    V("BUDGET_S", "int", None, "make campaign: start no launch after this many seconds", group="campaign"),
+    V("REPEATS", "int", 3, "make campaign: launches of each target, pass after pass", group="campaign", minimum=1),
+    V("BUDGET_S", "int", None, "make campaign: start no launch after this many seconds", group="campaign",
+      minimum=1, example="1200"),
     V("GPUS", "int", None, "make campaign DRY_RUN=1 (a plan: nothing starts): for N GPUs not here",
-      group="campaign"),
+      group="campaign", minimum=1, example="2"),
     V("STRICT", "flag", False, "make tables: refuse rows not of today's code; make check: FAIL is an error",
       group="pages"),
     V("ID", "str", "", "make show-command: the target", group="make"),
     V("GREP", "str", "", "make show-arguments: only the flags matching it", group="make"),
-    V("PORT", "int", 6006, "make tensorboard: the port", group="make"),
+    V("PORT", "int", 6006, "make tensorboard: the port", group="make", minimum=1, maximum=65535),
     V("HOST", "str", "127.0.0.1", "make tensorboard: the address (0.0.0.0: every interface)", group="make"),
     V("BENCH_ARGS", "str", "", 'make bench: more arguments, e.g. "--parts cases --budget-s 500"', group="make"),
     V("DATA_SOURCE", "str", "stas/openwebtext-10k", "make prepare-data: a Hub id, file, glob, folder, python-docs",
       group="make"),
     V("TOKENIZER", "str", "gpt2", "make prepare-data: gpt2, train:N or a tokenizer folder", group="make"),
     V("DATA_PREFIX", "str", "", "make prepare-data: the output prefix", group="make"),
-    V("WORKERS", "int", None, "make prepare-data: tokenizer processes (default: all cores)", group="make"),
-    V("LIMIT_DOCS", "int", None, "make prepare-data: only the first N documents", group="make"),
-    V("FORCE", "flag", False, "make prepare-data: rebuild a finished dataset (FORCE=1)", group="make"),
+    V("WORKERS", "int", None, "make prepare-data: tokenizer processes (default: all cores)", group="make",
+      minimum=1, example="4"),
+    V("LIMIT_DOCS", "int", None, "make prepare-data: only the first N documents", group="make", minimum=1,
+      example="1000"),
+    V("FORCE", "flag", False, "make prepare-data: rebuild a finished dataset; make tables: write pages that lose "
+      "rows, numbers or pages (FORCE=1)", group="make"),
     V("VENV", "str", ".venv", "make setup/test: the test venv (without a GPU, PY's default)", group="make"),
     V("TORCH_SPEC", "str", "torch==2.13.0", "make setup: the torch installed where none is importable",
       group="make"),
@@ -333,6 +345,13 @@ class Options:
         if opts.node_rank >= opts.nnodes:
             raise LaunchError(f"NODE_RANK={opts.node_rank}: must be below NNODES={opts.nnodes} (ranks 0 to "
                               f"{opts.nnodes - 1}); fix: NODE_RANK=0 on the first node, 1 on the next, ...")
+        try:
+            bad = "not a folder" if opts.outdir.exists() and not opts.outdir.is_dir() else None
+        except OSError as e:  # a name too long, a link loop
+            bad = f"unusable ({e.strerror or e})"
+        if bad:
+            raise LaunchError(f"OUTDIR={_shown(str(opts.outdir))[:200]}: {bad}; fix: a folder for the run folders, "
+                              "e.g. OUTDIR=outdir (it is made when missing)")
         if raw("WARMUP", env) and opts.warmup >= opts.iters:  # the default 3 may exceed a short ITERS: no median then
             raise LaunchError(f"WARMUP={opts.warmup}: must be below ITERS={opts.iters} (the step time is the median "
                               f"of the iterations after it); fix: e.g. WARMUP=3 with ITERS=20")

@@ -47,7 +47,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     grouped = groups(parser())
     if args.pattern:
-        pat = re.compile(args.pattern, re.IGNORECASE)
+        try:
+            pat = re.compile(args.pattern, re.IGNORECASE)
+        except re.error as e:
+            print(f"megalab arguments: GREP={args.pattern!r} is not a regular expression ({e}); fix: e.g. GREP=ckpt "
+                  "or GREP='tensor-model'", file=sys.stderr)
+            return 2
         grouped = {t: [a for a in acts if any(pat.search(o) for o in a.option_strings)]
                    for t, acts in grouped.items()}
         grouped = {t: acts for t, acts in grouped.items() if acts}

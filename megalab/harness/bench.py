@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import json
 import re
 import sys
@@ -31,7 +30,7 @@ from megalab.core import markdown
 from megalab.core.benchruns import (  # noqa: F401  (re-exported: bench.Run, bench.make_run, ...)
     BENCH_DIR, CONFIG, Run, ablation_runs, expert_runs, fits, load_config, load_runs, make_run, parity_runs,
     record_key, spec_run)
-from megalab.core import catalog, variables
+from megalab.core import catalog, infile, variables
 from megalab.core.records import RunRecord
 from megalab.harness import launch
 
@@ -348,9 +347,11 @@ def trace_summary(path: Path, top: int = 15) -> dict:
     kernel launches, syncs), not by the GPU: fusing kernels or CUDA graphs pay there, faster
     kernels do not.
     """
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
+    try:  # the file door: no FIFO, no bomb
+        events = json.loads(infile.read(path, infile.LOG_LIMIT))["traceEvents"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise BenchError(f"bench: {path}: not a torch profiler trace ({type(e).__name__}: {str(e)[:80]}); fix: "
+                         "give the trace.json(.gz) of a profiled run (make profile-<id>)") from None
     seen: dict[str, tuple] = {}  # a step is logged on the CPU timeline and again on the GPU's: keep one
     for e in events:
         if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
@@ -514,7 +515,7 @@ def main(args: argparse.Namespace) -> int:
             print(render_cp(args.target, cp_compute(args.target)))
         elif args.cmd == "trace":
             print(render_trace(trace_summary(args.file)))
-    except BenchError as e:
+    except (BenchError, infile.InputError) as e:
         print(e, file=sys.stderr)
         return 2
     return 0

@@ -18,7 +18,7 @@ from megalab.core.paths import ROOT
 from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
 from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none  # 2 adds `intent`, `observed`
-from megalab.core import logparse
+from megalab.core import infile, logparse
 from megalab.harness.monitor import describe_busy
 
 
@@ -124,7 +124,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
     exp, opts, impl, run_dir = plan.exp, plan.opts, plan.impl, plan.run_dir
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
-    summary = logparse.parse_file(run_dir / "logs.txt")
+    summary = logparse.parse_file(run_dir / "logs.txt", limit=None)  # this launch's own log: never refused for size
     busy = list(busy_gpus or [])
     if hasattr(monitor, "busy_at_start"):  # memory in use at start with no process listed counts too
         busy += [b for b in monitor.busy_at_start() if b["gpu"] not in {x["gpu"] for x in busy}]
@@ -239,14 +239,26 @@ def profile_lines(rec: dict | RunRecord, run_dir: Path) -> list[str]:
 
 
 def memory_peaks_from_csv(csv_path: Path, num_gpus: int) -> list[int]:
-    """Peak used MiB per GPU from a monitor CSV, for the first `num_gpus` GPUs sampled."""
+    """Peak used MiB per GPU from a monitor CSV, for the first `num_gpus` GPUs sampled. The file comes in
+    by core/infile.py (a regular file of bounded size); a row whose GPU or memory is no whole number at
+    or above 0 is a RecordError naming the file, the line and the cell."""
     import csv
+    import io
 
     peaks: dict[int, int] = {}
-    with open(csv_path) as f:
-        for row in csv.DictReader(f):
-            g = int(row["gpu"])
-            peaks[g] = max(peaks.get(g, 0), int(row["mem_used_mib"]))
+    try:
+        text = infile.text(csv_path, infile.LOG_LIMIT)
+    except infile.InputError as e:
+        raise RecordError(f"{e.path}: {e.reason}; fix: restore the run's memory CSV") from None
+    for line, row in enumerate(csv.DictReader(io.StringIO(text)), 2):
+        try:
+            g, used = int(row["gpu"]), int(row["mem_used_mib"])
+            if g < 0 or used < 0:
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise RecordError(f"{csv_path}: line {line} has no GPU index and used MiB (gpu, mem_used_mib) as "
+                              "whole numbers; fix: restore the run's memory CSV") from None
+        peaks[g] = max(peaks.get(g, 0), used)
     return [peaks[g] for g in sorted(peaks)[:num_gpus]]
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from megalab.core.paths import ROOT
-from megalab.core import benchruns, gpus, logparse, markdown
+from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
 from megalab.results import columns, defaults, launchtime
-from megalab.core.records import RunRecord, mark_shared, read_records
+from megalab.core.records import RunRecord, mark_shared, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
 from megalab.core import provenance
@@ -173,13 +174,42 @@ def _findings(cfg: dict, get) -> list[str]:
     return (["Findings (computed from the table):", ""] + out + [""]) if out else []
 
 
+def checked(cfg: dict) -> dict:
+    """CFG, once what the page itself reads in it is there: the cases its goals name (GOALS) and every
+    case's published row (`ref`: chapter 1 of anchor_8xh100.csv, `ref2`: twogpu_2xh200.csv) with a
+    number for its step time and memory, and the published rows of the default goals' targets;
+    benchruns.BenchConfigError or chapter.ReferenceTableError (one line) else."""
+    names = {c["name"] for c in cfg["cases"]}
+    if missing := sorted({case for _, case, *_ in GOALS} - names):
+        raise benchruns.BenchConfigError(f"cases: no case named {missing} (the page's goals read them)")
+    anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
+    chapter.check_refs(anchor, twogpu)  # the catalog's refs, which the default goals read
+    for _, target, ms_max, _ in DEFAULT_GOALS:
+        if ms_max is None and defaults._reference(catalog.get(target), anchor, twogpu) is None:
+            raise benchruns.BenchConfigError(f"{target} has no published row, and the page's goal for it is the "
+                                             "published step time", "give the target its `ref` in the catalog")
+    for case in cfg["cases"]:
+        for key, table, index, cols in (("ref", anchor, lambda r: (1, r), ("step_ms", "mem_gb_per_gpu")),
+                                        ("ref2", twogpu, lambda r: r, ("step_ms", "mem_mib_gpu0"))):
+            if case.get(key) is None:
+                continue
+            if index(case[key]) not in table.index:
+                raise benchruns.BenchConfigError(f"cases '{case['name']}': {key} {case[key]} is no published row "
+                                                 f"({'chapter 1 of anchor_8xh100.csv' if key == 'ref' else 'twogpu_2xh200.csv'})")
+            row = table.loc[index(case[key])]
+            if any(num(row[c]) is None for c in cols):
+                raise benchruns.BenchConfigError(f"cases '{case['name']}': {key} {case[key]} has no published step "
+                                                 "time and memory to compare with")
+    return cfg
+
+
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
     """The page: the header, then one section per part of configs/bench.yaml, then the runs it read."""
-    cfg = cfg or benchruns.load_config()
+    cfg = checked(cfg or benchruns.load_config())
     recs = mark_shared(benchruns.load_runs(bench_dir / "runs"), bench_dir.parent, "megalab bench-report")
     get = lambda run: recs.get(run.key())  # noqa: E731
     mm_path = bench_dir / "matmul.json"
-    mm = json.loads(mm_path.read_text()) if mm_path.exists() else None
+    mm = _matmul(mm_path)
     largest, search_lines = _search_section(cfg, recs)
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *trials_section(cfg, bench_dir), *_parity_section(cfg, get),
@@ -192,6 +222,31 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
         L += [columns.OTHER_HOST_NOTE, ""]
     L += _runs_section(cfg, recs, bench_dir)
     return "\n".join(L) + "\n"
+
+
+def _text(path: Path) -> str:
+    """A committed text file of the bench, through the file door; '' (and a line) where it is no file."""
+    try:
+        return infile.text(path)
+    except OSError as e:
+        print(f"megalab bench-report: skipping {e}", file=sys.stderr)
+        return ""
+
+
+def _matmul(path: Path) -> dict | None:
+    """The GPU's measured matmul rate (bench matmul's JSON), or None: none there, or not that JSON (said)."""
+    if not path.exists():
+        return None
+    try:
+        mm = json.loads(infile.read(path))
+        if isinstance(mm, dict) and isinstance(mm.get("gpu_name"), str) and all(
+                num(mm.get(k)) is not None for k in ("tflops", "tflops_best", "n", "iters")):
+            return mm
+        why = "not bench matmul's JSON (gpu_name, tflops, tflops_best, n, iters)"
+    except (OSError, ValueError) as e:
+        why = str(e)
+    print(f"megalab bench-report: skipping {path}: {why}; fix: run `make bench` again or remove it", file=sys.stderr)
+    return None
 
 
 def _header(recs: dict, mm: dict | None) -> list[str]:
@@ -423,7 +478,7 @@ def _cp_section(bench_dir: Path) -> list[str]:
     if not path.exists():
         return []
     body = []
-    for ln in path.read_text().splitlines():
+    for ln in _text(path).splitlines():
         if not ln.startswith("# ") and (ln.strip() or (body and body[-1].strip())):  # no '# ' notes, one blank
             body.append(ln)
     return ["## Context-parallel attention without TE: what the ring costs besides communication", "",
@@ -464,7 +519,7 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
                 "separate kernels, `--no-gradient-accumulation-fusion`, unless `FAST=...,fused_wgrad`: see "
                 "\"Levers tried against the default\").", "",
-                *d.read_text().strip().splitlines(), ""]
+                *_text(d).strip().splitlines(), ""]
     intro = ("Two default fast-path levers came from row 111's kernel list (below, with the fast path it was "
              "profiled with): `bf16_ce` removed the loss's fp32 copy, max, exp, sum, divide and gradient kernels over "
              "the [tokens, vocabulary] logits ([mb-loss-and-bias.txt](mb-loss-and-bias.txt) times both losses per call "

@@ -5,14 +5,18 @@ module and neither the other's internals.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
+import math
 import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from megalab.core import catalog
+from megalab.core import catalog, infile, yamlfile
+from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core import provenance
 from megalab.core.records import RunRecord, load_records, num
@@ -35,37 +39,132 @@ MISSING = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, I
 
 # --------------------------------------------------------------------------- published tables
 
-def _unique_index(df: pd.DataFrame, path: Path) -> pd.DataFrame:
-    if not df.index.is_unique:
-        dup = sorted({str(k) for k in df.index[df.index.duplicated()]})
-        raise ValueError(f"{path}: duplicate reference rows {dup}; fix: give each row its own id")
-    return df
+class ReferenceTableError(InputError):
+    """A reference CSV that is not the table it should be: one line naming the file, the line and the column."""
+
+
+# Each reference CSV's columns and what a cell of each may hold (_cell): the door every published number
+# comes in by. A cut file (its last line without its newline), a missing or unknown column, a row of the
+# wrong length, text or a negative, infinite or NaN number where a number belongs, a row id given twice:
+# each is one ReferenceTableError line, and no page is made from the table.
+ANCHOR_COLUMNS = {
+    "chapter": "count", "row": "id", "target": "text", "model": "text", "layers": "size", "hidden": "size",
+    "heads": "size", "seq": "size", "gbs": "size", "mbs": "size", "gpus": "size", "dp": "size", "tp": "size",
+    "pp": "size", "layers_per_virtual_stage": "size?", "cp": "size", "cp_comm": "text?", "ep": "size",
+    "etp": "size", "experts": "size?", "topk": "size?", "sp": "bit", "zero2": "bit", "recompute": "text",
+    "mem_gb_per_gpu": "amount|oom", "step_ms": "amount?", "notes": "text?"}
+TWOGPU_COLUMNS = {
+    "row": "id", "experiment": "text", "model": "text", "layers": "size", "hidden": "size", "heads": "size",
+    "seq": "size", "gbs": "size", "mbs": "size", "gpus": "size", "dp": "size", "tp": "size", "pp": "size",
+    "cp": "size", "sp": "bit", "mem_mib_gpu0": "amount", "mem_mib_gpu1": "amount?", "step_ms": "amount",
+    "notes": "text?"}
+_KINDS = {"id": "a row id", "text": "text", "count": "a whole number", "size": "a whole number of at least 1",
+          "bit": "0 or 1", "amount": "a finite number of at least 0", "amount|oom": "a number of at least 0 or 'oom'"}
+
+
+def _cell(kind: str, text: str) -> bool:
+    """Whether TEXT is a cell of KIND (a trailing ? : or empty)."""
+    if kind.endswith("?"):
+        if text == "":
+            return True
+        kind = kind[:-1]
+    if kind in ("id", "text"):
+        return text.strip() != ""
+    if kind == "bit":
+        return text in ("0", "1")
+    if kind in ("count", "size"):
+        return text.isdigit() and int(text) >= (kind == "size")
+    if kind == "amount|oom" and text == "oom":
+        return True
+    try:
+        x = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(x) and x >= 0
+
+
+def _checked_text(path: Path, columns: dict[str, str], key: tuple[str, ...]) -> str:
+    """The CSV's text, once every cell is what its column holds (ReferenceTableError, one line, else)."""
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    fix = f"restore it (git checkout -- {shown}) or mend the line named"
+    try:
+        text = infile.text(path)
+    except InputError as e:
+        raise ReferenceTableError(shown, e.reason, fix) from None
+    if not text.strip():
+        raise ReferenceTableError(shown, "empty", fix)
+    if not text.endswith("\n"):
+        raise ReferenceTableError(shown, "its last line has no newline (the file is cut short?)", fix)
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise ReferenceTableError(shown, f"not CSV ({e})", fix) from None
+    header = rows[0]
+    if header != list(columns):
+        missing = [c for c in columns if c not in header]
+        unknown = [c for c in header if c not in columns]
+        what = (f"missing column(s) {missing}" if missing else f"unknown column(s) {unknown}" if unknown
+                else "its columns are out of order")
+        raise ReferenceTableError(shown, f"{what} (expected: {','.join(columns)})", fix)
+    seen: dict[tuple, int] = {}
+    for n, row in enumerate(rows[1:], 2):
+        if len(row) != len(header):
+            raise ReferenceTableError(shown, f"line {n} has {len(row)} fields, the header {len(header)}", fix)
+        for col, cell in zip(header, row):
+            if not _cell(columns[col], cell):
+                raise ReferenceTableError(shown, f"line {n}, column {col}: {cell[:40]!r} is not "
+                                                 f"{_KINDS.get(columns[col].rstrip('?'), columns[col])}", fix)
+        k = tuple(row[header.index(c)] for c in key)
+        if k in seen:
+            raise ReferenceTableError(shown, f"line {n}: row {'/'.join(k)} is also line {seen[k]}; "
+                                             "each row has its own id", fix)
+        seen[k] = n
+    if len(rows) < 2:
+        raise ReferenceTableError(shown, "no rows", fix)
+    return text
 
 
 def load_reference(path: Path | None = None) -> pd.DataFrame:
-    """configs/reference/anchor_8xh100.csv indexed by (chapter, row).
+    """configs/reference/anchor_8xh100.csv indexed by (chapter, row), every cell checked (ANCHOR_COLUMNS).
 
     `mem_gb_per_gpu` stays text ('oom' where the reference ran out of memory); `step_ms` is a
     float (NaN where there is none).
     """
     path = path or REFERENCE_DIR / "anchor_8xh100.csv"
-    df = pd.read_csv(path, dtype={"row": str, "target": str, "mem_gb_per_gpu": str, "notes": str},
+    df = pd.read_csv(io.StringIO(_checked_text(path, ANCHOR_COLUMNS, ("chapter", "row"))),
+                     dtype={"row": str, "target": str, "mem_gb_per_gpu": str, "notes": str},
                      keep_default_na=False, na_values={"step_ms": [""]})
     df["chapter"] = df["chapter"].astype(int)
     df["step_ms"] = pd.to_numeric(df["step_ms"], errors="coerce")
-    return _unique_index(df.set_index(["chapter", "row"]), path)
+    return df.set_index(["chapter", "row"])
 
 
 def load_twogpu_reference(path: Path | None = None) -> pd.DataFrame:
-    """configs/reference/twogpu_2xh200.csv indexed by row (T0, T1, ...)."""
+    """configs/reference/twogpu_2xh200.csv indexed by row (T0, T1, ...), every cell checked (TWOGPU_COLUMNS)."""
     path = path or REFERENCE_DIR / "twogpu_2xh200.csv"
-    df = pd.read_csv(path, dtype={"row": str, "experiment": str, "notes": str})
-    return _unique_index(df.set_index("row"), path)
+    df = pd.read_csv(io.StringIO(_checked_text(path, TWOGPU_COLUMNS, ("row",))),
+                     dtype={"row": str, "experiment": str, "notes": str})
+    return df.set_index("row")
+
+
+def check_refs(reference: pd.DataFrame, twogpu: pd.DataFrame) -> None:
+    """ReferenceTableError (one line) for a catalog entry whose `ref` names no row of its chapter's published
+    table: its row would show no published number (make tables refuses; a cell elsewhere warns once)."""
+    for exp in catalog.catalog().values():
+        kind = reference_kind(exp.chapter)
+        if not exp.ref or kind == "none":
+            continue
+        table, key, name = (twogpu, exp.ref, "twogpu_2xh200.csv") if kind == "twogpu" else \
+            (reference, (exp.chapter, exp.ref), "anchor_8xh100.csv")
+        if key not in table.index:
+            raise ReferenceTableError(yamlfile.shown(catalog.chapters()[exp.chapter]["file"]), f"{exp.id}: ref {exp.ref} is no row of "
+                                      f"chapter {exp.chapter} in configs/reference/{name}",
+                                      "name the row it reproduces (or drop `ref`)")
 
 
 # --------------------------------------------------------------------------- the chapter
 
-REFERENCE_KINDS = ("anchor", "twogpu", "none")  # none: no published table (chapter 6), our rows only
+REFERENCE_KINDS = catalog.REFERENCES  # anchor, twogpu, none: no published table (chapter 6), our rows only
 
 
 @dataclasses.dataclass

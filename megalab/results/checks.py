@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from megalab.core.paths import ROOT
-from megalab.core import markdown, provenance
+from megalab.core import markdown, provenance, variables
 from megalab.core.gpus import short_gpu_name
 from megalab.core.records import USABLE, RunRecord, load_records, read_records, repeats, settings, stamp
 from megalab.core import catalog
@@ -546,6 +546,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Test the published claims (configs/checks.yaml) against the committed run records; write results/checks.md
     and the verdicts beside the tutorials' sentences that teach them."""
+    strict = args.strict or variables.value("STRICT")  # make passes --strict for STRICT=1: other words, here
     try:
         results, unsaid, _ = write_checks(args.root, args.claims)
     except (ChecksError, CatalogError, checkmarks.CheckMarkError) as e:
@@ -556,7 +557,7 @@ def main(args: argparse.Namespace) -> int:
         if r.status == FAIL:
             print(f"FAIL {r.claim.id}: {r.why} ({r.basis.text})")
     for line in unsaid:
-        print(f"megalab check: {line}", file=sys.stderr if args.strict else sys.stdout)
+        print(f"megalab check: {line}", file=sys.stderr if strict else sys.stdout)
     print(f"checks: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN "
           f"({len(results)} claims) -> {OUTPUT}" + (f"; {len(unsaid)} verdict(s) unsaid where taught" if unsaid else ""))
-    return 1 if (args.strict and unsaid) else 0
+    return 1 if (strict and unsaid) else 0

@@ -13,10 +13,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, Strict, ValidationError,
                       model_validator)
 
+from megalab.core import yamlfile
+from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core.schema import field_known
 
@@ -45,7 +46,11 @@ PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
 
 
 class ChecksError(ValueError):
-    """A malformed claims file: one line naming the claim and the fix."""
+    """A malformed claims file: one line naming the claim and the fix (a general one where none is given)."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg if "fix:" in msg else f"{msg}; fix: mend configs/checks.yaml (its header says what "
+                                                    "each key takes)")
 
 
 # --------------------------------------------------------------------------- field types
@@ -398,11 +403,10 @@ def _one_line(e: ValueError) -> str:
 def load_claims(path: Path | None = None) -> list[Claim]:
     """Parse and validate the claims file; ChecksError (one line, naming the claim) if malformed."""
     path = Path(path) if path is not None else CLAIMS_PATH
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ChecksError(f"{path.name}: unreadable ({first})") from None
+    try:  # the YAML door: a regular UTF-8 file, no key twice, no aliases
+        doc = yamlfile.load(path, fix="mend configs/checks.yaml")
+    except InputError as e:
+        raise ChecksError(str(e)) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list):
         raise ChecksError(f"{path.name}: expected a top-level `claims:` list")
     claims = [parse(e, i) for i, e in enumerate(doc["claims"])]

@@ -32,7 +32,8 @@ def compare(outdir: Path, out: Path | None = None) -> list[Path]:
     mine = sorted(t for t in yours if records.get(t) is yours[t])
     intro = (f"Your runs from `{outdir}` ({len(mine)} row(s): {', '.join(mine) or 'none'}) with the committed "
              "records of results/runs for every other row.")
-    return tables.write_tables(out, records=records,
+    # the pages are compare's own scratch (OUTDIR/compare): written as they come out (force)
+    return tables.write_tables(out, records=records, force=True,
                                index_page={"title": "Results: your runs beside the committed ones", "intro": intro})
 
 

@@ -25,7 +25,7 @@ import re
 import shlex
 from pathlib import Path
 
-from megalab.core import flags, logparse, markdown, records
+from megalab.core import flags, infile, logparse, markdown, records
 from megalab.results import columns, plots
 from megalab.core.records import RunRecord
 from megalab.core.paths import ROOT
@@ -81,7 +81,7 @@ def _vocab(rec: RunRecord, root: Path) -> int | None:
     except OSError:
         pass
     try:
-        return int(json.loads((root / f"{cfg.data}.info.json").read_text())["vocab_size"])
+        return int(json.loads(infile.read(root / f"{cfg.data}.info.json"))["vocab_size"])
     except (OSError, KeyError, TypeError, ValueError):
         return None
 

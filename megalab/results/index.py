@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from megalab.core import catalog
-from megalab.core import markdown
+from megalab.core import infile, markdown
 from megalab.results import dataset
 
 # Results pages besides the chapters: path under results/ and what it holds.
@@ -80,9 +80,17 @@ def render(root: Path, frames: Mapping[int, Any], *, title: str = "Results", int
         lines += ["", "## Figures", ""]
         for fig in figures:
             shown = [p.name for p in sorted(results.glob("*.md")) if p.name != "README.md"
-                     and f"plots/{fig.name}" in p.read_text(encoding="utf-8")]
+                     and f"plots/{fig.name}" in _text(p)]
             lines.append(f"- [{fig.name}](plots/{fig.name})" + (f" (on [{shown[0]}]({shown[0]}))" if shown else ""))
     return "\n".join(lines) + "\n"
+
+
+def _text(page: Path) -> str:
+    """A page's text, or '' where it is no readable page (a FIFO, a directory: the file door, core/infile.py)."""
+    try:
+        return infile.text(page)
+    except OSError:
+        return ""
 
 
 def write(root: Path, frames: Mapping[int, Any], *, check: bool = False, **kw) -> list[Path]:

@@ -8,10 +8,11 @@ graph-off twin (issue 17: first steps within 0.1%).
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from megalab.core.paths import ROOT
-from megalab.core import gpus, logparse, markdown
+from megalab.core import gpus, infile, logparse, markdown
 from megalab.results import benchreport
 from megalab.core.records import read_records
 from megalab.core import provenance
@@ -58,7 +59,12 @@ def render(root: Path = ROOT) -> str:
     out += graph_parity(runs, list(read_records(root / "results/runs", "megalab integrity")))
     for name, what, start in TRANSCRIPTS:
         if (DIR / name).exists():
-            lines = [ln for ln in (DIR / name).read_text(errors="replace").splitlines() if ln.strip()]
+            try:  # the file door: a FIFO or a directory there is passed over, with a line
+                text = infile.read(DIR / name).decode(errors="replace")
+            except OSError as e:
+                print(f"megalab integrity: skipping {e}", file=sys.stderr)
+                continue
+            lines = [ln for ln in text.splitlines() if ln.strip()]
             at = next((i for i, ln in enumerate(lines) if start and re.search(start, ln)), None)
             shown, how = (lines[at:at + 13], "excerpt") if at is not None else (lines[-3:], "last lines")
             out += ["", f"## {what}", "", f"[{name}]({name}), {how}:", "", "```", *shown, "```"]

@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from megalab.core import catalog
-from megalab.core import provenance, gpus, markdown, records as run_records
-from megalab.results import chapter as chapters
+from megalab.core import provenance, gpus, markdown, records as run_records, variables
+from megalab.results import chapter as chapters, keep
 from megalab.core.paths import ROOT
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
@@ -372,12 +372,14 @@ def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg"
 # --------------------------------------------------------------------------- output
 
 def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunRecord] | None = None,
-                out: Path | None = None, check: bool = False) -> list[Path]:
+                out: Path | None = None, check: bool = False, force: bool = True) -> list[Path]:
     """Draw every chapter's figures into `out` (default ROOT/results/plots); return the changed paths.
 
     A figure whose bytes are unchanged is not rewritten; an .svg there that no figure makes any more
-    is removed (the folder is generated). check=True writes nothing and returns the paths that are
-    missing or no longer made (file names only, see the module docstring).
+    is removed (the folder is generated), and with force=False (`make plots` without FORCE=1) refused
+    instead: keep.WouldShrink, nothing written (a figure goes when its rows or published numbers do:
+    `make tables` judges those first, then draws with force). check=True writes nothing and returns the
+    paths that are missing or no longer made (file names only, see the module docstring).
     """
     root = Path(root) if root is not None else ROOT
     if records is None:
@@ -392,6 +394,9 @@ def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunR
     stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []
     if check:
         return sorted([p for p in wanted if not p.exists()] + stale)
+    if stale and not force:
+        raise keep.WouldShrink(keep.sentence([keep.Loss(f"plots/{p.name}", "the figure (no longer drawn)")
+                                              for p in stale], command="make plots"))
     changed = []
     for path, (fig, data, kind) in wanted.items():
         if markdown.write_if_changed(path, draw(fig, data, kind)):
@@ -414,6 +419,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"megalab plots: --out {args.out} is a file; fix: give a folder (it is created if missing)",
               file=sys.stderr)
         return 2
-    changed = write_plots(args.root, out=args.out, check=args.check)
+    try:
+        changed = write_plots(args.root, out=args.out, check=args.check,
+                              force=args.out is not None or variables.value("FORCE"))
+    except keep.WouldShrink as e:
+        print(f"megalab plots: {e}", file=sys.stderr)
+        return 1
     return markdown.report_changes(changed, args.root, check=args.check, what="plots",
                                  fix="run `make plots` (or `make tables`)")

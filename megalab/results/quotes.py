@@ -80,13 +80,21 @@ def value(rows: str, column: str, row: Row) -> str:
     return f"{out} {OTHER_MACHINE}" if ours and where[0] != where[1] else out
 
 
-def fill(text: str, row: Row) -> tuple[str, list[str]]:
-    """TEXT with every quote's value brought up to date, and one line per value that changed."""
+def fill(text: str, row: Row, *, keep_missing: bool = False) -> tuple[str, list[str]]:
+    """TEXT with every quote's value brought up to date, and one line per value that changed. A quote of a
+    row or column that is not there is a QuoteError; keep_missing (make tables FORCE=1): it keeps its text,
+    and a line says so."""
     changes: list[str] = []
 
     def sub(m: re.Match) -> str:
         rows, column, old = m.group(1).strip(), m.group(2).strip(), m.group(3)
-        new = value(rows, column, row)
+        try:
+            new = value(rows, column, row)
+        except QuoteError as e:
+            if not keep_missing:
+                raise
+            changes.append(f"{str(e).split('; fix:')[0]}: kept as it was (FORCE=1): mend the quote")
+            return m.group(0)
         if new != old:
             changes.append(f"`{rows} | {column}` now {new} (was {old or 'empty'})")
         return f"<!-- q {m.group(1)} | {m.group(2)} -->{new}<!-- /q -->"

@@ -33,8 +33,9 @@ import pandas as pd
 
 from megalab.core import catalog
 from megalab.core.paths import ROOT
-from megalab.core import logparse, markdown, provenance
-from megalab.results import checkmarks, checks, columns as cols, dataset, index, plots, predicted, quotes
+from megalab.core import infile, logparse, markdown, provenance, variables
+from megalab.results import checkmarks, checks, columns as cols, dataset, index, keep, plots, predicted, quotes
+from megalab.results import chapter as chapter_inputs
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
@@ -240,7 +241,8 @@ def not_today(records: dict[str, RunRecord], tree: Path) -> dict[str, list[str]]
 
 
 def write_tables(root: Path | None = None, *, check: bool = False, strict: bool = False,
-                 records: dict[str, RunRecord] | None = None, index_page: dict | None = None) -> list[Path]:
+                 records: dict[str, RunRecord] | None = None, index_page: dict | None = None,
+                 force: bool = False) -> list[Path]:
     """Write every chapter's table page (and its CSV, same rows) under ROOT; return the paths whose
     content changed.
 
@@ -248,8 +250,17 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     a file whose content is unchanged is not touched. With check=True nothing is written and the
     returned paths are those that *would* change. With strict=True nothing is written when a row's
     record is not today's code and defaults (NotToday).
+
+    Pages never shrink silently (results/keep.py states the rule): every page is made in memory first,
+    and nothing is written when the new pages would lose a row, a published or measured number, a page or
+    a tutorial's table (keep.WouldShrink, one line), unless the working tree's catalog change explains it
+    (a target removed or changed against HEAD: its rows; a chapter file removed: its page) or FORCE
+    (force=True; `compare`, whose pages are its own scratch, passes it). A page no chapter writes any more
+    is then removed with its CSV; a tutorial quote of a row that is gone keeps its text.
     """
     root = Path(root) if root is not None else ROOT
+    catalog.catalog()  # the catalog's door first: a bad entry is refused before a record is read
+    chapters = catalog.chapters()
     records = load_records(root / "results" / "runs", root) if records is None else records
     if strict and (rows := not_today(records, root)):
         n = sum(len(ids) for ids in rows.values())
@@ -260,27 +271,39 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     if strict and (unsaid := _unsaid(root, verdicts)):
         raise checkmarks.CheckMarkError(f"{len(unsaid)} verdict(s) unsaid where taught, e.g. {unsaid[0]}")
     reference, twogpu = load_reference(), load_twogpu_reference()
-    # the pages link these figures: drawn first, so no link is ever dangling
-    changed = plots.write_plots(root, records=records, check=check)
-    frames = {}
-    for chapter, meta in catalog.chapters().items():
+    chapter_inputs.check_refs(reference, twogpu)
+    # every page in memory first: nothing is written when one of them cannot be made or would lose something
+    frames, pages = {}, {}
+    for chapter, meta in chapters.items():
         path = root / meta["table"]
         frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root)
-        csv_text = frames[chapter].to_csv(index=False, lineterminator="\n")
-        for path, text in ((path, render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)),
-                           (path.with_suffix(".csv"), csv_text)):  # the same rows, machine-readable
-            if markdown.write_if_changed(path, text, check=check):
-                changed.append(path)
-    changed += dataset.write(root, records, reference, twogpu, check=check)  # results/runs.csv, rows.csv
-    changed += index.write(root, frames, check=check, **(index_page or {}))  # results/README.md
+        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)
+        pages[path.with_suffix(".csv")] = frames[chapter].to_csv(index=False, lineterminator="\n")  # same rows
     blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root)
-              for ch in catalog.chapters()}
+              for ch in chapters}
+    tutorials: dict[Path, tuple[str, list[str]]] = {}
     for path in sorted((root / "tutorials").glob("*.md")):
-        old = path.read_text(encoding="utf-8")
+        old = infile.text(path)  # the file door: a FIFO, a directory, bytes not UTF-8 are one line
         try:  # the chapter tables, then the prose's quoted cells (quotes.py)
-            text, moved = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t))
+            tutorials[path] = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t), keep_missing=force)
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
+    if not check and not force:
+        lost = keep.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()})
+        if lost and (lost := keep.unexplained(lost, keep.catalog_change())):
+            raise keep.WouldShrink(keep.sentence(lost))
+    # the pages link these figures: drawn first, so no link is ever dangling
+    changed = plots.write_plots(root, records=records, check=check)
+    for path, text in pages.items():
+        if markdown.write_if_changed(path, text, check=check):
+            changed.append(path)
+    for path in keep.orphans(root, chapters):  # a page no chapter writes (allowed above, or FORCE)
+        if not check:
+            path.unlink()
+        changed.append(path)
+    changed += dataset.write(root, records, reference, twogpu, check=check)  # results/runs.csv, rows.csv
+    changed += index.write(root, frames, check=check, **(index_page or {}))  # results/README.md
+    for path, (text, moved) in tutorials.items():
         for line in moved:
             print(f"megalab tables: {path.relative_to(root)}: {line}: re-read the sentence around it")
         # and the verdicts of the claims it teaches (checkmarks.py), with each one the sentence leaves unsaid
@@ -327,15 +350,25 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--strict", action="store_true",
                     help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults, or "
                          "a tutorial's check verdict is not said by its sentence (make tables STRICT=1)")
+    ap.add_argument("--force", action="store_true",
+                    help="write the pages even where they lose something (make tables FORCE=1). Without it, "
+                         "make tables refuses (exit 1, one line, nothing written) to drop a row or a page, or "
+                         "to lose a published (`ref`) or measured (`our`) number, a tutorial's table or a quoted "
+                         "row; the rows of a catalog change not yet committed (a target removed or changed in "
+                         "configs/experiments/ against HEAD) and the page of a chapter file removed since HEAD "
+                         "need no FORCE (results/keep.py)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Rebuild results/*.md from results/runs/*/run.json."""
+    """Rebuild results/*.md from results/runs/*/run.json. STRICT and FORCE are read from the environment
+    too (make passes them so), as their variables type them: STRICT=maybe is an error, not a no."""
     root = args.root
+    strict = args.strict or variables.value("STRICT")
+    force = args.force or variables.value("FORCE")
     try:
-        changed = write_tables(root, check=args.check, strict=args.strict)
-    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError) as e:
+        changed = write_tables(root, check=args.check, strict=strict, force=force)
+    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError, keep.WouldShrink) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays
@@ -347,4 +380,3 @@ def main(args: argparse.Namespace) -> int:
     n = len(catalog.chapters())
     return markdown.report_changes(changed, root, check=args.check, what="tables", fix="run `make tables`",
                           detail=f" ({n} file{'s' * (n != 1)})")
-

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import hashlib
 import shlex
 import statistics
@@ -26,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from megalab.core import catalog, flags, gpus, logparse, markdown, steptime
+from megalab.core import catalog, flags, gpus, infile, logparse, markdown, steptime
 from megalab.core import estimate as E
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
@@ -144,12 +143,15 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
 
 def _events(path: Path, loader):
     """The events of one TensorBoard file; a committed one is gzipped (logparse.compress_logs) and the
-    loader reads a path only, so it reads an unpacked temporary copy."""
+    loader reads a path only, so it reads an unpacked temporary copy. Either comes in by the file door
+    (core/infile.py): a regular file (the loader would block on a FIFO), unpacked to at most its limit
+    (a gzip bomb is refused, not unpacked): an InputError, which the caller reports as a skipped file."""
     if path.suffix != ".gz":
+        infile.check_regular(path)
         yield from loader(str(path)).Load()
         return
     with tempfile.NamedTemporaryFile(suffix=".tfevents") as tmp:
-        tmp.write(gzip.decompress(path.read_bytes()))
+        tmp.write(infile.read(path, infile.LOG_LIMIT))
         tmp.flush()
         yield from loader(tmp.name).Load()
 

@@ -1,0 +1,278 @@
+"""Runs megalab's commands in-process, one damaged input at a time, in a sandbox copy of the repository.
+
+    python tests/fuzz_driver.py SANDBOX PRISTINE CASES.json RESULTS.json
+
+SANDBOX is the copy the commands read and write (its megalab is the one imported: ROOT is the sandbox).
+The cases marked `settle` run first and are kept (the pages of a copy without git history differ from the
+committed ones: they are the baseline); PRISTINE, made then, is the copy every later case is undone from. Each case of CASES.json names the files
+it damages (content, or a FIFO, a directory, a symbolic link, a sparse file of some size), the commands
+that read them (argv of `python -m megalab`, with an environment) and what a correct answer looks like.
+Each command is megalab.__main__.main(argv), the CLI's own entry, run with stdout and stderr captured and
+an alarm as a time limit: an exception out of it, or a traceback printed, is a traceback; running into the
+alarm is a hang. After each command the pages are compared with what they were (a row, a reference value,
+a quoted number or a page lost); after each case every file under results/, tutorials/ and configs/ is put
+back as PRISTINE has it. Standard library only, besides the sandbox's megalab.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+
+SANDBOX, PRISTINE = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
+sys.path.insert(0, str(SANDBOX))
+os.chdir(SANDBOX)
+
+import megalab.__main__ as cli  # noqa: E402  (the sandbox's)
+
+TREES = ("results", "tutorials", "configs")
+TRACEBACK = "Traceback (most recent call last)"
+QUOTE = re.compile(r"<!-- q ([^|>]+?) \| ([^>]+?) -->(.*?)<!-- /q -->")
+NUMBER = re.compile(r"\d")
+
+
+class Hang(BaseException):
+    """The command ran into the time limit (a FIFO read that blocks, a loop that never ends)."""
+
+
+def _alarm(signum, frame):
+    raise Hang()
+
+
+signal.signal(signal.SIGALRM, _alarm)
+# A reader that reads /dev/zero or unpacks a gzip bomb whole fails here with a MemoryError (counted as a
+# traceback) instead of taking the machine's memory.
+MEMORY_LIMIT = int(os.environ.get("FUZZ_MEMORY_LIMIT", 6 << 30))
+resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+# --------------------------------------------------------------------------- the tree and its undoing
+
+def manifest(root: Path) -> dict[str, tuple]:
+    """relative path -> (kind, size, mtime) of everything under the trees, links not followed."""
+    out = {}
+    for tree in TREES:
+        for dirpath, dirnames, filenames in os.walk(root / tree):
+            for name in dirnames + filenames:
+                p = Path(dirpath) / name
+                st = os.lstat(p)
+                out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), st.st_size if not stat.S_ISDIR(st.st_mode)
+                                                 else 0, st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0)
+    return out
+
+
+BASE: dict[str, tuple] = {}
+
+
+def _remove(p: Path) -> None:
+    if p.is_symlink() or not p.exists() or not p.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    else:
+        shutil.rmtree(p)
+
+
+def undo() -> list[str]:
+    """Every file under the trees back as PRISTINE has it; the paths that had changed."""
+    now = manifest(SANDBOX)
+    changed = sorted(k for k in set(now) | set(BASE) if now.get(k) != BASE.get(k))
+    for rel in sorted((k for k in changed if k not in BASE), key=len, reverse=True):  # new: deepest first
+        if os.path.lexists(SANDBOX / rel):
+            _remove(SANDBOX / rel)
+    for rel in sorted(k for k in changed if k in BASE):
+        dst, src = SANDBOX / rel, PRISTINE / rel
+        if BASE[rel][0] == stat.S_IFDIR:
+            if os.path.lexists(dst) and not dst.is_dir():
+                _remove(dst)
+            dst.mkdir(parents=True, exist_ok=True)
+            continue
+        if os.path.lexists(dst):
+            _remove(dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
+    return changed
+
+
+# --------------------------------------------------------------------------- damage
+
+def apply(files: dict[str, dict]) -> None:
+    for rel, how in files.items():
+        p = SANDBOX / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(p):
+            _remove(p)
+        if "copy" in how:  # a copy of another folder or file of the tree (less what `without` names)
+            src = SANDBOX / how["copy"]
+            if src.is_dir():
+                shutil.copytree(src, p, ignore=shutil.ignore_patterns(*how.get("without", [])))
+            else:
+                shutil.copy2(src, p)
+        elif "b64" in how:
+            p.write_bytes(base64.b64decode(how["b64"]))
+        elif how.get("special") == "delete":
+            pass
+        elif how.get("special") == "fifo":
+            os.mkfifo(p)
+        elif how.get("special") == "dir":
+            p.mkdir()
+        elif how.get("special") == "loop":
+            os.symlink(p.name, p)
+        elif how.get("special") == "symlink":
+            os.symlink(how["to"], p)
+        elif how.get("special") == "sparse":
+            with open(p, "wb") as f:
+                f.truncate(how["size"])
+        else:
+            raise SystemExit(f"fuzz_driver: unknown damage {how}")
+
+
+def reset_caches() -> None:
+    """What megalab keeps between calls in one process: lru_caches, the once-per-file skip lines."""
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("megalab"):
+            continue
+        for value in list(vars(mod).values()):
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+    from megalab.core import records
+    records._warned.clear()
+
+
+# --------------------------------------------------------------------------- pages lost
+
+def _text(p: Path) -> str | None:
+    """A regular file's text (None for anything else: the driver must never block on a FIFO a case made)."""
+    try:
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return None
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def page_state(root: Path) -> dict:
+    """What a reader of the pages would miss if it went: each chapter CSV's rows (target -> status, the
+    numeric `ref` cells), each generated page, each tutorial quote that shows a number or a table."""
+    state = {"rows": {}, "refs": {}, "pages": set(), "quotes": {}, "embeds": {}}
+    for p in sorted((root / "results").glob("*.csv")):
+        try:
+            rows = list(csv.DictReader(io.StringIO(_text(p) or "")))
+        except csv.Error:
+            continue
+        for r in rows:
+            t = r.get("make target")
+            if not t:
+                continue
+            state["rows"][(p.name, t)] = (r.get("status") or "").strip()
+            for k, v in r.items():
+                if k and k.startswith("ref") and v and NUMBER.search(v):
+                    state["refs"][(p.name, t, k)] = v
+    for p in [*(root / "results").glob("*.md"), *(root / "results").glob("*/README.md"),
+              *(root / "results" / "plots").glob("*.svg")]:
+        if _text(p):
+            state["pages"].add(str(p.relative_to(root)))
+    for p in sorted((root / "tutorials").glob("*.md")):
+        text = _text(p)
+        if text is None:
+            continue
+        for i, m in enumerate(QUOTE.finditer(text)):
+            if NUMBER.search(m.group(3)):
+                state["quotes"][(p.name, i, m.group(1), m.group(2))] = m.group(3)
+        for m in re.finditer(r"<!-- megalab:table chapter=(\d+) -->\n(.*?)<!-- /megalab:table -->", text, re.S):
+            state["embeds"][(p.name, m.group(1))] = len(m.group(2).splitlines())
+    return state
+
+
+def lost(before: dict, after: dict) -> list[str]:
+    out = []
+    for (page, target), status in before["rows"].items():
+        now = after["rows"].get((page, target))
+        if now is None:
+            out.append(f"row {target} of {page}")
+        elif not status.startswith("not run") and now.startswith("not run"):
+            out.append(f"row {target} of {page}: {status!r} -> {now!r}")
+    out += [f"{k} of {t} in {page}" for (page, t, k) in before["refs"] if (page, t, k) not in after["refs"]]
+    out += [f"page {p}" for p in sorted(before["pages"] - after["pages"])]
+    out += [f"quote {q[2]} | {q[3]} in {q[0]}" for q in before["quotes"] if q not in after["quotes"]]
+    out += [f"table of chapter {c} in {t}" for (t, c), n in before["embeds"].items()
+            if after["embeds"].get((t, c), 0) < n]
+    return out
+
+
+# --------------------------------------------------------------------------- one command
+
+def run(argv: list[str], env: dict[str, str], limit: float) -> dict:
+    saved = dict(os.environ)
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    rc, tb, hang = None, False, False
+    t0 = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(argv))
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except Hang:
+        hang = True
+    except BaseException as e:  # noqa: BLE001  (what the audit counts: anything out of the CLI's main)
+        import traceback
+        tb = True
+        err.write("".join(traceback.format_exception(e)))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        os.environ.clear()
+        os.environ.update(saved)
+    text = err.getvalue()
+    tb = tb or TRACEBACK in text or TRACEBACK in out.getvalue()
+    return {"argv": argv, "env": env, "rc": rc, "traceback": tb, "hang": hang, "secs": round(time.monotonic() - t0, 2),
+            "stderr": text[-(1 << 21):], "stdout_tail": out.getvalue()[-600:]}
+
+
+def main() -> int:
+    global BASE
+    cases = json.loads(Path(sys.argv[3]).read_text())
+    results = []
+    log = open(sys.argv[4] + ".jsonl", "w")  # as they come: a driver that dies leaves what it had
+    for case in cases:
+        if case.get("settle"):
+            for cmd in case["commands"]:
+                reset_caches()
+                results.append({**run(cmd["argv"], cmd.get("env", {}), cmd.get("limit", 300)), "case": case["name"],
+                                "lost": [], "settle": True})
+    for tree in TREES:
+        shutil.copytree(SANDBOX / tree, PRISTINE / tree, symlinks=True, dirs_exist_ok=True)
+    BASE = manifest(SANDBOX)
+    todo = [c for c in cases if not c.get("settle")]
+    for n, case in enumerate(todo, 1):
+        print(f"[{n}/{len(todo)}] {case['name']}", file=sys.__stderr__, flush=True)
+        apply(case.get("files", {}))
+        before = page_state(SANDBOX)
+        for cmd in case["commands"]:
+            reset_caches()
+            r = run(cmd["argv"], {**case.get("env", {}), **cmd.get("env", {})}, cmd.get("limit", 60))
+            after = page_state(SANDBOX)
+            r["lost"], before = lost(before, after), after
+            r.update(case=case["name"], **{k: cmd[k] for k in ("expect", "mentions", "any_of") if k in cmd})
+            results.append(r)
+            log.write(json.dumps(r) + "\n")
+            log.flush()
+        undo()
+    Path(sys.argv[4]).write_text(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
