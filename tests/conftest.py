@@ -8,6 +8,10 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore")
 # `make` in a test runs this interpreter, never the PY a parent make exported: `make test` on a fresh
 # clone parses the Makefile before .venv exists, so its PY is python3, which lacks the venv's packages.
 os.environ["PY"] = sys.executable
+# and as a user typing it would: not as a sub-make of `make test` (MAKELEVEL makes its lines `make[1]:`,
+# MAKEFLAGS would carry the parent's flags and overrides in)
+for _name in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"):
+    os.environ.pop(_name, None)
 # Megatron-check verdicts (megalab/harness/validate.py) go to a fresh folder per test session, never ~/.cache
 import tempfile  # noqa: E402
 

@@ -522,8 +522,9 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
         f"{len(seen)} out-of-catalog run{'s' * (len(seen) != 1)} ran before it and {'were' if len(seen) != 1 else 'was'} "
         "seen by the refit that set these constants, so "
         f"{'they count' if len(seen) != 1 else 'it counts'} as calibration (fitted on; set cell "
-        "`calibration (out of catalog, run before the freeze)`). Fresh out-of-catalog runs on today's code "
-        "are the next clean test.",
+        "`calibration (out of catalog, run before the freeze)`). "
+        + (f"The {len(after)} that ran after it are the clean test (set `out-of-catalog` below); fresh ones "
+           "add to it." if after else "Fresh out-of-catalog runs on today's code are the next clean test."),
         "",
     ]
     for label, sel in by_set(steps):
