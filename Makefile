@@ -160,8 +160,9 @@ setup:
 	"$$VENV/bin/pip" install -q --no-build-isolation -e '.[dev,data]'; \
 	touch "$$VENV/.stamp"
 
+# pytest-xdist: one worker per core (tests/conftest.py keeps the input audit on one of them, first)
 test: setup
-	"$$VENV/bin/python" -m pytest -q tests
+	"$$VENV/bin/python" -m pytest -q -n auto --dist loadgroup tests
 
 # The first run: on a GPU the smallest chapter-1 experiment; without one, its plan and the tables
 # (torch-free: the base dependencies do; `make setup` only where PY lacks them). The setup check is a

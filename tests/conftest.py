@@ -24,13 +24,20 @@ import pytest  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     """GPU-only tests (@pytest.mark.gpu) run only when asked for: MEGALAB_GPU_TESTS=1 or -m gpu.
-    A plain `pytest` on a GPU host never starts GPU work."""
-    if os.environ.get("MEGALAB_GPU_TESTS") == "1" or "gpu" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="GPU test: MEGALAB_GPU_TESTS=1 or pytest -m gpu runs it")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    A plain `pytest` on a GPU host never starts GPU work.
+
+    Under pytest-xdist (`make test`: -n auto --dist loadgroup) the tests that share the input audit
+    (tests/test_fuzz_inputs.py's module fixture, the suite's longest setup) are one group, so the audit is
+    made once, on one worker; they go first, so that it runs while the other workers take the rest."""
+    if not (os.environ.get("MEGALAB_GPU_TESTS") == "1" or "gpu" in (config.getoption("-m") or "")):
+        skip = pytest.mark.skip(reason="GPU test: MEGALAB_GPU_TESTS=1 or pytest -m gpu runs it")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    audit = [item for item in items if "audit" in getattr(item, "fixturenames", ())]
+    for item in audit:
+        item.add_marker(pytest.mark.xdist_group("audit"))
+    items[:] = audit + [item for item in items if item not in audit]
 
 
 def free_port() -> int:

@@ -143,3 +143,17 @@ def test_make_tables_refuses_to_lose_a_row_unless_forced(sandbox):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert {p: p.read_bytes() for p in pages} != pages
+
+
+def test_a_tree_with_no_records_builds_its_pages_without_a_made_up_figure(tmp_path):
+    """Every run folder gone (a fork starting afresh): the pages' commands answer, none with a traceback,
+    and the estimator page says `no runs` where a figure would need one (no median of nothing)."""
+    repo = fuzz_inputs.sandbox(tmp_path, runs=[])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGALAB_", "MAKE"))}
+    env.update(HOME=str(tmp_path / "home"), MEGALAB_CACHE_DIR=str(tmp_path / "cache"), FORCE="1",
+               MPLCONFIGDIR=str(tmp_path / "mpl"))
+    for argv in (["tables"], ["check"], ["plan", "--validate"], ["integrity"], ["bench-report"]):
+        out = _cli(repo, env, *argv)
+        assert out.returncode in (0, 1) and "Traceback" not in out.stderr, (argv, out.stderr[-2000:])
+    page = (repo / "results" / "estimate-vs-measured.md").read_text()
+    assert "no runs" in page and "0/0 runs" not in page.split("\n", 1)[0]

@@ -81,17 +81,21 @@ def graph_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
 
 def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
     """{allowance: (the calibration set's figure, what it is)} from calibration rows (validation_rows,
-    status ok); the rules in RULES round each figure into the constant."""
+    status ok); the rules in RULES round each figure into the constant. A figure no calibration run
+    measures (a tree with few records) is None: never a made-up number."""
     rows = [r for r in rows if r["status"] == "ok"]
-    med = statistics.median
+
+    def med(xs) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
     plain = [r for r in rows if not r["graph"] and outside_mib(r) is not None]
     one = [r for r in plain if r["est"].gpus == 1]
     h200 = [r for r in one if "H200" in r["gpu"]]
     context = med(outside_mib(r) for r in h200)  # every multi-GPU calibration run is on H200s
     multi = [r for r in plain if r["est"].gpus > 1 and "H200" in r["gpu"]]
 
-    def nccl(sel: Callable[[Any], bool]) -> float:
-        return med(outside_mib(r) - context for r in multi if sel(r["est"]))
+    def nccl(sel: Callable[[Any], bool]) -> float | None:
+        return None if context is None else med(outside_mib(r) - context for r in multi if sel(r["est"]))
 
     def dense(e) -> bool:
         return e.pp == 1 and e.cp == 1 and e.ep == 1 and not e.zero2
@@ -101,8 +105,9 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
     out = {
         "CUDA_CONTEXT_MIB": (med(outside_mib(r) for r in one),
                              f"median memory outside the allocator, {len(one)} 1-GPU runs (MiB)"),
-        "NCCL_MIB": (max(dp, tp), f"the larger median over the H200 context ({context:.0f} MiB) of plain DP "
-                                  f"({dp:.0f}) and plain TP ({tp:.0f}) runs (MiB)"),
+        "NCCL_MIB": (None if dp is None or tp is None else max(dp, tp),
+                     f"the larger median over the H200 context ({_mib(context)} MiB) of plain DP ({_mib(dp)}) and "
+                     f"plain TP ({_mib(tp)}) runs (MiB)"),
         "NCCL_PP_MIB": (nccl(lambda e: e.pp > 1 and e.virtual_stages == 1),
                         "median over the H200 context, 1F1B pipelines (MiB, NCCL's total)"),
         "NCCL_CP_MIB": (nccl(lambda e: e.cp > 1), "median over the H200 context, context parallelism (MiB, NCCL's total)"),
@@ -111,9 +116,13 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
         "RING_STRANDED_CHUNKS_PER_STEP": (med(ring), f"median over {len(ring)} ring-attention runs, busiest rank"),
         "GRAPH_MEMORY_SHARE": (med(p[1] for p in pairs),
                                "median over graph on/off pairs: " + ", ".join(f"{t.split('-')[0]} {s:+.1%}" for t, s, _ in pairs)),
-        "GRAPH_MEMORY_MIN_GIB": (min(p[2] for p in pairs), "the smallest extra of those pairs (GiB)"),
+        "GRAPH_MEMORY_MIN_GIB": (min((p[2] for p in pairs), default=None), "the smallest extra of those pairs (GiB)"),
     }
     return out
+
+
+def _mib(x: float | None) -> str:
+    return "no runs" if x is None else f"{x:.0f}"
 
 
 def _up(x: float, step: float) -> float:
@@ -136,6 +145,11 @@ RULES: dict[str, tuple[str, Callable[[float, dict], float]]] = {
 
 
 def check(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str, str, float, float]]:
-    """{allowance: (calibration figure, what it is, rule, the rule's constant, the committed constant)}."""
+    """{allowance: (calibration figure, what it is, rule, the rule's constant, the committed constant)};
+    figure and rule's constant None where no calibration run measures it (NCCL_MIB's with it)."""
     got = derive(rows)
-    return {k: (x, what, RULES[k][0], RULES[k][1](x, got), getattr(E, k)) for k, (x, what) in got.items()}
+
+    def ruled(k: str, x: float | None) -> float | None:
+        needs = ("NCCL_MIB",) if k in ("NCCL_PP_MIB", "NCCL_CP_MIB") else ()
+        return None if x is None or any(got[n][0] is None for n in needs) else RULES[k][1](x, got)
+    return {k: (x, what, RULES[k][0], ruled(k, x), getattr(E, k)) for k, (x, what) in got.items()}

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from megalab.core import markdown
+from megalab.core import infile, markdown
 from megalab.results.claims import FAIL, NOT_RUN, PASS
 
 CHECK = re.compile(r"<!-- check ([^\s>]+)((?: [^\s>]+)*) -->(.*?)<!-- /check -->", re.S)
@@ -142,7 +142,7 @@ def fill_docs(root: Path, results: Mapping[str, Any], *, write: bool = True,
     False (check=True: write nothing, return the paths that would change). Returns (changed, marks)."""
     changed, marks = [], []
     for path in docs(root):
-        text, found = fill(path.read_text(encoding="utf-8"), results, str(path.relative_to(root)))
+        text, found = fill(infile.text(path), results, str(path.relative_to(root)))
         marks += found
         if write and markdown.write_if_changed(path, text, check=check):
             changed.append(path)

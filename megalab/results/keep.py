@@ -163,7 +163,7 @@ def catalog_change(checkout: Path | None = None) -> tuple[set[str], set[str]] | 
     now_docs = []
     for path in sorted((checkout / "configs" / "experiments").glob("*.yaml")):
         try:
-            now_docs.append(yaml.safe_load(path.read_text(encoding="utf-8")))
+            now_docs.append(yaml.safe_load(infile.text(path)))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return None
     head, now = _entries(head_docs), _entries(now_docs)

@@ -57,7 +57,8 @@ def machine_text(exp: catalog.Experiment) -> str:
 @functools.lru_cache(maxsize=None)
 def errors() -> dict[str, tuple[float, float, int]]:
     """How far the estimator is off on measured runs it was not fitted on (results/estimate-vs-measured.md's
-    held-out unseen runs): {"step time", "step time, 2+ GPUs", "memory"} -> (median |error|, worst, runs)."""
+    held-out unseen runs): {"step time", "step time, 2+ GPUs", "memory"} -> (median |error|, worst, runs).
+    A set with no runs (a tree with few records) is left out: no figure is made up for it."""
     steps = validation.step_rows()
     mem = [r for r in validation.validation_rows(detail=False) if r["status"] == "ok"]
     step_unseen = validation.by_set(steps)[2][1]
@@ -65,6 +66,8 @@ def errors() -> dict[str, tuple[float, float, int]]:
     for name, sel in (("step time", step_unseen), ("step time, 2+ GPUs", [r for r in step_unseen if r["gpus"] > 1]),
                       ("memory", validation.by_set(mem)[2][1])):
         errs = [r["err"] for r in sel]
+        if not errs:
+            continue
         out[name] = (statistics.median(abs(e) for e in errs), max(errs, key=abs), len(errs))
     return out
 
@@ -72,7 +75,7 @@ def errors() -> dict[str, tuple[float, float, int]]:
 def note() -> str:
     """The footnote of a page with predicted columns."""
     figures = "; ".join(f"{name} median |error| {med:.1%} (worst {worst:+.1%}, {n} runs)"
-                        for name, (med, worst, n) in errors().items())
+                        for name, (med, worst, n) in errors().items()) or "no such runs among the records yet"
     _, machine = _options()
     return ("`predicted GiB` / `predicted ms` (predicted, not measured): for the rows that need more GPUs than "
             f"the rig lends ({RIG_GPUS}), the estimator's peak memory per GPU and step time on "

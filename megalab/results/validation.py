@@ -358,7 +358,7 @@ def _where(run: str) -> str:
 def _allowance_cells(ran: list[dict[str, Any]]) -> list[list[str]]:
     """One row per derived allowance: committed value, the calibration set's figure, its rule."""
     calib = [r for r in ran if r["set"] == CALIBRATION]
-    return [[name, f"{committed:g}", f"{figure:.4g}", rule, what]
+    return [[name, f"{committed:g}", "no runs" if figure is None else f"{figure:.4g}", rule, what]
             for name, (figure, what, rule, _, committed) in allowances.check(calib).items()]
 
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megalab.core import markdown, variables
+from megalab.core import infile, markdown, variables
 from megalab.core.paths import ROOT
 
 WALK = Path("results") / "quickstart" / "walk.txt"
@@ -145,12 +145,12 @@ def main(args: argparse.Namespace) -> int:
         fresh = regenerated(root)
         if args.gpu:
             fresh.update(gpu_sections(root))
-            kept = sections(path.read_text(encoding="utf-8"))
+            kept = sections(infile.text(path))
             titles = [t for t, _, _ in kept]
             if "2. First run: the run" not in titles:  # a walk written before the GPU section had a name
                 kept.insert(titles.index("2. First run: the preflight") + 1, ("2. First run: the run", "", ""))
         else:
-            kept = sections(path.read_text(encoding="utf-8"))
+            kept = sections(infile.text(path))
         text = render(kept, fresh)
     except (WalkError, OSError) as e:
         print(f"megalab walk: {e}", file=sys.stderr)
