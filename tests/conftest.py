@@ -22,22 +22,41 @@ import socket  # noqa: E402
 import pytest  # noqa: E402
 
 
+# Worker processes share the machine's cores: torch and the BLAS libraries in a test (and in the processes
+# it starts) take one thread each, so two workers never oversubscribe the cores into spinning threads.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+# Module fixtures that are expensive to make (module -> fixtures): the tests that share one are kept on one
+# xdist worker, so that it is made once. The input audit, the longest, goes first.
+# "*": the whole module (test_estimate: its fixtures, and the CLI test, read the same TensorBoard files,
+# which validation.py keeps per process).
+SHARED = {"test_fuzz_inputs": ("audit",), "test_estimate": ("*",), "test_dataset": ("rows",)}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """GPU-only tests (@pytest.mark.gpu) run only when asked for: MEGALAB_GPU_TESTS=1 or -m gpu.
     A plain `pytest` on a GPU host never starts GPU work.
 
     Under pytest-xdist (`make test`: -n auto --dist loadgroup) the tests that share the input audit
     (tests/test_fuzz_inputs.py's module fixture, the suite's longest setup) are one group, so the audit is
-    made once, on one worker; they go first, so that it runs while the other workers take the rest."""
+    made once, on one worker; they go first, so that it runs while the other workers take the rest. So do
+    the estimator tests that share the validation rows (SHARED)."""
     if not (os.environ.get("MEGALAB_GPU_TESTS") == "1" or "gpu" in (config.getoption("-m") or "")):
         skip = pytest.mark.skip(reason="GPU test: MEGALAB_GPU_TESTS=1 or pytest -m gpu runs it")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    audit = [item for item in items if "audit" in getattr(item, "fixturenames", ())]
-    for item in audit:
-        item.add_marker(pytest.mark.xdist_group("audit"))
-    items[:] = audit + [item for item in items if item not in audit]
+    groups = {}
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+        shared = [f for f in SHARED.get(module, ()) if f == "*" or f in getattr(item, "fixturenames", ())]
+        if shared:
+            groups[id(item)] = f"{module}:{shared[0]}"
+            item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    first = sorted((i for i in items if id(i) in groups), key=lambda i: not groups[id(i)].endswith(":audit"))
+    items[:] = first + [i for i in items if id(i) not in groups]
 
 
 def free_port() -> int:

@@ -29,10 +29,11 @@ def _expected_files() -> set[str]:
     return {plots.file_name(f, chapters[f.chapter]["table"]) for f in plots.FIGURES if f.chapter in chapters}
 
 
-def test_build_from_committed_records_is_deterministic(tmp_path, capsys):
+def test_build_from_committed_records_is_deterministic(tmp_path, capsys, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert main(["plots", "--out", str(a)]) == 0
-    assert main(["plots", "--out", str(b)]) == 0
+    for out in (a, b):  # each drawn by matplotlib: a cache of its own (draw() keeps what it drew)
+        monkeypatch.setenv("MEGALAB_CACHE_DIR", str(tmp_path / f"cache-{out.name}"))
+        assert main(["plots", "--out", str(out)]) == 0
     names = {p.name for p in a.iterdir()}
     assert names == _expected_files() and {"01-dp-zero2-memory.svg", "04-pp-vpp-pp-bubble.svg"} <= names
     for p in a.iterdir():
@@ -165,3 +166,22 @@ def test_stale_figure_is_removed_and_check_sees_it(tmp_path):
     (runs / "r1" / "run.json").write_text(json.dumps(
         {"target": "111-gpt2xl-dp1-fit-80GB", "status": "ok", "mem_peak_gib": [70.0], "gpu_name": "NVIDIA H200"}))
     assert [p.name for p in plots.write_plots(tmp_path)] == ["01-dp-zero2-memory.svg"]
+
+
+def test_a_drawing_is_kept_in_the_cache_and_a_damaged_one_is_drawn_again(tmp_path, monkeypatch):
+    """draw() keeps its bytes in the machine's cache under what they depend on: the same inputs read them
+    back (no matplotlib), other data draws anew, and a cache file whose bytes no longer match its name is
+    never used."""
+    monkeypatch.setenv("MEGALAB_CACHE_DIR", str(tmp_path))
+    fig, data = next((f, d) for f, d in plots.chapter_figures(1) if len(d))
+    drawn = []
+    real = plots._draw
+    monkeypatch.setattr(plots, "_draw", lambda *a: drawn.append(a) or real(*a))
+    first = plots.draw(fig, data)
+    assert plots.draw(fig, data) == first and len(drawn) == 1
+    (kept,) = (tmp_path / "plots").glob("*.svg")
+    kept.write_bytes(first.replace(b"</svg>", b"<!-- x --></svg>"))
+    assert plots.draw(fig, data) == first and len(drawn) == 2  # damaged: drawn again, the cache mended
+    assert kept.read_bytes() == first
+    other = data.assign(y=data["y"] * 2)
+    assert plots.draw(fig, other) != first and len(drawn) == 3

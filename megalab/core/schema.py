@@ -312,7 +312,7 @@ class RunRecord(_Part):
     monitor_error: Str | None = None
     gpu_name: Str | None = None
     num_gpus: Size | None = None
-    gpus_on_node: Size | None = None
+    gpus_on_node: Count | None = None  # observed: 0 on a machine without GPUs (a run that failed there)
     gpu_uuids: list[Str] | None = None  # the physical GPUs: what tells two hosts apart (provenance)
     cuda_visible_devices: Str | None = None
     gpu_memory_mib: Amount | None = None

@@ -12,6 +12,7 @@ types what was read.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,8 @@ def load(path, fix: str = "fix the file") -> Any:
     except InputError as e:
         raise InputError(shown(p), f"unreadable ({e.reason})" if "unreadable" not in e.reason else e.reason,
                          fix) from None
+    if (kept := _PARSED.get(text)) is not None:  # the same text parsed before in this process: a copy
+        return copy.deepcopy(kept)
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a safe constructor)
     except yaml.YAMLError as e:
@@ -100,7 +103,16 @@ def load(path, fix: str = "fix the file") -> Any:
         raise InputError(shown(p), "unreadable (nested too deeply)", fix) from None
     if expanded(data) > MAX_ITEMS:
         raise InputError(shown(p), f"expands to more than {MAX_ITEMS:,} items (aliases used over and over)", fix)
+    if len(_PARSED) >= 64:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[text] = copy.deepcopy(data)
     return data
+
+
+# Text -> its data, for texts that loaded cleanly: a process that reads the catalog again after its caches
+# were cleared (the tests, the input audit) parses each unchanged file once. Keyed by the whole text, so
+# any change, and every error, is parsed (and refused) again.
+_PARSED: dict[str, Any] = {}
 
 
 def expanded(data: Any) -> int:

@@ -19,6 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 from megalab._compat import ensure_typing_override
+from megalab.core import paths
 
 
 class MegatronRejected(ValueError):
@@ -151,10 +152,8 @@ _KEY_FILES = ("megalab/harness/validate.py", "megalab/_compat.py", "megalab/runt
 
 
 def cache_dir(environ=os.environ) -> Path:
-    """MEGALAB_CACHE_DIR, else $XDG_CACHE_HOME/megalab, else ~/.cache/megalab; `megatron-check` inside."""
-    base = environ.get("MEGALAB_CACHE_DIR") or str(Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                   / "megalab")
-    return Path(base) / "megatron-check"
+    """`megatron-check` in the machine's cache (core/paths.cache_root)."""
+    return paths.cache_root(environ) / "megatron-check"
 
 
 def verdict_key(args: list[str], world_size: int, gpu_names: list[str]) -> str:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import io
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -35,7 +37,7 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core import provenance, gpus, markdown, records as run_records, variables
 from megalab.results import chapter as chapters, keep
-from megalab.core.paths import ROOT
+from megalab.core.paths import ROOT, cache_root
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
 SIZE, DPI = (9.0, 4.5), 100
@@ -314,8 +316,47 @@ def _source_label(source: str, analogue: bool, data: pd.DataFrame, kind: str) ->
     return f"megalab{' 2-GPU analogue' if analogue else ''} ({gpus}, {impl})"
 
 
+def drawing_key(fig: Figure, data: pd.DataFrame, kind: str, fmt: str) -> str:
+    """What draw()'s bytes depend on, hashed: this file (the drawing code, its style and sizes), the
+    matplotlib version, the figure's words, its data and its model's lines."""
+    import matplotlib
+
+    h = hashlib.sha256()
+    parts = [Path(__file__).read_bytes(), matplotlib.__version__, fmt, kind, data.to_csv(index=False),
+             repr((fig.chapter, fig.name, fig.title, fig.xlabel, fig.ylabel, fig.model_label, fig.log2_x))]
+    for series, xs, ys in (fig.model(data) if fig.model else []):
+        parts += [str(series), np.asarray(xs, dtype=float).tobytes(), np.asarray(ys, dtype=float).tobytes()]
+    for part in parts:
+        h.update(hashlib.sha256(part if isinstance(part, bytes) else str(part).encode()).digest())
+    return h.hexdigest()
+
+
 def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg") -> bytes:
-    """The figure as SVG bytes (same inputs, same bytes); fmt="png" for a quick look."""
+    """The figure as SVG bytes (same inputs, same bytes); fmt="png" for a quick look.
+
+    Drawing is the slow part of `make tables` (matplotlib's layout, about 0.2 s a figure), and most
+    rebuilds draw what they drew before: the bytes are kept in the machine's cache (core/paths.cache_root,
+    plots/) under drawing_key, and a figure whose inputs are unchanged is read back, not drawn again."""
+    folder, key = cache_root() / "plots", drawing_key(fig, data, kind, fmt)
+    for memo in sorted(folder.glob(f"{key}-*.{fmt}")) if folder.is_dir() else []:
+        try:  # the name holds the bytes' hash too: a damaged cache file is drawn again, never used
+            kept = memo.read_bytes()
+        except OSError:
+            continue
+        if memo.name == f"{key}-{hashlib.sha256(kept).hexdigest()[:16]}.{fmt}":
+            return kept
+    out = _draw(fig, data, kind, fmt)
+    try:  # the cache is a convenience: a read-only or full disk only costs the drawing next time
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(out)
+        os.replace(tmp, folder / f"{key}-{hashlib.sha256(out).hexdigest()[:16]}.{fmt}")
+    except OSError:
+        pass
+    return out
+
+
+def _draw(fig: Figure, data: pd.DataFrame, kind: str, fmt: str) -> bytes:
     import matplotlib
     import matplotlib.style
     from matplotlib.figure import Figure as MplFigure

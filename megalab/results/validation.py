@@ -130,28 +130,36 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for path in paths:
+        maxima: dict[str, float] = {}
         try:
-            for event in _events(path, EventFileLoader):
-                for v in event.summary.value:
-                    if v.tag.startswith("mem-"):
-                        x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
-                        out[v.tag] = max(out.get(v.tag, 0.0), x / MIB)
-        except Exception as e:  # a truncated or foreign file: skip it, as the log reader does
+            data = infile.read(path, infile.LOG_LIMIT)  # the file door; a .gz unpacked (to its limit)
+            key = hashlib.sha256(data).hexdigest()
+            if key in _TB_MAXIMA:  # TensorBoard's reader is pure Python (CRCs): each file's bytes once
+                maxima = _TB_MAXIMA[key]
+            else:
+                for event in _events(data, EventFileLoader):
+                    for v in event.summary.value:
+                        if v.tag.startswith("mem-"):
+                            x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
+                            maxima[v.tag] = max(maxima.get(v.tag, 0.0), x / MIB)
+                _TB_MAXIMA[key] = maxima
+        except Exception as e:  # a truncated or foreign file: what it held up to there, then skipped
             print(f"megalab plan: skipping {path}: {e}", file=sys.stderr)
+        for tag, x in maxima.items():
+            out[tag] = max(out.get(tag, 0.0), x)
     return out
 
 
-def _events(path: Path, loader):
-    """The events of one TensorBoard file; a committed one is gzipped (logparse.compress_logs) and the
-    loader reads a path only, so it reads an unpacked temporary copy. Either comes in by the file door
-    (core/infile.py): a regular file (the loader would block on a FIFO), unpacked to at most its limit
-    (a gzip bomb is refused, not unpacked): an InputError, which the caller reports as a skipped file."""
-    if path.suffix != ".gz":
-        infile.check_regular(path)
-        yield from loader(str(path)).Load()
-        return
+# An event file's bytes (sha256) -> its memory maxima (MB), for a process that reads them again.
+_TB_MAXIMA: dict[str, dict[str, float]] = {}
+
+
+def _events(data: bytes, loader):
+    """The events of one TensorBoard file's bytes (read by the file door, core/infile.py: a regular file,
+    a committed .gz unpacked to at most its limit, so a gzip bomb is an InputError, which the caller
+    reports as a skipped file); the loader reads a path only, so it reads a temporary copy."""
     with tempfile.NamedTemporaryFile(suffix=".tfevents") as tmp:
-        tmp.write(infile.read(path, infile.LOG_LIMIT))
+        tmp.write(data)
         tmp.flush()
         yield from loader(tmp.name).Load()
 
