@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from megalab.__main__ import main
-from megalab.core import provenance
+from megalab.core import git, provenance
 from megalab.results import checkmarks, checks, tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,8 +91,8 @@ def copy(tmp_path, monkeypatch):
     root = tmp_path / "root"
     for part in ("configs", "tutorials", "results"):
         shutil.copytree(ROOT / part, root / part)
-    git = provenance._git
-    monkeypatch.setattr(provenance, "_git", lambda _root, *args: git(ROOT, *args))
+    run = git.run
+    monkeypatch.setattr(git, "run", lambda _root, *args: run(ROOT, *args))
     provenance._code_state.cache_clear()
     provenance._code_content.cache_clear()
     yield root

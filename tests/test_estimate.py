@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog
+from megalab.core import catalog, git
 from megalab.__main__ import main
 from megalab.core import estimate as E, gpus, steptime
 from megalab.results import allowances, freeze, validation as V
@@ -341,12 +341,12 @@ def test_allowances_come_from_the_calibration_set(rows):
 def test_out_of_catalog_runs_are_judged_against_constants_frozen_before_them(steps):
     """freeze.FROZEN_AT is the commit whose steptime.py holds today's constants (a refit moves it), its
     time is that commit's, and a holdout run counts as out of sample only if it ran on code after it."""
-    if freeze._git(ROOT, "rev-parse", "HEAD").returncode != 0:
+    if git.run(ROOT, "rev-parse", "HEAD").returncode != 0:
         pytest.skip("no git here")
-    assert freeze._git(ROOT, "merge-base", "--is-ancestor", freeze.FROZEN_AT, "HEAD").returncode == 0
+    assert git.run(ROOT, "merge-base", "--is-ancestor", freeze.FROZEN_AT, "HEAD").returncode == 0
     assert freeze.constants_at(freeze.FROZEN_AT, steptime.CONSTANTS) == steptime.fitted(), \
         "steptime.py's constants changed since freeze.FROZEN_AT: commit the refit, then set FROZEN_AT to that commit"
-    when = freeze._git(ROOT, "log", "-1", "--format=%cI", freeze.FROZEN_AT).stdout.strip()
+    when = git.run(ROOT, "log", "-1", "--format=%cI", freeze.FROZEN_AT).stdout.strip()
     assert stamp(when) == stamp(freeze.FROZEN_TIME)
     for r in steps:
         if r["seen"] or r["set"] == V.OUT_OF_CATALOG:

@@ -88,12 +88,19 @@ def test_nothing_is_written_outside_the_sandbox(audit):
 
 # --------------------------------------------------------------------------- the CLI and make, for real
 
-@pytest.fixture
-def sandbox(tmp_path):
-    repo = fuzz_inputs.sandbox(tmp_path)
+def _env(tmp_path) -> dict[str, str]:
+    """The commands' environment: none of this session's megalab or make settings, a home and caches of
+    the test's own, FORCE=1 (the copy's first build may drop what the sandbox left out)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGALAB_", "MAKE"))}
     env.update(HOME=str(tmp_path / "home"), MEGALAB_CACHE_DIR=str(tmp_path / "cache"), FORCE="1",
                MPLCONFIGDIR=str(tmp_path / "mpl"))
+    return env
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    repo = fuzz_inputs.sandbox(tmp_path)
+    env = _env(tmp_path)
     subprocess.run([sys.executable, "-m", "megalab", "tables"], cwd=repo, env=env, check=True, capture_output=True)
     env.pop("FORCE")
     return repo, env
@@ -149,9 +156,7 @@ def test_a_tree_with_no_records_builds_its_pages_without_a_made_up_figure(tmp_pa
     """Every run folder gone (a fork starting afresh): the pages' commands answer, none with a traceback,
     and the estimator page says `no runs` where a figure would need one (no median of nothing)."""
     repo = fuzz_inputs.sandbox(tmp_path, runs=[])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGALAB_", "MAKE"))}
-    env.update(HOME=str(tmp_path / "home"), MEGALAB_CACHE_DIR=str(tmp_path / "cache"), FORCE="1",
-               MPLCONFIGDIR=str(tmp_path / "mpl"))
+    env = _env(tmp_path)
     for argv in (["tables"], ["check"], ["plan", "--validate"], ["integrity"], ["bench-report"]):
         out = _cli(repo, env, *argv)
         assert out.returncode in (0, 1) and "Traceback" not in out.stderr, (argv, out.stderr[-2000:])

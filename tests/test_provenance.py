@@ -284,11 +284,11 @@ def test_without_git_a_run_of_the_trees_own_commit_is_todays_code(monkeypatch, r
     is today's code (so `make campaign STALE=1` there counts the runs it just made); another commit is unknown.
     Where git can compare, git decides: a leftover MEGALAB_COMMIT of an older commit does not make it today's."""
     def state(commit, root=plan.ROOT):
-        provenance._code_state.cache_clear()  # the cache does not know _git was patched
+        provenance._code_state.cache_clear()  # the cache does not know git.run was patched
         return provenance.code_state(commit, root)
 
     try:
-        monkeypatch.setattr(provenance, "_git", lambda root, *args: None)  # no git here
+        monkeypatch.setattr(provenance.git, "run", lambda root, *args: None)  # no git here
         monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
         assert state("abc1234") == (provenance.CURRENT, "")
         assert state("def5678") == (provenance.UNKNOWN, "no git")

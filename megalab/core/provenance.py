@@ -19,11 +19,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import subprocess
 from pathlib import Path
 
 from megalab.core.paths import ROOT
-from megalab.core import variables
+from megalab.core import git, variables
 from megalab.core.records import RunRecord, settings
 from megalab.core.schema import Config
 from megalab.core import catalog, plan
@@ -97,13 +96,6 @@ def settings_differ(rec: RunRecord) -> str:
     return ""
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def unused_files(cfg: Config) -> frozenset[str]:
     """The FEATURE_FILES a run with this config never executed."""
     return frozenset(f for f, used in FEATURE_FILES.items() if not used(cfg))
@@ -123,19 +115,19 @@ def _code_state(commit: str | None, root: Path, unused: frozenset[str], tree_com
     # the launching side names in MEGALAB_COMMIT as the records made from it do (record.py), still can:
     # a run of that very commit ran this code.
     same_tree = (CURRENT, "") if commit == tree_commit else None
-    head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+    head = git.run(root, "rev-parse", "--verify", "--quiet", "HEAD")
     if head is None or head.returncode != 0:
         return same_tree or (UNKNOWN, "no git")
-    known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    known = git.run(root, "cat-file", "-e", f"{commit}^{{commit}}")
     if known is None or known.returncode != 0:
         return same_tree or (UNKNOWN, f"commit {commit[:7]} not in this clone")
-    anc = _git(root, "merge-base", "--is-ancestor", commit, "HEAD")
+    anc = git.run(root, "merge-base", "--is-ancestor", commit, "HEAD")
     if anc is None or anc.returncode not in (0, 1):
         return UNKNOWN, "git failed"
     if anc.returncode == 1:
         return OLDER, f"{commit[:7]} not in HEAD's history"
     # the net difference, not the commits that touched the paths: a change made and undone is no change
-    diff = _git(root, "diff", "--name-only", commit, "HEAD", "--", *CODE_PATHS)
+    diff = git.run(root, "diff", "--name-only", commit, "HEAD", "--", *CODE_PATHS)
     if diff is None or diff.returncode != 0:
         return UNKNOWN, "git failed"
     files = [f for f in diff.stdout.split() if f not in unused]
@@ -215,7 +207,7 @@ def _code_content(commit: str, root: Path, unused: frozenset[str]) -> str | None
     """A digest of the files (path and blob) under CODE_PATHS at `commit`, or None where git cannot say."""
     import hashlib
 
-    listing = _git(root, "ls-tree", "-r", commit, "--", *CODE_PATHS)
+    listing = git.run(root, "ls-tree", "-r", commit, "--", *CODE_PATHS)
     if listing is None or listing.returncode != 0 or not listing.stdout.strip():
         return None
     kept = [ln for ln in listing.stdout.splitlines() if ln.split("\t", 1)[-1] not in unused]

@@ -9,9 +9,9 @@ already existed is the user's, and results/ is where records are committed: neit
 """
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
+from megalab.core import git
 from megalab.core.paths import ROOT
 
 
@@ -38,16 +38,10 @@ def exclude(folder: Path, root: Path = ROOT) -> bool:
         return False
     if not rel.parts or rel.parts[0] == "results" or any(c in str(rel) for c in "\n\r"):
         return False
-    def git(*args: str) -> subprocess.CompletedProcess | None:
-        try:
-            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    ignored = git("check-ignore", "-q", rel.as_posix() + "/")
+    ignored = git.run(root, "check-ignore", "-q", rel.as_posix() + "/")
     if ignored is None or ignored.returncode == 0:  # no git, or ignored already (outdir/)
         return ignored is not None
-    out = git("rev-parse", "--git-path", "info/exclude")
+    out = git.run(root, "rev-parse", "--git-path", "info/exclude")
     if out is None or out.returncode:
         return False
     path = Path(out.stdout.strip())

@@ -12,9 +12,9 @@ Workflow: commit A stores a refit; commit B sets FROZEN_AT to A (a commit cannot
 from __future__ import annotations
 
 import functools
-import subprocess
 from pathlib import Path
 
+from megalab.core import git
 from megalab.core.paths import ROOT
 from megalab.core.schema import stamp
 
@@ -25,20 +25,13 @@ FROZEN_TIME = "2026-11-25T18:12:05+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 @functools.lru_cache(maxsize=256)
 def _descends(commit: str, root: Path) -> bool | None:
     """Whether COMMIT contains FROZEN_AT (None where git cannot say)."""
-    known = _git(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    known = git.run(root, "cat-file", "-e", f"{commit}^{{commit}}")
     if known is None or known.returncode != 0:
         return None
-    anc = _git(root, "merge-base", "--is-ancestor", FROZEN_AT, commit)
+    anc = git.run(root, "merge-base", "--is-ancestor", FROZEN_AT, commit)
     return None if anc is None or anc.returncode not in (0, 1) else anc.returncode == 0
 
 
@@ -55,7 +48,7 @@ def after_freeze(commit: str | None, started: str | None, root: Path = ROOT) -> 
 def constants_at(commit: str, names: tuple[str, ...], root: Path = ROOT) -> dict[str, float] | None:
     """The fitted constants as steptime.py stored them at COMMIT (None where git cannot read it)."""
     for path in STEPTIME_PATHS:
-        shown = _git(root, "show", f"{commit}:{path}")
+        shown = git.run(root, "show", f"{commit}:{path}")
         if shown is not None and shown.returncode == 0:
             out = {}
             for line in shown.stdout.splitlines():

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import hashlib
 import io
-import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -35,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from megalab.core import catalog
-from megalab.core import provenance, gpus, markdown, records as run_records, variables
+from megalab.core import provenance, gpus, infile, markdown, records as run_records, variables
 from megalab.results import chapter as chapters, keep
 from megalab.core.paths import ROOT, cache_root
 
@@ -340,17 +339,14 @@ def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg"
     folder, key = cache_root() / "plots", drawing_key(fig, data, kind, fmt)
     for memo in sorted(folder.glob(f"{key}-*.{fmt}")) if folder.is_dir() else []:
         try:  # the name holds the bytes' hash too: a damaged cache file is drawn again, never used
-            kept = memo.read_bytes()
+            kept = infile.read(memo, None)
         except OSError:
             continue
         if memo.name == f"{key}-{hashlib.sha256(kept).hexdigest()[:16]}.{fmt}":
             return kept
     out = _draw(fig, data, kind, fmt)
     try:  # the cache is a convenience: a read-only or full disk only costs the drawing next time
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"{key}.{os.getpid()}.tmp"
-        tmp.write_bytes(out)
-        os.replace(tmp, folder / f"{key}-{hashlib.sha256(out).hexdigest()[:16]}.{fmt}")
+        markdown.write_atomic(folder / f"{key}-{hashlib.sha256(out).hexdigest()[:16]}.{fmt}", out)
     except OSError:
         pass
     return out
