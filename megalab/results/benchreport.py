@@ -349,17 +349,20 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
         added = {cfg["levers"][n]["fast"] for n in names}
         base = set(trial.get("base", variables.DEFAULT_FAST)) - added
         label = " + ".join(f"`{n}`" for n in names)
-        for target in trial["targets"]:
+        for entry in trial["targets"]:
+            target, extra = (entry, "") if isinstance(entry, str) else (entry["target"], " ".join(entry["extra_args"].split()))
             sides: dict[tuple, dict[bool, list]] = {}
             for r in runs:
                 fast = set(((r.intent.fastpath if r.intent else None) or "").split(","))
                 if r.target != target or r.status != "ok" or not r.step_ms_median or fast not in (base, base | added):
                     continue
-                if r.config.spec != "megalab" or r.config.extra_args:
+                if r.config.spec != "megalab" or " ".join((r.config.extra_args or "").split()) != extra:
                     continue
                 key = (provenance.host_key(r), provenance.code_key(r, root), bool(r.config.cuda_graph))
                 sides.setdefault(key, {True: [], False: []})[fast == base | added].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
+            if extra:
+                target = f"{target} + `{extra}` (not a catalog row)"
             if not both:
                 rows.append([label, target, ",".join(sorted(base)), *[""] * 6,
                              "not compared: no machine and code with both"])

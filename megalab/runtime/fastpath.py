@@ -17,7 +17,8 @@ prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot ser
 `bf16_ce`, computes the loss from the bf16 logits without an fp32 copy of them
 (megalab/runtime/cross_entropy.py). A seventh, `addmm_bias`, adds a linear layer's bias inside its GEMM
 (torch.addmm: cuBLASLt's bias epilogue) where Megatron runs the GEMM and then a separate broadcast add
-(the QKV projection: 9.3 ms a step of row 111). They are opt-in
+(the QKV projection: 9.3 ms a step of row 111). A ninth, `compiled_rope`, runs Megatron's unfused
+rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). They are opt-in
 (MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
 what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
 
@@ -225,6 +226,11 @@ def apply(names: list[str]) -> list[str]:
             applied.append("bf16_ce")
     if "addmm_bias" in names and install_addmm_bias():
         applied.append("addmm_bias")
+    if "compiled_rope" in names:
+        from megalab.runtime import rope
+
+        if rope.install():
+            applied.append("compiled_rope")
     if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
         applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied

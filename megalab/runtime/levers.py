@@ -13,8 +13,9 @@ GROUPED_GEMM = "grouped_gemm"  # megalab/runtime/grouped_experts.py's MoE expert
 FUSED_WGRAD = "fused_wgrad"  # megalab's stand-in for apex's wgrad kernel: --gradient-accumulation-fusion
 BF16_CE = "bf16_ce"  # megalab/runtime/cross_entropy.py: the loss on the bf16 logits, no fp32 copy
 ADDMM_BIAS = "addmm_bias"  # megalab/runtime/fastpath.py: a linear layer's bias added in its GEMM
+COMPILED_ROPE = "compiled_rope"  # megalab/runtime/rope.py: rotary embeddings in one kernel each way
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", FUSED_WGRAD, "cudnn_sdpa", BF16_CE, ADDMM_BIAS,
-           GROUPED_GEMM)
+           GROUPED_GEMM, COMPILED_ROPE)
 SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
