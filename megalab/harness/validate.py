@@ -156,14 +156,22 @@ def cache_dir(environ=os.environ) -> Path:
     return paths.cache_root(environ) / "megatron-check"
 
 
-# Flags whose value names the run (its directory) rather than decides it: two launches of one plan
-# differ only there, so the key reads them as one (else every real launch missed the cache and paid
-# Megatron's ~20 s import on the GPU host again).
+# Flags (with their value) that name where a run logs rather than decide it: two launches of one plan,
+# or a launch and its DRY_RUN, differ only there, so the key leaves them out (else every real launch
+# missed the cache and paid Megatron's ~20 s import on the GPU host again).
 _RUN_NAMING = ("--tensorboard-dir", "--wandb-save-dir", "--wandb-exp-name")
 
 
 def _without_run_names(args: list[str]) -> list[str]:
-    return [str(a) if i == 0 or str(args[i - 1]) not in _RUN_NAMING else "<run>" for i, a in enumerate(args)]
+    out, skip = [], False
+    for a in map(str, args):
+        if skip:
+            skip = False
+        elif a in _RUN_NAMING:
+            skip = True
+        else:
+            out.append(a)
+    return out
 
 
 def verdict_key(args: list[str], world_size: int, gpu_names: list[str]) -> str:
