@@ -138,20 +138,31 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 
 
 # FAST's default under SPEC=megalab: each lever computes Megatron's function (tests/test_fastpath.py,
-# tests/test_cross_entropy.py); Megatron's stock local spec stays stock. bf16_ce and addmm_bias joined as a
-# pair (results/bench, "Levers tried against the default", one H100): every run with them beat every run
-# without on 111 (5 vs 3) and 221 (4 vs 2); 241 had one run without (399 ms against 371-375: no verdict by
-# the two-a-side rule); bf16_ce alone on 111, on another H100, was within noise; addmm_bias was not tried
-# alone. fused_wgrad stays opt-in: on 111 it measured no faster. plan.py and provenance.py read it here.
+# tests/test_cross_entropy.py, tests/test_rope.py); Megatron's stock local spec stays stock. Each joined
+# where it paid and was slower nowhere it was tried (results/bench, "Levers tried against the default":
+# every run with it beat every run without, two or more a side, one machine and code):
+#   - bf16_ce + addmm_bias (one H100, 2026-11-23): 111 (5 vs 3 runs) and 221 (4 vs 2);
+#   - fused_wgrad (one H100, 2026-11-25): with gradient accumulation, where Megatron's fp32 add runs once per
+#     micro-batch, it pays (600 with compiled_rope: 316 vs 358-366 ms; 101 at 4 micro-batches of 4, not a
+#     catalog row: 426-430 vs 441-443 ms); at one micro-batch within noise (111, 101). Dense models only:
+#     MoE layouts were not tried with it;
+#   - compiled_rope (one H100, 2026-11-25), for rotary presets only (others have no RoPE to compile): 600
+#     338-342 vs 358-366 ms alone; with fused_wgrad on two configurations that are not catalog rows
+#     (Llama-style 8 x 2560 at 4 micro-batches: 198-200 vs 218 ms; 600 at sequence 4096: 300-302 vs 329-330).
+# plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
-    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, plus grouped_gemm where a MoE preset
-    asks for moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers),
-    a record's provenance and `python -m megalab plan` all read it here."""
-    moe = bool(num_experts) and bool((model_cfg or {}).get("moe_grouped_gemm"))
-    return DEFAULT_FAST + ((levers.GROUPED_GEMM,) if moe else ())
+    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then fused_wgrad for a dense model,
+    compiled_rope where the preset has rotary positions, grouped_gemm where a MoE preset asks for
+    moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
+    provenance and `python -m megalab plan` all read it here."""
+    cfg = model_cfg or {}
+    moe = bool(num_experts)
+    rope = cfg.get("position_embedding", "learned_absolute") == "rope"
+    return (DEFAULT_FAST + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
+            + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ()))
 
 
 def fast_names(value: str) -> list[str]:
