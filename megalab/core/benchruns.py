@@ -126,6 +126,29 @@ class Experts(_Strict):
     pairs: list[ExpertPair]
 
 
+class Bar(_Strict):
+    """A published figure to beat (the best public implementation), with its source."""
+    what: str
+    tokens_per_s: Annotated[float, Field(gt=0)]
+    source: str
+
+
+class PastGoal(_Strict):
+    target: str
+    ms_max: Annotated[float, Field(gt=0)] | None = None
+    gib_max: Annotated[float, Field(gt=0)] | None = None
+    mfu_min: Annotated[float, Field(gt=0, lt=1)] | None = None
+    bar: str | None = None  # a key of `bars`
+
+
+class PastReference(_Strict):
+    """Issue 32's one-GPU goals (megalab/results/pastref.py)."""
+    min_runs: Count
+    base: list[str]  # the default fast path before this round's levers
+    goals: Annotated[list[PastGoal], Field(min_length=1)]
+    bars: dict[str, Bar] = {}
+
+
 class BenchConfig(_Strict):
     """configs/bench.yaml."""
     iters: Count
@@ -137,6 +160,7 @@ class BenchConfig(_Strict):
     parity: Parity
     trials: list[Trial] = []
     experts: Experts | None = None
+    past_reference: PastReference | None = None
 
     @model_validator(mode="after")
     def _names_are_defined(self) -> "BenchConfig":
@@ -176,6 +200,10 @@ class BenchConfig(_Strict):
         for t in self.trials:
             levers(t.lever if isinstance(t.lever, list) else [t.lever], "trials")
             levers(t.base or [], "trials base")
+        if self.past_reference:
+            for g in self.past_reference.goals:
+                if g.bar and g.bar not in self.past_reference.bars:
+                    raise ValueError(f"past_reference: goal {g.target}: no bar named {g.bar!r}")
         for pair in self.experts.pairs if self.experts else []:
             levers(pair.a + pair.b, f"experts '{pair.name}'")
         return self
@@ -186,6 +214,7 @@ class BenchConfig(_Strict):
         out += [side.target for p in self.parity.pairs for side in (p.a, p.b)]
         out += [t if isinstance(t, str) else t.target for trial in self.trials for t in trial.targets]
         out += [p.target for p in (self.experts.pairs if self.experts else [])]
+        out += [g.target for g in (self.past_reference.goals if self.past_reference else [])]
         return out
 
 

@@ -158,6 +158,7 @@ class Shape:
     swiglu: bool = False
     norm: int = 2  # parameters per hidden unit of a norm: LayerNorm 2 (weight, bias), RMSNorm 1
     learned_pos: bool = True
+    rope: bool = False  # rotary positions (position_embedding: rope)
     tied: bool = True
     num_experts: int | None = None
     topk: int | None = None
@@ -179,6 +180,7 @@ class Shape:
                    # the preset keys (position_embedding, untie_embeddings) or Megatron's own names
                    learned_pos=preset.get("position_embedding",
                                           preset.get("position_embedding_type", "learned_absolute")) == "learned_absolute",
+                   rope=preset.get("position_embedding", preset.get("position_embedding_type")) == "rope",
                    tied=not (preset.get("untie_embeddings")
                              or preset.get("untie_embeddings_and_output_weights", False)),
                    num_experts=int(num_experts) if num_experts else None,
@@ -425,7 +427,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
              gpu_name: str | None = None, mfu: float | None = None,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
              grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False,
-             addmm_bias: bool = False) -> Estimate:
+             addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -511,7 +513,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     else:
         features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
                                  grouped_gemm=grouped_gemm, cuda_graph=cuda_graph, bf16_ce=bf16_ce,
-                                 addmm_bias=addmm_bias)
+                                 addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -527,7 +529,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
 
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
                   fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False, bf16_ce: bool = False,
-                  addmm_bias: bool = False) -> steptime.Features:
+                  addmm_bias: bool = False, fused_wgrad: bool = False,
+                  compiled_rope: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -560,12 +563,19 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         a_.append(ga)
         b_.append(gb)
         # memory-bound kernels: the loss over this rank's logits (last stage), the QKV bias added in a
-        # pass of its own (without addmm_bias, in every forward), and the elementwise work (x ELEMENTWISE_BYTES)
+        # pass of its own (without addmm_bias, in every forward), the weight gradients' adds into main_grad
+        # (without fused_wgrad), the unfused RoPE (without compiled_rope), and the elementwise work
+        # (x ELEMENTWISE_BYTES)
         x = 0.0
         if last:
             x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if bf16_ce else steptime.LOSS_BYTES_PER_LOGIT)
         if sh.bias and not addmm_bias:
             x += st.layers * (2 if full else 1) * b * s * (h + 2 * sh.kv) / t * steptime.BIAS_ADD_BYTES
+        if not fused_wgrad:  # each weight gradient added into main_grad by a kernel of its own
+            x += st.params * steptime.WGRAD_ADD_BYTES
+        if sh.rope:  # the rotated query and key channels, forward (again when recomputed) and backward
+            x += (passes / 3) * st.layers * b * s * (h + sh.kv) / t * (
+                steptime.ROPE_BYTES_COMPILED if compiled_rope else steptime.ROPE_BYTES)
         hbm_s.append(x / hbm)
         outside = steptime.ELEMENTWISE_OUTSIDE_TP  # the whole hidden state: split by TP only with SP
         elementwise.append(st.layers * passes / 3 * b * s * h * (outside / (t if e.sp else 1) + (1 - outside) / t) / hbm)
@@ -713,4 +723,5 @@ def lever_flags(fast) -> dict[str, bool]:
     """estimate()'s lever arguments from a run's fast path (its lever names, or MEGALAB_FAST's string)."""
     names = set(fast.split(",")) if isinstance(fast, str) else set(fast)
     return {"fused_adam": "fused_adam" in names, "grouped_gemm": "grouped_gemm" in names,
-            "bf16_ce": "bf16_ce" in names, "addmm_bias": "addmm_bias" in names}
+            "bf16_ce": "bf16_ce" in names, "addmm_bias": "addmm_bias" in names,
+            "fused_wgrad": "fused_wgrad" in names, "compiled_rope": "compiled_rope" in names}

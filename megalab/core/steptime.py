@@ -13,8 +13,10 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   results/bench, which GEMM_EFF_MAX used to stand in for; the share ELEMENTWISE_OUTSIDE_TP of it acts
   on the whole hidden state, which tensor parallelism splits only with SP), and the two the fast path's
   levers change: the loss over the
-  logits (LOSS_BYTES_PER_LOGIT, or LOSS_BYTES_PER_LOGIT_BF16_CE with bf16_ce) and the QKV bias added
-  in a pass of its own (BIAS_ADD_BYTES, none with addmm_bias or without biases). Plus what
+  logits (LOSS_BYTES_PER_LOGIT, or LOSS_BYTES_PER_LOGIT_BF16_CE with bf16_ce), the QKV bias added
+  in a pass of its own (BIAS_ADD_BYTES, none with addmm_bias or without biases), each weight gradient's
+  add into the fp32 main_grad (WGRAD_ADD_BYTES per parameter and micro-batch, none with fused_wgrad) and
+  the rotary embedding of a RoPE model (ROPE_BYTES, or ROPE_BYTES_COMPILED with compiled_rope). Plus what
   tensor/context/expert parallelism moves inside the micro-batch (all-reduces, ring K/V, all-to-alls,
   pipeline sends): bytes over the datasheet link bandwidth plus COMM_CALL_US per call (the host's part
   of a call: none under the CUDA graph, which replays the collectives with the kernels), not
@@ -47,13 +49,13 @@ import math
 from typing import Any, Iterable
 
 # ---- fitted on the calibration set (results/validation.py fit_steptime; tests/test_estimate.py re-fits and compares)
-GEMM_EFF_MAX = 0.591  # the efficiency a large bf16 GEMM reaches, of the dense peak
-GEMM_HALF_MNK = 1.63e10  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
-LAUNCH_US = 79.0  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
+GEMM_EFF_MAX = 0.6  # the efficiency a large bf16 GEMM reaches, of the dense peak
+GEMM_HALF_MNK = 7.7e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
+LAUNCH_US = 73.5  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
 COMM_CALL_US = 100.0  # the host's time per collective or p2p call outside a CUDA graph, beside its bytes
-MOE_LAYER_MS = 24.7  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
-STEP_OVERHEAD_MS = 3.65  # per step, besides the optimizer's memory traffic
-ELEMENTWISE_BYTES = 173.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
+MOE_LAYER_MS = 27.8  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
+STEP_OVERHEAD_MS = 21.5  # per step, besides the optimizer's memory traffic
+ELEMENTWISE_BYTES = 171.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
 
 # ---- hand-derived (not fitted)
 # Kernels one layer launches per micro-batch on megalab's TE-free spec, forward + backward: about 22 in
@@ -77,6 +79,18 @@ LOSS_BYTES_PER_LOGIT, LOSS_BYTES_PER_LOGIT_BF16_CE = 68, 10
 # CUDAFunctor_add<BFloat16> calls addmm_bias removed at 9.33 ms for 48 x 15360 x 4800 elements, 8.8 bytes
 # each at 3.35 TB/s (the microbenchmark's 15360 x 4800 add: 8.5). The effective figure, as the loss's.
 BIAS_ADD_BYTES = 9
+# Without fused_wgrad every weight's gradient is written in bf16 by its GEMM and then added into the fp32
+# main_grad by a kernel of its own, once per micro-batch; with it the GEMM adds in its epilogue. Net bytes
+# per parameter per micro-batch the lever saves, from the kernels alone (results/bench/fused-wgrad-microbench.txt:
+# row 111's weight-gradient GEMMs and adds, 69.6 ms unfused vs 65.6 fused, over its 1.56e9 weights at
+# 3.35 TB/s: 8.6). Counted for every parameter of a stage (the word embedding's add stays: a slight overcount).
+WGRAD_ADD_BYTES = 8.6
+# Without compiled_rope, Megatron's unfused RoPE runs about ten kernels each way over the rotated query and
+# key channels of every layer: row 600's profile (results/bench, the run of 2026-11-25 18:00) has its
+# concatenations, strided elementwise kernels and bf16 adds at 20.5 ms per step over 16 layers x 16384 tokens
+# x 2560 query+key channels, 102 bytes per channel and token at 3.35 TB/s, forward and backward. compiled_rope
+# reads and writes each once per pass: 8.
+ROPE_BYTES, ROPE_BYTES_COMPILED = 102, 8
 # Of the elementwise bytes, the share that acts on the whole [s, b, h] hidden state (the two norms and
 # the two bias-dropout-adds with their residual gradients, about 56 of the ~128 bytes per token and
 # hidden unit a layer's unfused kernels move forward and backward; the GeLU over the 4h-wide MLP and the
@@ -104,7 +118,7 @@ class Features:
     comm_s: tuple[float, ...]
     calls: tuple[float, ...]  # collective / p2p calls per micro-batch (their latency, COMM_CALL_US)
     moe_layers: tuple[float, ...]  # MoE layers per micro-batch (MOE_LAYER_MS each)
-    hbm_s: tuple[float, ...]  # the loss's and the separate bias add's HBM traffic per micro-batch, seconds
+    hbm_s: tuple[float, ...]  # the levers' memory-bound kernels' HBM traffic per micro-batch, seconds
     elementwise: tuple[float, ...]  # layers x b s h (/TP as it splits) / HBM bandwidth: seconds per ELEMENTWISE_BYTES
     slots: float  # m + (p - 1) / v
     optimizer_s: float

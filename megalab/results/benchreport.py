@@ -13,7 +13,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, defaults, launchtime
+from megalab.results import columns, defaults, launchtime, pastref
 from megalab.core.records import RunRecord, mark_shared, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
@@ -214,7 +214,7 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *trials_section(cfg, bench_dir), *_parity_section(cfg, get),
          *_experts_section(cfg, get),
-         *_goals_section(cfg, get, largest, bench_dir.parent.parent), *defaults.section(bench_dir.parent.parent),
+         *_goals_section(cfg, get, largest, bench_dir.parent.parent), *defaults.section(bench_dir.parent.parent), *pastref.section(cfg, bench_dir.parent.parent),
          *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
     if any(r.concurrent for r in recs.values()):
         L += [columns.SHARED_NOTE, ""]

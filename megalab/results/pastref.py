@@ -1,0 +1,144 @@
+"""One GPU, past the reference (issue 32): what plain `make <target>` gives on one GPU against the goals,
+the Transformer Engine reference and the best public implementation, and what each lever added.
+
+Read from configs/bench.yaml's `past_reference` block and the records: a target's row is today's default
+(provenance `today`) as the median of its launches on one machine and code, with the launch count; a goal
+needs `min_runs` launches or more before it is called met or missed. The lever steps below it are the
+same target's runs with the fast paths the trials compared (one machine and code), so each lever's gain
+sits beside tokens/s/GPU and MFU. Nothing here is typed by hand: every figure is a record's, except the
+published bars (the TE reference's rows and `bars`, each with its source).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+from megalab.core import catalog, markdown, provenance
+from megalab.core.paths import ROOT
+from megalab.core.records import RunRecord, read_records
+from megalab.results import chapter, defaults
+
+
+def _tokens(exp) -> int:
+    return exp.gbs * int(exp.model_cfg["seq_length"])
+
+
+def _tok_s(exp, ms: float) -> float:
+    return _tokens(exp) / (ms / 1000) / exp.gpus
+
+
+def _today(exp, recs: dict[str, list], root) -> list[RunRecord]:
+    """Today's default runs of a target on the machine and code of its newest such run."""
+    now = [r for r in recs.get(exp.id, []) if provenance.of(r, root).state == provenance.CURRENT
+           and defaults.like_reference(r, exp) and r.gpu_name]
+    if not now:
+        return []
+    newest = max(now, key=lambda r: r.started or "")
+    key = provenance.setup_key(newest, root)
+    return [r for r in now if provenance.setup_key(r, root) == key]
+
+
+def _ms(runs: list[RunRecord]) -> float:
+    return statistics.median(r.step_ms_median for r in runs)
+
+
+def _spread(runs: list[RunRecord]) -> str:
+    ms = sorted(r.step_ms_median for r in runs)
+    return f"{_ms(runs):.0f} ({len(ms)} run{'s' if len(ms) > 1 else ''}" + (
+        f", {ms[0]:.0f}–{ms[-1]:.0f})" if len(ms) > 1 else ")")
+
+
+def _mfu(runs: list[RunRecord]) -> float | None:
+    vals = [r.mfu for r in runs if r.mfu is not None]
+    return statistics.median(vals) if vals else None
+
+
+def goal_rows(cfg: dict, root=ROOT) -> list[list[str]]:
+    block = cfg["past_reference"]
+    anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
+    recs = defaults.ok_records(root)
+    bars = block.get("bars", {})
+    rows = []
+    for goal in block["goals"]:
+        exp = catalog.get(goal["target"])
+        limit = []
+        if goal.get("ms_max"):
+            limit.append(f"<= {goal['ms_max']:g} ms")
+        if goal.get("gib_max"):
+            limit.append(f"<= {goal['gib_max']:g} GiB")
+        if goal.get("mfu_min"):
+            limit.append(f"MFU >= {goal['mfu_min']:.0%}")
+        ref = defaults._reference(exp, anchor, twogpu)
+        te = f"{ref[0]:.0f} ms, {_tok_s(exp, ref[0]) / 1000:.1f}K tok/s" if ref and not math.isnan(ref[0]) else "-"
+        bar = bars.get(goal.get("bar", ""), None)
+        best = f"{bar['tokens_per_s'] / 1000:.1f}K tok/s ({_tokens(exp) / bar['tokens_per_s'] * 1000:.0f} ms)" if bar else "-"
+        runs = _today(exp, recs, root)
+        if not runs:
+            rows.append([exp.id, ", ".join(limit), "not run with today's defaults", "", "", "", te, best, "not run"])
+            continue
+        ms, mfu = _ms(runs), _mfu(runs)
+        gib = max(max(r.mem_peak_gib or [math.nan]) for r in runs)
+        met = ((not goal.get("ms_max") or ms <= goal["ms_max"]) and (not goal.get("gib_max") or gib <= goal["gib_max"])
+               and (not goal.get("mfu_min") or (mfu is not None and mfu >= goal["mfu_min"])))
+        verdict = ("met" if met else "missed") if len(runs) >= block["min_runs"] else \
+            f"no verdict: {len(runs)} launch{'es' if len(runs) > 1 else ''}, the goal counts {block['min_runs']} or more"
+        rows.append([exp.id, ", ".join(limit), _spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
+                     f"{mfu:.1%}" if mfu is not None else "-", te, best,
+                     f"{verdict} ({defaults.hardware(runs[0])})"])
+    return rows
+
+
+def lever_rows(cfg: dict, root=ROOT) -> list[list[str]]:
+    """Per goal target, the fast paths its trial runs used on one machine and code (that of today's
+    default runs), from the round's base upwards: ms, tokens/s/GPU, MFU and the step against the base."""
+    block = cfg["past_reference"]
+    base = set(block["base"])
+    runs = [r for d in (root / "results" / "runs", root / "results" / "bench" / "runs")
+            for r in read_records(d, "megalab bench-report")]
+    out = []
+    recs = defaults.ok_records(root)
+    for goal in block["goals"]:
+        exp = catalog.get(goal["target"])
+        today = _today(exp, recs, root)
+        if not today:
+            continue
+        host, code = provenance.host_key(today[0]), provenance.code_key(today[0], root)
+        groups: dict[str, list] = {}
+        for r in runs:
+            if (r.target != exp.id or r.status != "ok" or not r.step_ms_median or r.config.extra_args
+                    or r.config.spec != "megalab" or provenance.host_key(r) != host
+                    or provenance.code_key(r, root) != code):
+                continue
+            fast = set((r.config.fastpath or "").split(","))
+            if base <= fast:
+                groups.setdefault(",".join(sorted(fast - base)), []).append(r)
+        if "" not in groups:
+            continue
+        base_ms = _ms(groups[""])
+        for added, rs in sorted(groups.items(), key=lambda kv: (kv[0] != "", -_ms(kv[1]))):
+            ms, mfu = _ms(rs), _mfu(rs)
+            out.append([exp.id, " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", _spread(rs),
+                        f"{base_ms / ms:.3f}x" if added else "", f"{_tok_s(exp, ms) / 1000:.1f}K",
+                        f"{mfu:.1%}" if mfu is not None else "-"])
+    return out
+
+
+def section(cfg: dict, root=ROOT) -> list[str]:
+    if "past_reference" not in cfg:
+        return []
+    block = cfg["past_reference"]
+    bars = "; ".join(f"{b['what']}: {b['tokens_per_s'] / 1000:.1f}K tokens/s/GPU ({b['source']})"
+                     for b in block.get("bars", {}).values())
+    return ["## One GPU, past the reference", "",
+            "Issue 32's goals for plain `make <target>` on one GPU with today's defaults: the median of the "
+            f"launches on one machine and code (a goal counts {block['min_runs']} launches or more), tokens/s/GPU "
+            "(GBS x sequence / step) and MFU (Megatron's FLOPs over the datasheet peak) beside the Transformer "
+            f"Engine reference's row and the best public implementation. {bars}. Comparable only where the "
+            "hardware matches: the reference rows and the bar were measured on H100s.", "",
+            *markdown.table(["target", "goal", "today's default ms", "GiB", "tok/s/GPU", "MFU", "TE reference",
+                             "best public (llm.c)", "verdict (hardware)"], goal_rows(cfg, root)), "",
+            "What each lever of this round added, run against run on the machine and code of the rows above "
+            f"(base: FAST={','.join(block['base'])}, the default before them; the verdicts by the two-a-side "
+            "rule are in \"Levers tried against the default\"):", "",
+            *markdown.table(["target", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"],
+                            lever_rows(cfg, root)), ""]
