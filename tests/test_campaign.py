@@ -124,20 +124,22 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed campaigns of today's code: five ok runs of 111 and two of 101 on one H100, three of 300
-    and 301's out-of-memory run on another (2026-11-25), three of 002 and four of 006 on one 2x H200; 212's
-    runs, all of older code, do not count."""
+    """The committed runs of today's code and defaults (one H100, 2026-11-25, after fused_wgrad and
+    compiled_rope joined the default): three ok runs each of 111, 101 and 600, one of 112 and 300, 301's
+    out-of-memory run; the 2x H200 runs of 002 and 006 and all of 212's are older (other defaults or
+    code) and do not count."""
     today = campaign.todays_runs()
-    assert today[catalog.get("111").id] == (5, False)
-    assert today[catalog.get("101").id] == (2, False)
-    assert today[catalog.get("300").id] == (3, False)
+    assert today[catalog.get("111").id] == (3, False)
+    assert today[catalog.get("101").id] == (3, False)
+    assert today[catalog.get("600").id] == (3, False)
+    assert today[catalog.get("112").id] == (1, False)
+    assert today[catalog.get("300").id] == (1, False)
     assert today[catalog.get("301").id] == (0, True)
-    assert today[catalog.get("002").id] == (3, False)
-    assert today[catalog.get("006").id] == (4, False)
-    assert catalog.get("212").id not in today
+    for older in ("002", "006", "212"):
+        assert catalog.get(older).id not in today
 
 
-H100_RUN_BY_THE_CAMPAIGN = "GPU-768ceea7-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+H100_RUN_BY_THE_CAMPAIGN = "GPU-3d6bbaa8-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
 def _on_machine(monkeypatch, uuid: str) -> None:
@@ -156,9 +158,9 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
-    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-768ceea7-)" in out
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-3d6bbaa8-)" in out
     assert "112-gpt2xl-dp1-fit-80GB-GA4 (1 GPU(s))" in out  # 1 run of today's code: short of 3
-    assert "111-gpt2xl-dp1-fit-80GB" not in out  # 5 runs: done, neither run nor named as skipped
+    assert "111-gpt2xl-dp1-fit-80GB" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
 
 
@@ -209,11 +211,12 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
     target = catalog.get("113").id
     runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
-    machine = "vm NVIDIA H100 80GB HBM3/GPU-768ceea7-"
-    assert campaign.todays_runs(machine=machine)[target][0] == 2
+    machine = "vm NVIDIA H100 80GB HBM3/GPU-3d6bbaa8-"
+    assert campaign.todays_runs(machine=machine)[target][0] == 1
     shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
-    assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 2
-    shutil.copytree(runs[-1], tmp_path / ("20991231_000000___" + target))  # one more launch, left in OUTDIR
+    assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 1
+    for stamp in ("20991231_000000", "20991231_000100"):  # two more launches, left in OUTDIR
+        shutil.copytree(runs[-1], tmp_path / f"{stamp}___{target}")
     assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 3
     monkeypatch.setenv("OUTDIR", str(tmp_path))
     assert campaign.cli([], environ={"STALE": "1", "IDS": "113"}) == 0

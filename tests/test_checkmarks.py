@@ -108,18 +108,18 @@ def _slow_down(root: Path, target: str, factor: float) -> None:
 
 
 def test_a_record_that_makes_a_taught_claim_false_is_reported_and_strict_fails(copy, capsys, monkeypatch):
-    """ch0-dp-step-flat is taught in the two-GPU tour (002 keeps 001's step time): slowing 002's runs by
-    30% makes it FAIL, which `make check` and `make tables` report and STRICT=1 refuses."""
+    """ch1-zero2-step-time-flat-dp1 is taught in chapter 1 on today's runs (113 keeps 111's step time):
+    slowing 113's runs by 30% makes it FAIL, which `make check` and `make tables` report and STRICT=1 refuses."""
     assert main(["check", "--root", str(copy), "--strict"]) == 0, capsys.readouterr()
     capsys.readouterr()
-    _slow_down(copy, "002-gpt2large-dp2-gbs64", 1.3)
+    _slow_down(copy, "113-gpt2xl-dp1-gbs15-zero2", 1.3)
     assert main(["check", "--root", str(copy)]) == 0
     out = capsys.readouterr()
-    line = "tutorials/00-two-gpu-tour.md:10: `ch0-dp-step-flat` is FAIL and the sentence does not say so"
+    line = "tutorials/01-dp-zero2.md:37: `ch1-zero2-step-time-flat-dp1` is FAIL and the sentence does not say so"
     assert line in out.out
-    assert "`ch0-dp-step-flat` FAILs" in out.out  # and no page explains it
-    tour = (copy / "tutorials" / "00-two-gpu-tour.md").read_text()
-    assert "<!-- check ch0-dp-step-flat -->FAIL: " in tour and "expected between 0.9 and 1.1; today" in tour
+    assert "`ch1-zero2-step-time-flat-dp1` FAILs" in out.out  # and no page explains it
+    page = (copy / "tutorials" / "01-dp-zero2.md").read_text()
+    assert "<!-- check ch1-zero2-step-time-flat-dp1 -->FAIL: " in page and "expected between 0.9 and 1.1; today" in page
     assert main(["check", "--root", str(copy), "--strict"]) == 1
     assert line in capsys.readouterr().err
     # make tables fills the same verdicts and reports the same sentences

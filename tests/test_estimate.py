@@ -367,7 +367,14 @@ def test_lever_terms_follow_the_levers():
     llama = catalog.get("600-llama1b-1gpu-gbs8")
     assert E.estimate(llama, addmm_bias=True).step_ms == E.estimate(llama).step_ms
     assert E.lever_flags("fused_adam,bf16_ce,addmm_bias") == {"fused_adam": True, "grouped_gemm": False,
-                                                                "bf16_ce": True, "addmm_bias": True}
+                                                                "bf16_ce": True, "addmm_bias": True,
+                                                                "fused_wgrad": False, "compiled_rope": False}
+    # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
+    gpt, llama = catalog.get("112"), catalog.get("600")
+    g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
+    assert E.estimate(gpt, fused_wgrad=True, **g).step_ms < E.estimate(gpt, **g).step_ms
+    assert E.estimate(llama, compiled_rope=True, **g).step_ms < E.estimate(llama, **g).step_ms
+    assert E.estimate(gpt, compiled_rope=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no RoPE in GPT-2
 
 
 def test_render_names_formulas_in_gib():

@@ -83,7 +83,7 @@ def test_schema_1_is_older_without_asking_git(tmp_path):
 
 @pytest.mark.parametrize("change, why", [
     ({"config": {"fastpath": "none"}, "intent": {"fastpath": "none", "cuda_graph_reason": "auto"}}, "FAST=none"),
-    ({"intent": {"fastpath": ",".join(variables.DEFAULT_FAST), "cuda_graph_reason": "CUDA_GRAPH=1"}},
+    ({"intent": {"fastpath": ",".join(variables.default_fast(None, {})), "cuda_graph_reason": "CUDA_GRAPH=1"}},
      "CUDA_GRAPH=1"),
     ({"config": {"extra_args": "--foo"}}, "EXTRA_ARGS"),
     ({"warmup_iters": 5, "iters_logged": 25}, "WARMUP=5"),  # a record from before the setting was kept

@@ -111,13 +111,23 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
         "NCCL_PP_MIB": (nccl(lambda e: e.pp > 1 and e.virtual_stages == 1),
                         "median over the H200 context, 1F1B pipelines (MiB, NCCL's total)"),
         "NCCL_CP_MIB": (nccl(lambda e: e.cp > 1), "median over the H200 context, context parallelism (MiB, NCCL's total)"),
-        "ALLOCATOR_SLACK": (med(s for r in rows for s in slacks(r)),
-                            f"median max reserved / max allocated - 1 over {sum(len(slacks(r)) for r in rows)} logged ranks"),
+        # per target first: how often one target was launched (a lever trial's repeats) must not move it
+        "ALLOCATOR_SLACK": (med(med(v) for v in _slacks_by_target(rows).values()),
+                            f"median over {len(_slacks_by_target(rows))} targets of each target's median max reserved / "
+                            f"max allocated - 1 ({sum(len(slacks(r)) for r in rows)} logged ranks)"),
         "RING_STRANDED_CHUNKS_PER_STEP": (med(ring), f"median over {len(ring)} ring-attention runs, busiest rank"),
         "GRAPH_MEMORY_SHARE": (med(p[1] for p in pairs),
                                "median over graph on/off pairs: " + ", ".join(f"{t.split('-')[0]} {s:+.1%}" for t, s, _ in pairs)),
         "GRAPH_MEMORY_MIN_GIB": (min((p[2] for p in pairs), default=None), "the smallest extra of those pairs (GiB)"),
     }
+    return out
+
+
+def _slacks_by_target(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if got := slacks(r):
+            out.setdefault(r["target"], []).extend(got)
     return out
 
 

@@ -341,7 +341,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     added, on the machine, code and CUDA-graph setting where both sides ran (the most runs with the
     levers). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
     the loss parity of the first pair (the bench's rule)."""
-    runs = [r for d in (root / "results" / "runs", bench_dir / "runs")
+    # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
+    runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
             for r in read_records(d, "megalab bench-report")]
     rows = []
     for trial in cfg.get("trials", []):
