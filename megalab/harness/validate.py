@@ -61,6 +61,36 @@ class _Parser(argparse.ArgumentParser):
         raise MegatronRejected(message)
 
 
+# Megatron writes its flags' help from its config dataclasses' source: ArgumentGroupFactory reads each class
+# with inspect.getsource and walks its AST, nine tenths of building the parser, which a check builds twice
+# (check_flags, then parse_args). A class's source does not change under a running process: each is read
+# once per process, and the help text is the same.
+_DOCSTRINGS: dict[type, dict[str, str]] = {}
+
+
+@contextlib.contextmanager
+def _docstrings_once():
+    """While Megatron builds its parser: each config class's field docstrings read once per process."""
+    try:
+        from megatron.training.argument_utils import ArgumentGroupFactory
+
+        read = ArgumentGroupFactory._get_field_docstrings
+    except (ImportError, AttributeError):  # another megatron-core: its own way, unchanged
+        yield
+        return
+
+    def once(self, cls):
+        if cls not in _DOCSTRINGS:
+            _DOCSTRINGS[cls] = read(self, cls)
+        return dict(_DOCSTRINGS[cls])
+
+    ArgumentGroupFactory._get_field_docstrings = once
+    try:
+        yield
+    finally:
+        ArgumentGroupFactory._get_field_docstrings = read
+
+
 def parser() -> argparse.ArgumentParser:
     """Megatron's own argument parser, built as `parse_args` builds it (add_megatron_arguments): exactly
     the flags this megatron-core accepts. Its errors raise MegatronRejected (one line) instead of exiting."""
@@ -69,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
         warnings.simplefilter("ignore")
         from megatron.training.arguments import add_megatron_arguments
 
-        return add_megatron_arguments(_Parser(description="Megatron-LM Arguments", allow_abbrev=False))
+        with _docstrings_once():
+            return add_megatron_arguments(_Parser(description="Megatron-LM Arguments", allow_abbrev=False))
 
 
 def check_flags(args: list[str]) -> None:
@@ -117,7 +148,7 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its INFO lines (microbatches, vocab padding) go to stderr
     try:
-        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        with contextlib.redirect_stdout(out), warnings.catch_warnings(), _docstrings_once():
             warnings.simplefilter("ignore")
             args = parse_and_validate_args()
             # The model config too: TransformerConfig's own checks (e.g. "apply_rope_fusion is not
