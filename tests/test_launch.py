@@ -282,6 +282,55 @@ def test_megatrons_verdict_is_cached_and_a_rejection_never(tmp_path, monkeypatch
     assert validate.cache_dir(env) == tmp_path / "megatron-check"
 
 
+def test_megatrons_flag_table_is_kept_per_install_and_made_again_when_damaged(tmp_path, monkeypatch):
+    """A flag Megatron does not know is refused from its flag table in the cache (no parser, so no import of
+    megatron.training), with the answer the parser gives; a table that is damaged, of another install or
+    empty is not used, and is made again; flags the table knows still go through the parser."""
+    from megalab.harness import validate
+
+    env = {"MEGALAB_CACHE_DIR": str(tmp_path)}
+    built, real = [], validate.parser
+    monkeypatch.setattr(validate, "parser", lambda: built.append(1) or real())
+
+    def refused(*args):
+        with pytest.raises(validate.UnknownFlag) as e:
+            validate.check_flags(list(args), env)
+        return str(e.value)
+
+    line = "--num-layer is not a Megatron flag (closest: --num-layers)"
+    assert refused("--seed", "7", "--num-layer", "3") == line and len(built) == 1  # the parser: the table made
+    path = validate.flag_table_path(env)
+    assert path.parent == tmp_path / "megatron-flags" and "--num-layers" in validate.flag_table(env)
+    assert refused("--seed", "7", "--num-layer", "3") == line and len(built) == 1  # the table
+    validate.check_flags(["--seed", "7"], env)  # known flags: the parser reads their values
+    assert len(built) == 2
+    for damage in (b"\xff", b"{", b"[]", b'{"key": "another", "flags": ["--num-layer"]}',
+                   b'{"key": "%s", "flags": []}' % path.stem.encode(), b'{"key": "%s", "flags": [7]}' % path.stem.encode()):
+        path.write_bytes(damage)
+        assert validate.flag_table(env) is None
+        assert refused("--num-layer", "3") == line
+        assert validate.flag_table(env) and len(built) == 3  # made again
+        built.pop()
+
+
+def test_the_flag_tables_unknown_flag_is_the_parsers():
+    """unknown_flag (what the table decides alone) names the flag argparse would name first, and leaves to
+    the parser an item it may read as a value (`--x y` after a flag with nargs)."""
+    from megalab.harness import validate
+
+    p = validate.parser()
+    known = validate.table_of(p)
+    cases = [["--seed", "7", "--foo-bar", "1"], ["--foo=1"], ["--seed=7"], ["--seed", "7"], ["--", "--foo"],
+             ["--spec", "a", "b", "--foo", "--bar"], ["x", "--foo"], ["---x"], ["--=x"], ["--num-layers=3", "--fo"]]
+    for args in cases:
+        _, unknown = p.parse_known_args(args)
+        first = next((a.split("=", 1)[0] for a in unknown if a.startswith("--")), None)
+        assert validate.unknown_flag(args, known) == (None if "--" in args else first), args
+    # left to the parser: what follows a bare `--`, and an item with a space (a value, after a flag with nargs)
+    assert validate.unknown_flag(["--data-path", "--foo bar", "--baz"], known) is None
+    assert p.parse_known_args(["--data-path", "--foo bar"])[1] == []
+
+
 @pytest.mark.parametrize("extra,line", [
     ("--num-layer 3", "megalab: EXTRA_ARGS: --num-layer is not a Megatron flag (closest: --num-layers); fix: "
                       "correct or drop it (make show-arguments GREP=num lists megatron-core's flags)"),
