@@ -87,6 +87,38 @@ def world1():
         dist.destroy_process_group()
 
 
+def megatron_verdict(goal: str, env: dict[str, str] | None = None) -> None:
+    """Speed only, before a test runs `make GOAL` (a target, its profile-/resume-/slurm- variant) with ENV in a
+    subprocess: the same plan's Megatron check here first, as a dry run's preflight. Megatron is imported
+    once per worker and checks a plan in 0.01 s here. An accepted verdict goes to the verdict cache that ENV
+    names (MEGALAB_CACHE_DIR, read by the subprocess), with Megatron's flag table, so the subprocess's
+    preflight finds it instead of importing megatron.training (4 s). Nothing else changes: a rejection is
+    never cached (the subprocess checks it again), a plan built otherwise here only misses the cache, and
+    the subprocess's Megatron line says the same check passed before. test_catalog's dry run of 128 keeps a
+    check of its own, in a fresh process."""
+    import contextlib
+    import io
+
+    from megalab.core.variables import Options
+    from megalab.harness import launch, slurm
+
+    full = {**os.environ, **(env or {}), "DRY_RUN": "1"}
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(full)  # what the preflight reads besides Options (the wandb mode, the Python line)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if goal.startswith("slurm-"):
+                launch.megatron_check(slurm.planned(goal.removeprefix("slurm-"), full))
+            else:
+                launch.run(goal, Options.from_env(full))
+    except (Exception, SystemExit):  # a refusal: the subprocess gives it, as it would have
+        pass
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def typed(records: dict) -> dict:
     """Hand-made records (target -> the run.json fields a test needs) as RunRecords, each record's target
     its key unless it names one: pages and checks read typed records only."""

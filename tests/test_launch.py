@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.core import plan
 from megalab.harness import launch, monitor
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _make(*args, **env):
+    megatron_verdict(args[0], env)  # speed only: Megatron's verdict reached in this process first (conftest)
     return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **env})
 
@@ -155,6 +157,7 @@ def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables(tmp_path):
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     before = {p: p.read_bytes() for p in sorted((ROOT / "results").rglob("*.md"))}
+    megatron_verdict("101-gpt2xl-dp1-gbs1-bf16")  # speed only: quickstart's dry run of 101 (conftest)
     out = _make("quickstart", f"PY={sys.executable}", PATH=f"{bin_dir}:{os.environ['PATH']}")
     assert {p: p.read_bytes() for p in before} == before  # committed pages rebuilt byte-identical
     assert out.returncode == 0, out.stderr
