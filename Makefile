@@ -51,8 +51,14 @@ override HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 override PY := $(if $(HAVE_GPU),python3,$(if $(wildcard $(VENV)/bin/python),$(call quote,$(VENV)/bin/python),python3))
 endif
 
-# Target ids, from the catalog (core/catalog.py holds each id to a plain name: letters, digits, . _ -).
-override TARGETS := $(shell $(PY) -m megalab targets 2>/dev/null)
+# Target ids, from the catalog (core/catalog.py holds each id to a plain name: letters, digits, . _ -), read
+# where a goal may be one: not for a make of this file's own commands alone (OWN_GOALS, every rule below
+# but the targets; tests/test_makefile.py holds the list to the rules), which never names a target. No goal
+# at all (`make`, tab completion's `make -pq`) reads them too.
+override OWN_GOALS := help list which-python show-command batch campaign docker-found docker-build docker-run \
+    setup test quickstart quickstart-python tables compare walk bench bench-report plots check prepare-data clean \
+    monitor-gpu tensorboard show-arguments count-arguments
+override TARGETS := $(if $(filter-out $(OWN_GOALS),$(or $(MAKECMDGOALS),.no-goal)),$(shell $(PY) -m megalab targets 2>/dev/null))
 
 
 .PHONY: help list setup test quickstart tables compare check walk clean batch campaign $(TARGETS)
@@ -147,17 +153,22 @@ override MCORE_VERSION := 0.19.2
 # --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the venv
 # uses, never replaced by a CPU build; only where none is importable does a CPU torch go in. The stamp
 # is checked in the recipe, not named as a make target: a target name is make syntax, VENV is text.
+# triton: megatron.training imports it (megatron/core/transformer/moe/ops/paged_stash.py), even on a CPU.
+# pip compiles nothing (--no-compile); compileall then compiles the venv's packages once, on every core (a
+# file of a newer Python's syntax fails to compile, as it does under pip).
 .PHONY: setup test
 setup:
 	@[ "$$VENV/.stamp" -nt pyproject.toml ] && exit 0; \
 	command -v python3 >/dev/null || { echo "setup: python3 not found; fix: install Python 3.10+" >&2; exit 2; }; \
 	set -ex; \
 	python3 -m venv --system-site-packages "$$VENV"; \
-	"$$VENV/bin/pip" install -q --upgrade pip; \
-	"$$VENV/bin/python" -c "import torch" 2>/dev/null || "$$VENV/bin/pip" install -q "$$TORCH_SPEC"; \
-	"$$VENV/bin/pip" install -q numpy pybind11 setuptools wheel triton typing_extensions packaging; \
-	"$$VENV/bin/pip" install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
-	"$$VENV/bin/pip" install -q --no-build-isolation -e '.[dev,data]'; \
+	pip=("$$VENV/bin/pip" install -q --no-compile); \
+	"$${pip[@]}" --upgrade pip; \
+	"$$VENV/bin/python" -c "import torch" 2>/dev/null || "$${pip[@]}" "$$TORCH_SPEC"; \
+	"$${pip[@]}" numpy pybind11 setuptools wheel triton typing_extensions packaging; \
+	"$${pip[@]}" --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
+	"$${pip[@]}" --no-build-isolation -e '.[dev,data]'; \
+	"$$VENV/bin/python" -m compileall -q -q -j 0 "$$("$$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true; \
 	touch "$$VENV/.stamp"
 
 # pytest-xdist: one worker per core (tests/conftest.py keeps the input audit on one of them, first)

@@ -30,8 +30,8 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # Module fixtures that are expensive to make (module -> fixtures): the tests that share one are kept on one
 # xdist worker, so that it is made once. The input audit, the longest, goes first.
 # "*": the whole module (test_estimate: its fixtures, and the CLI test, read the same TensorBoard files,
-# which validation.py keeps per process).
-SHARED = {"test_fuzz_inputs": ("audit",), "test_estimate": ("*",), "test_dataset": ("rows",)}
+# which validation.py keeps per process). test_fuzz_inputs' "built": the sandbox its CLI tests copy.
+SHARED = {"test_fuzz_inputs": ("audit", "built"), "test_estimate": ("*",), "test_dataset": ("rows",)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
@@ -85,6 +85,38 @@ def world1():
     parallel_state.destroy_model_parallel()
     if own_group:
         dist.destroy_process_group()
+
+
+def megatron_verdict(goal: str, env: dict[str, str] | None = None) -> None:
+    """Speed only, before a test runs `make GOAL` (a target, its profile-/resume-/slurm- variant) with ENV in a
+    subprocess: the same plan's Megatron check here first, as a dry run's preflight. Megatron is imported
+    once per worker and checks a plan in 0.01 s here. An accepted verdict goes to the verdict cache that ENV
+    names (MEGALAB_CACHE_DIR, read by the subprocess), with Megatron's flag table, so the subprocess's
+    preflight finds it instead of importing megatron.training (4 s). Nothing else changes: a rejection is
+    never cached (the subprocess checks it again), a plan built otherwise here only misses the cache, and
+    the subprocess's Megatron line says the same check passed before. test_catalog's dry run of 128 keeps a
+    check of its own, in a fresh process."""
+    import contextlib
+    import io
+
+    from megalab.core.variables import Options
+    from megalab.harness import launch, slurm
+
+    full = {**os.environ, **(env or {}), "DRY_RUN": "1"}
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(full)  # what the preflight reads besides Options (the wandb mode, the Python line)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if goal.startswith("slurm-"):
+                launch.megatron_check(slurm.planned(goal.removeprefix("slurm-"), full))
+            else:
+                launch.run(goal, Options.from_env(full))
+    except (Exception, SystemExit):  # a refusal: the subprocess gives it, as it would have
+        pass
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def typed(records: dict) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
@@ -137,14 +138,25 @@ def apply(files: dict[str, dict]) -> None:
             raise SystemExit(f"fuzz_driver: unknown damage {how}")
 
 
+# Built from the code alone, never from a file a case damages: a fresh process builds the same, so they are kept
+CODE_ONLY = {("megalab.core.catalog", "_entry_model")}  # pydantic models of Experiment's fields (create_model)
+_CLEARABLE: dict[str, tuple[object, int, list]] = {}  # module name -> (module, len(vars), its caches)
+
+
 def reset_caches() -> None:
-    """What megalab keeps between calls in one process: lru_caches, the once-per-file skip lines."""
+    """What megalab keeps between calls in one process: lru_caches, the once-per-file skip lines. Each
+    module's caches are looked up once (again when its namespace changes size or it is imported anew)."""
     for name, mod in list(sys.modules.items()):
         if not name.startswith("megalab"):
             continue
-        for value in list(vars(mod).values()):
-            if callable(getattr(value, "cache_clear", None)):
-                value.cache_clear()
+        namespace = vars(mod)
+        known = _CLEARABLE.get(name)
+        if known is None or known[0] is not mod or known[1] != len(namespace):
+            known = _CLEARABLE[name] = (mod, len(namespace), [
+                v for k, v in list(namespace.items())
+                if callable(getattr(v, "cache_clear", None)) and (name, k) not in CODE_ONLY])
+        for value in known[2]:
+            value.cache_clear()
     from megalab.core import records
     records._warned.clear()
 
@@ -163,21 +175,13 @@ def _text(p: Path) -> str | None:
 
 def page_state(root: Path) -> dict:
     """What a reader of the pages would miss if it went: each chapter CSV's rows (target -> status, the
-    numeric `ref` cells), each generated page, each tutorial quote that shows a number or a table."""
+    numeric `ref` cells), each generated page, each tutorial quote that shows a number or a table. Every file
+    is read each time; what is parsed out of a text is parsed once per text (_csv_state, _tutorial_state)."""
     state = {"rows": {}, "refs": {}, "pages": set(), "quotes": {}, "embeds": {}}
     for p in sorted((root / "results").glob("*.csv")):
-        try:
-            rows = list(csv.DictReader(io.StringIO(_text(p) or "")))
-        except csv.Error:
-            continue
-        for r in rows:
-            t = r.get("make target")
-            if not t:
-                continue
-            state["rows"][(p.name, t)] = (r.get("status") or "").strip()
-            for k, v in r.items():
-                if k and k.startswith("ref") and v and NUMBER.search(v):
-                    state["refs"][(p.name, t, k)] = v
+        rows, refs = _parsed(_csv_state, p.name, _text(p) or "")
+        state["rows"].update(rows)
+        state["refs"].update(refs)
     for p in [*(root / "results").glob("*.md"), *(root / "results").glob("*/README.md"),
               *(root / "results" / "plots").glob("*.svg")]:
         if _text(p):
@@ -186,12 +190,46 @@ def page_state(root: Path) -> dict:
         text = _text(p)
         if text is None:
             continue
-        for i, m in enumerate(QUOTE.finditer(text)):
-            if NUMBER.search(m.group(3)):
-                state["quotes"][(p.name, i, m.group(1), m.group(2))] = m.group(3)
-        for m in re.finditer(r"<!-- megalab:table chapter=(\d+) -->\n(.*?)<!-- /megalab:table -->", text, re.S):
-            state["embeds"][(p.name, m.group(1))] = len(m.group(2).splitlines())
+        quotes, embeds = _parsed(_tutorial_state, p.name, text)
+        state["quotes"].update(quotes)
+        state["embeds"].update(embeds)
     return state
+
+
+def _parsed(parse, name: str, text: str):
+    """parse(name, text), kept for a text under 1 MiB (a page a case blew up is parsed each time, never kept)."""
+    return parse(name, text) if len(text) < 1 << 20 else parse.__wrapped__(name, text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _csv_state(name: str, text: str) -> tuple[dict, dict]:
+    """A chapter CSV's rows ((page, target) -> status) and numeric `ref` cells ((page, target, column) -> text)."""
+    rows, refs = {}, {}
+    try:
+        records = list(csv.DictReader(io.StringIO(text)))
+    except csv.Error:
+        return rows, refs
+    for r in records:
+        t = r.get("make target")
+        if not t:
+            continue
+        rows[(name, t)] = (r.get("status") or "").strip()
+        for k, v in r.items():
+            if k and k.startswith("ref") and v and NUMBER.search(v):
+                refs[(name, t, k)] = v
+    return rows, refs
+
+
+@functools.lru_cache(maxsize=1024)
+def _tutorial_state(name: str, text: str) -> tuple[dict, dict]:
+    """A tutorial's quotes that show a number ((page, i, source, key) -> text) and its embedded tables' lengths."""
+    quotes, embeds = {}, {}
+    for i, m in enumerate(QUOTE.finditer(text)):
+        if NUMBER.search(m.group(3)):
+            quotes[(name, i, m.group(1), m.group(2))] = m.group(3)
+    for m in re.finditer(r"<!-- megalab:table chapter=(\d+) -->\n(.*?)<!-- /megalab:table -->", text, re.S):
+        embeds[(name, m.group(1))] = len(m.group(2).splitlines())
+    return quotes, embeds
 
 
 def lost(before: dict, after: dict) -> list[str]:

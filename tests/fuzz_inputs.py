@@ -115,12 +115,13 @@ def figures(cases: list[dict], results: list[dict]) -> dict[str, collections.Cou
         if r.get("settle"):
             continue
         case = by_name[r["case"]]
+        verdict = judge(case, r)  # once per answer: a batch's answer stands for each of its inputs
         for name in case.get("inputs", [case["name"]]):
             per_input[name]["runs"] += 1
-            for k, v in judge(case, r).items():
+            for k, v in verdict.items():
                 per_input[name][k] += v
         out[case["group"]]["runs"] += 1
-        for k, v in judge(case, r).items():
+        for k, v in verdict.items():
             out[case["group"]][k] += v
     for case in cases:
         for name in case.get("inputs", [case["name"]]):

@@ -172,6 +172,7 @@ def test_dry_run_128_shows_8_processes_distributed_optimizer_and_preflight():
     assert out.returncode == 0, out.stderr
     assert "--nproc_per_node 8" in out.stdout and "--use-distributed-optimizer" in out.stdout
     assert "needs 8" in out.stdout and "DP=8" in out.stdout and "accepts the flags with WORLD_SIZE=8" in out.stdout
+    assert "verdict cached" not in out.stdout  # Megatron's check of its own, in a fresh process (not warmed)
 
 
 def test_prefix_lookup_and_unknown_target():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.core import plan
 from megalab.harness import launch, monitor
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _make(*args, **env):
+    megatron_verdict(args[0], env)  # speed only: Megatron's verdict reached in this process first (conftest)
     return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **env})
 
@@ -155,6 +157,7 @@ def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables(tmp_path):
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     before = {p: p.read_bytes() for p in sorted((ROOT / "results").rglob("*.md"))}
+    megatron_verdict("101-gpt2xl-dp1-gbs1-bf16")  # speed only: quickstart's dry run of 101 (conftest)
     out = _make("quickstart", f"PY={sys.executable}", PATH=f"{bin_dir}:{os.environ['PATH']}")
     assert {p: p.read_bytes() for p in before} == before  # committed pages rebuilt byte-identical
     assert out.returncode == 0, out.stderr
@@ -287,6 +290,55 @@ def test_megatrons_verdict_is_cached_and_a_rejection_never(tmp_path, monkeypatch
     assert validate.validate_cached(["--a", "1"], 2, [], env) is True  # its DRY_RUN (no run dir) had the verdict
     assert validate.validate_cached(["--tensorboard-dir", "x", "--a", "2", "--b"], 2, [], env) is False  # flags decide
     assert len(calls) == 7
+
+
+def test_megatrons_flag_table_is_kept_per_install_and_made_again_when_damaged(tmp_path, monkeypatch):
+    """A flag Megatron does not know is refused from its flag table in the cache (no parser, so no import of
+    megatron.training), with the answer the parser gives; a table that is damaged, of another install or
+    empty is not used, and is made again; flags the table knows still go through the parser."""
+    from megalab.harness import validate
+
+    env = {"MEGALAB_CACHE_DIR": str(tmp_path)}
+    built, real = [], validate.parser
+    monkeypatch.setattr(validate, "parser", lambda: built.append(1) or real())
+
+    def refused(*args):
+        with pytest.raises(validate.UnknownFlag) as e:
+            validate.check_flags(list(args), env)
+        return str(e.value)
+
+    line = "--num-layer is not a Megatron flag (closest: --num-layers)"
+    assert refused("--seed", "7", "--num-layer", "3") == line and len(built) == 1  # the parser: the table made
+    path = validate.flag_table_path(env)
+    assert path.parent == tmp_path / "megatron-flags" and "--num-layers" in validate.flag_table(env)
+    assert refused("--seed", "7", "--num-layer", "3") == line and len(built) == 1  # the table
+    validate.check_flags(["--seed", "7"], env)  # known flags: the parser reads their values
+    assert len(built) == 2
+    for damage in (b"\xff", b"{", b"[]", b'{"key": "another", "flags": ["--num-layer"]}',
+                   b'{"key": "%s", "flags": []}' % path.stem.encode(), b'{"key": "%s", "flags": [7]}' % path.stem.encode()):
+        path.write_bytes(damage)
+        assert validate.flag_table(env) is None
+        assert refused("--num-layer", "3") == line
+        assert validate.flag_table(env) and len(built) == 3  # made again
+        built.pop()
+
+
+def test_the_flag_tables_unknown_flag_is_the_parsers():
+    """unknown_flag (what the table decides alone) names the flag argparse would name first, and leaves to
+    the parser an item it may read as a value (`--x y` after a flag with nargs)."""
+    from megalab.harness import validate
+
+    p = validate.parser()
+    known = validate.table_of(p)
+    cases = [["--seed", "7", "--foo-bar", "1"], ["--foo=1"], ["--seed=7"], ["--seed", "7"], ["--", "--foo"],
+             ["--spec", "a", "b", "--foo", "--bar"], ["x", "--foo"], ["---x"], ["--=x"], ["--num-layers=3", "--fo"]]
+    for args in cases:
+        _, unknown = p.parse_known_args(args)
+        first = next((a.split("=", 1)[0] for a in unknown if a.startswith("--")), None)
+        assert validate.unknown_flag(args, known) == (None if "--" in args else first), args
+    # left to the parser: what follows a bare `--`, and an item with a space (a value, after a flag with nargs)
+    assert validate.unknown_flag(["--data-path", "--foo bar", "--baz"], known) is None
+    assert p.parse_known_args(["--data-path", "--foo bar"])[1] == []
 
 
 @pytest.mark.parametrize("extra,line", [

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.core import catalog, flags, plan
 from megalab.harness import launch, pyinfo
 from megalab.core.variables import LaunchError, Options
@@ -63,6 +64,7 @@ def test_a_cpu_torch_on_a_gpu_machine_is_called_out():
 
 
 def test_the_dry_run_prints_the_python_line():
+    megatron_verdict("101", {"DRY_RUN": "1"})  # speed only: Megatron's verdict reached in this process (conftest)
     out = subprocess.run([sys.executable, "-m", "megalab", "run", "101"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "DRY_RUN": "1"})
     assert out.returncode == 0, out.stderr
@@ -131,6 +133,7 @@ def test_extra_args_that_change_the_model_change_the_estimate():
 
 def test_the_preflight_and_plan_cli_show_the_effective_model():
     env = {**os.environ, "DRY_RUN": "1", "EXTRA_ARGS": "--num-layers 24"}
+    megatron_verdict("101", env)  # speed only (conftest)
     out = subprocess.run([sys.executable, "-m", "megalab", "run", "101"], cwd=ROOT, capture_output=True, text=True,
                          env=env)
     assert "gpt2-xl: 24 layers" in out.stdout and "changed by the extra args" in out.stdout

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.__main__ import main
 from megalab.harness import launch, progress, resume
 from megalab.core import catalog, logparse, plan
@@ -29,6 +30,7 @@ def _script(target="001", **kw) -> str:
 
 
 def _make(*args, **env):
+    megatron_verdict(args[0], env)  # speed only: Megatron's verdict reached in this process first (conftest)
     return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **env})
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.core import catalog, plan, variables
 from megalab.core.variables import Options
 
@@ -31,6 +32,7 @@ def _fake(bin_dir: Path, name: str, body: str) -> None:
 
 
 def _make(*args, **env):
+    megatron_verdict(args[0], env)  # speed only: Megatron's verdict reached in this process first (conftest)
     return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PY": sys.executable, **env})
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.core import catalog
 from megalab.harness import launch, record, slurm
 
@@ -42,9 +43,10 @@ def test_two_nodes_of_eight_exact_commands(exp16, monkeypatch, tmp_path, capsys)
 
 
 def test_make_slurm_target_dry_run_splits_by_gpus_per_node(tmp_path):
+    env = {"DRY_RUN": "1", "GPUS_PER_NODE": "4", "OUTDIR": str(tmp_path), "SBATCH_ARGS": "--partition=gpu"}
+    megatron_verdict("slurm-128-gpt2xl-dp8-gbs128-zero2", env)  # speed only (conftest)
     out = subprocess.run(["make", "-s", "slurm-128-gpt2xl-dp8-gbs128-zero2"], cwd=ROOT, capture_output=True,
-                         text=True, env={**os.environ, "DRY_RUN": "1", "GPUS_PER_NODE": "4",
-                                         "OUTDIR": str(tmp_path), "SBATCH_ARGS": "--partition=gpu"})
+                         text=True, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr
     assert "#SBATCH --nodes=2" in out.stdout and "#SBATCH --gpus-per-node=4" in out.stdout
     assert "--nproc_per_node 4 --nnodes 2 --node_rank 1" in out.stdout

@@ -6,6 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
+from conftest import megatron_verdict
 from megalab.__main__ import main
 from megalab.results import walk
 
@@ -35,6 +36,7 @@ def test_the_quickstart_gives_no_stale_cuda_graph_advice():
 
 
 def test_the_walk_is_what_megalab_walk_regenerates(capsys):
+    megatron_verdict(walk.TARGET, {"DRY_RUN": "1", "GPU": walk.GPU, "ITERS": walk.ITERS})  # speed only (conftest)
     assert main(["walk", "--check"]) == 0, "results/quickstart/walk.txt: run `.venv/bin/python -m megalab walk`"
     assert "up to date" in capsys.readouterr().out
 

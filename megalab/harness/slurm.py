@@ -145,18 +145,32 @@ def node_commands(exp: Experiment, lay: Layout, opts: Options, machine: planner.
     return lines
 
 
-def submit(target: str, env=os.environ) -> int:
+def _submission(target: str, env) -> tuple[Experiment, Layout, Options]:
     exp = catalog.get(target)
     exp.validate()
     lay = layout(exp, env)
-    opts = dataclasses.replace(Options.from_env(env), nnodes=lay.nodes, node_rank=0)
+    return exp, lay, dataclasses.replace(Options.from_env(env), nnodes=lay.nodes, node_rank=0)
+
+
+def _node_plan(exp: Experiment, opts: Options) -> tuple[planner.Machine, planner.RunPlan]:
+    machine = planner.Machine.here()  # GPUs: the nodes', not this login node's
+    return machine, planner.build(exp, opts, machine)
+
+
+def planned(target: str, env=os.environ) -> planner.RunPlan:
+    """Node 0's plan of a submission of TARGET: the one its preflight and Megatron check read."""
+    exp, _, opts = _submission(target, env)
+    return _node_plan(exp, opts)[1]
+
+
+def submit(target: str, env=os.environ) -> int:
+    exp, lay, opts = _submission(target, env)
     dry = opts.dry_run
     sbatch = shutil.which("sbatch")
     if not dry and sbatch is None:
         raise LaunchError("sbatch not found: this machine is not a SLURM login node; fix: run "
                           f"`make slurm-{exp.id}` where sbatch is, or DRY_RUN=1 to write the script only")
-    machine = planner.Machine.here()  # GPUs: the nodes', not this login node's
-    plan = planner.build(exp, opts, machine)
+    machine, plan = _node_plan(exp, opts)
     print("\n".join(launch.preflight(plan)))
     print(launch.megatron_check(plan))
     te_problem = launch.cp_problem(plan)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import functools
 import hashlib
 import io
 import json
@@ -19,7 +20,7 @@ import sys
 import warnings
 from pathlib import Path
 from megalab._compat import ensure_typing_override
-from megalab.core import paths
+from megalab.core import infile, paths
 
 
 class MegatronRejected(ValueError):
@@ -61,6 +62,36 @@ class _Parser(argparse.ArgumentParser):
         raise MegatronRejected(message)
 
 
+# Megatron writes its flags' help from its config dataclasses' source: ArgumentGroupFactory reads each class
+# with inspect.getsource and walks its AST, nine tenths of building the parser, which a check builds twice
+# (check_flags, then parse_args). A class's source does not change under a running process: each is read
+# once per process, and the help text is the same.
+_DOCSTRINGS: dict[type, dict[str, str]] = {}
+
+
+@contextlib.contextmanager
+def _docstrings_once():
+    """While Megatron builds its parser: each config class's field docstrings read once per process."""
+    try:
+        from megatron.training.argument_utils import ArgumentGroupFactory
+
+        read = ArgumentGroupFactory._get_field_docstrings
+    except (ImportError, AttributeError):  # another megatron-core: its own way, unchanged
+        yield
+        return
+
+    def once(self, cls):
+        if cls not in _DOCSTRINGS:
+            _DOCSTRINGS[cls] = read(self, cls)
+        return dict(_DOCSTRINGS[cls])
+
+    ArgumentGroupFactory._get_field_docstrings = once
+    try:
+        yield
+    finally:
+        ArgumentGroupFactory._get_field_docstrings = read
+
+
 def parser() -> argparse.ArgumentParser:
     """Megatron's own argument parser, built as `parse_args` builds it (add_megatron_arguments): exactly
     the flags this megatron-core accepts. Its errors raise MegatronRejected (one line) instead of exiting."""
@@ -69,20 +100,139 @@ def parser() -> argparse.ArgumentParser:
         warnings.simplefilter("ignore")
         from megatron.training.arguments import add_megatron_arguments
 
-        return add_megatron_arguments(_Parser(description="Megatron-LM Arguments", allow_abbrev=False))
+        with _docstrings_once():
+            return add_megatron_arguments(_Parser(description="Megatron-LM Arguments", allow_abbrev=False))
 
 
-def check_flags(args: list[str]) -> None:
+def check_flags(args: list[str], environ=os.environ) -> None:
     """Every item of `args` parses as Megatron's parser reads it: an unknown flag raises UnknownFlag
-    (with the closest known one), a malformed value MegatronRejected, each in one line."""
-    p = parser()
-    _, unknown = p.parse_known_args(list(args))
-    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("--")]
-    if flags:
-        known = [o for a in p._actions for o in a.option_strings]  # argparse keeps them only here
-        raise UnknownFlag(flags[0], next(iter(difflib.get_close_matches(flags[0], known, n=1)), None))
-    if unknown:
-        raise MegatronRejected(f"unrecognized arguments: {' '.join(unknown)}")
+    (with the closest known one), a malformed value MegatronRejected, each in one line. Unknown flags
+    are named first (a malformed value beside one is named once the flag is mended), from Megatron's
+    flag table: kept in the machine's cache (flag_table), so that a flag Megatron does not know is
+    refused without importing megatron.training (4 s)."""
+    known, p = flag_table(environ), None
+    if known is None:
+        p = parser()
+        known = table_of(p)
+        if known is not None:
+            save_flag_table(known, environ)
+    flag = unknown_flag(args, known) if known is not None else None
+    if flag is None:
+        p = p or parser()
+        _, unknown = p.parse_known_args(list(args))
+        flags = [a.split("=", 1)[0] for a in unknown if a.startswith("--")]
+        if not flags:
+            if unknown:
+                raise MegatronRejected(f"unrecognized arguments: {' '.join(unknown)}")
+            return
+        flag = flags[0]
+    options = sorted(known if known is not None else table_of(p, remainder=True))
+    raise UnknownFlag(flag, next(iter(difflib.get_close_matches(flag, options, n=1)), None))
+
+
+def table_of(p: argparse.ArgumentParser, remainder: bool = False) -> frozenset[str] | None:
+    """The parser's option strings (argparse keeps them only in its actions); None when an option takes
+    the rest of the command line (nargs REMAINDER: then an unknown-looking item may be its value), unless
+    `remainder`."""
+    if not remainder and any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in p._actions):
+        return None
+    return frozenset(o for a in p._actions for o in a.option_strings)
+
+
+def unknown_flag(args: list[str], known: frozenset[str]) -> str | None:
+    """The first item of `args` that Megatron's parser (allow_abbrev=False, no REMAINDER option) takes for
+    an option it does not have: `--name` or `--name=value`, `--name` none of its option strings, before a
+    bare `--`. Such an item is never an option's value, so argparse would report it among the unknown
+    ones. None when there is none, or when an item starts with `--` and holds a space (argparse may
+    take it for a value): the parser itself decides then."""
+    first = None
+    for a in args:
+        if a == "--":
+            break
+        if a.startswith("--"):
+            if " " in a:
+                return None
+            if first is None and a.split("=", 1)[0] not in known:
+                first = a.split("=", 1)[0]
+    return first
+
+
+# ---- Megatron's flag table, once per install: the option strings of its parser, in the machine's cache under
+# a key of everything they come from (the megatron-core and torch versions, the size and time of every file
+# of the installed megatron package, this file and _compat.py). A table that is missing, damaged or of
+# another key is made again from the parser; a cache that cannot be written costs the next check the import.
+
+def flag_table_path(environ=os.environ) -> Path | None:
+    key = _flag_table_key()
+    return None if key is None else paths.cache_root(environ) / "megatron-flags" / f"{key}.json"
+
+
+@functools.cache  # once per process: the megatron it imported is the one whose table it makes
+def _flag_table_key() -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("megatron")  # the top package only: nothing of it is imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    files = hashlib.sha256()
+    for location in sorted(spec.submodule_search_locations):
+        for folder, dirs, names in os.walk(location):
+            dirs.sort()
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with contextlib.suppress(OSError):
+                        st = os.stat(path)
+                        files.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    code = hashlib.sha256()
+    for f in ("megalab/harness/validate.py", "megalab/_compat.py"):
+        with contextlib.suppress(OSError):
+            code.update((Path(__file__).resolve().parent.parent.parent / f).read_bytes())
+    material = {"megatron": _version("megatron-core"), "torch": _version("torch"), "python": sys.version,
+                "files": files.hexdigest(), "code": code.hexdigest()}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def flag_table(environ=os.environ) -> frozenset[str] | None:
+    """The option strings of Megatron's parser, from the cache; None when there is no good table for
+    this install (then check_flags builds the parser, and saves the table)."""
+    path = flag_table_path(environ)
+    if path is None:
+        return None
+    try:
+        doc = json.loads(infile.read(path, infile.CONFIG_LIMIT).decode("utf-8"))
+    except (infile.InputError, ValueError):  # none yet, or damaged (ValueError: not UTF-8, not JSON)
+        return None
+    flags = doc.get("flags") if isinstance(doc, dict) and doc.get("key") == path.stem else None
+    if not (isinstance(flags, list) and flags and all(isinstance(f, str) and f.startswith("-") for f in flags)):
+        return None
+    return frozenset(flags)
+
+
+def save_flag_table(known: frozenset[str], environ=os.environ) -> None:
+    path = flag_table_path(environ)
+    if path is None:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # a read-only home only costs the next check the import
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"key": path.stem, "flags": sorted(known)}) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
 
 
 def validate(args: list[str], world_size: int, device_arch: int = 9):
@@ -117,7 +267,7 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # its INFO lines (microbatches, vocab padding) go to stderr
     try:
-        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        with contextlib.redirect_stdout(out), warnings.catch_warnings(), _docstrings_once():
             warnings.simplefilter("ignore")
             args = parse_and_validate_args()
             # The model config too: TransformerConfig's own checks (e.g. "apply_rope_fusion is not
@@ -175,21 +325,13 @@ def _without_run_names(args: list[str]) -> list[str]:
 
 
 def verdict_key(args: list[str], world_size: int, gpu_names: list[str]) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     root = Path(__file__).resolve().parent.parent.parent
-
-    def ver(pkg):
-        try:
-            return version(pkg)
-        except PackageNotFoundError:
-            return None
-
     code = hashlib.sha256()
     for f in _KEY_FILES:
         with contextlib.suppress(OSError):
             code.update((root / f).read_bytes())
-    material = {"args": _without_run_names(list(args)), "world": world_size, "megatron": ver("megatron-core"), "torch": ver("torch"),
+    material = {"args": _without_run_names(list(args)), "world": world_size, "megatron": _version("megatron-core"),
+                "torch": _version("torch"),
                 "gpus": list(gpu_names), "code": code.hexdigest()}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
