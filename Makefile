@@ -51,8 +51,14 @@ override HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 override PY := $(if $(HAVE_GPU),python3,$(if $(wildcard $(VENV)/bin/python),$(call quote,$(VENV)/bin/python),python3))
 endif
 
-# Target ids, from the catalog (core/catalog.py holds each id to a plain name: letters, digits, . _ -).
-override TARGETS := $(shell $(PY) -m megalab targets 2>/dev/null)
+# Target ids, from the catalog (core/catalog.py holds each id to a plain name: letters, digits, . _ -), read
+# where a goal may be one: not for a make of this file's own commands alone (OWN_GOALS, every rule below
+# but the targets; tests/test_makefile.py holds the list to the rules), which never names a target. No goal
+# at all (`make`, tab completion's `make -pq`) reads them too.
+override OWN_GOALS := help list which-python show-command batch campaign docker-found docker-build docker-run \
+    setup test quickstart quickstart-python tables compare walk bench bench-report plots check prepare-data clean \
+    monitor-gpu tensorboard show-arguments count-arguments
+override TARGETS := $(if $(filter-out $(OWN_GOALS),$(or $(MAKECMDGOALS),.no-goal)),$(shell $(PY) -m megalab targets 2>/dev/null))
 
 
 .PHONY: help list setup test quickstart tables compare check walk clean batch campaign $(TARGETS)

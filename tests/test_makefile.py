@@ -33,6 +33,26 @@ def repo(tmp_path):
 
 # ---- targets ------------------------------------------------------------------------------------------
 
+def test_own_goals_are_every_rule_but_the_targets():
+    """OWN_GOALS, the goals for which make reads no target ids, is every rule of the Makefile but the targets'
+    (a rule left out of it reads the catalog for nothing; a target cannot be in it)."""
+    text = (ROOT / "Makefile").read_text()
+    own = set(re.search(r"^override OWN_GOALS := ((?:.*\\\n)*.*)$", text, re.M).group(1).replace("\\\n", " ").split())
+    rules = {m.group(1) for m in re.finditer(r"^([a-z][-a-z]*):(?!=)", text, re.M)}
+    assert own == rules and not own & set(catalog.catalog())
+
+
+def test_a_make_of_its_own_commands_alone_reads_no_target_ids(tmp_path):
+    py = tmp_path / "py"  # notes each call, then runs Python
+    py.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\nexec {sys.executable} \"$@\"\n")
+    py.chmod(0o755)
+    for goals, reads in ((["help"], False), (["-n", "tables", "check"], False), ([], True),
+                         (["-n", "tables", "101-gpt2xl-dp1-gbs1-bf16"], True), (["-n", "slurm-101-gpt2xl-dp1-gbs1-bf16"], True)):
+        (tmp_path / "calls").write_text("")
+        _make(*goals, PY=str(py))
+        assert ("-m megalab targets" in (tmp_path / "calls").read_text()) == reads, goals
+
+
 def test_targets_come_from_the_catalog_block_style_entries_too(repo):
     chapter = repo / "configs" / "experiments" / "01-dp-zero2.yaml"
     chapter.write_text(chapter.read_text() + "\n  - id: 199-block-style\n    about: written block style\n"
