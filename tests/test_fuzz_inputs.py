@@ -97,11 +97,24 @@ def _env(tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A sandbox whose pages `megalab tables` made (FORCE: the copy's first build may drop what the sandbox left
+    out), once for the module's tests (one xdist group, tests/conftest.py), and its figure cache."""
+    base = tmp_path_factory.mktemp("built")
+    repo = fuzz_inputs.sandbox(base)
+    subprocess.run([sys.executable, "-m", "megalab", "tables"], cwd=repo, env=_env(base), check=True,
+                   capture_output=True)
+    return base
+
+
 @pytest.fixture
-def sandbox(tmp_path):
-    repo = fuzz_inputs.sandbox(tmp_path)
+def sandbox(built, tmp_path):
+    """A copy of `built` of the test's own (the pages name no path of theirs), two folders down as any sandbox."""
+    repo = tmp_path / "sandbox" / "repo"
+    shutil.copytree(built / "sandbox" / "repo", repo, symlinks=True)
+    shutil.copytree(built / "cache", tmp_path / "cache", symlinks=True)  # figures, keyed by what they show
     env = _env(tmp_path)
-    subprocess.run([sys.executable, "-m", "megalab", "tables"], cwd=repo, env=env, check=True, capture_output=True)
     env.pop("FORCE")
     return repo, env
 
