@@ -121,8 +121,9 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
     paths = sorted(run_dir.glob("tensorboard/*tfevents*"))
     if not paths:
         return {}
-    try:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    try:  # the events as written: EventFileLoader would migrate each to the tensor form first, twice the time for
+        # the same numbers (a legacy scalar's simple_value is the float32 its migrated tensor holds)
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader as EventFileLoader
         from tensorboard.util import tensor_util
     except ImportError:
         print("megalab plan: tensorboard is not installed, so max reserved comes from the log line only "
