@@ -59,6 +59,33 @@ def pytest_collection_modifyitems(config, items):
     items[:] = first + [i for i in items if id(i) not in groups]
 
 
+# The multi-process tests' ranks (gloo on CPU) start from a fork server of each worker's own, which imports torch
+# and Megatron once (these modules, megalab.runtime.spec first: it lets megatron-core import on Python 3.11);
+# a spawned rank would import them again, 3-4 s each.
+RANK_PRELOAD = ["megalab.runtime.spec", "megalab.runtime.grouped_experts", "megalab.runtime.cross_entropy",
+                "megatron.core.models.gpt.gpt_model", "megatron.core.transformer.moe.moe_layer",
+                "megatron.core.transformer.moe.experts", "torch.distributed"]
+
+
+def start_ranks(fn, nprocs: int, *args) -> None:
+    """fn(rank, *args) in `nprocs` processes, joined, as torch.multiprocessing.spawn runs it (an exception in a
+    rank fails the test), each with this process's environment of the moment, as a spawned rank would have.
+    Forked from the fork server (RANK_PRELOAD), never from this process, which may hold world1's process
+    group: a forked child could not drop it."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)  # before its first start
+    mp.start_processes(_rank, args=(fn, dict(os.environ), *args), nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def _rank(rank: int, fn, environ: dict, *args) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    fn(rank, *args)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on, for a test's own gloo rendezvous."""
     with socket.socket() as s:

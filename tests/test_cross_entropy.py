@@ -8,9 +8,8 @@ for float64 logits), on bf16 logits with the gradient within one bf16 rounding.
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.conftest import free_port
+from tests.conftest import free_port, start_ranks
 
 S, B, V = 8, 3, 40
 
@@ -110,7 +109,7 @@ def _tp2_worker(rank, port):
 
 
 def test_tp2_matches_megatron_and_the_full_vocabulary():
-    mp.spawn(_tp2_worker, args=(free_port(),), nprocs=2, join=True)
+    start_ranks(_tp2_worker, 2, free_port())
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ float32 with 16-byte-aligned sizes runs torch._grouped_mm's CPU kernel, forward 
 """
 
 import pytest
-from conftest import free_port as _free_port
+from conftest import free_port as _free_port, start_ranks
 
 from megalab._compat import ensure_typing_override
 
@@ -17,7 +17,6 @@ ensure_typing_override()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from megalab.runtime import grouped_experts
@@ -222,7 +221,7 @@ def _parallel_worker(rank: int, port: int, ep: int, etp: int):
 
 @pytest.mark.parametrize("ep,etp", [(2, 1), (1, 2)], ids=["EP=2", "ETP=2"])
 def test_expert_parallel_and_expert_tensor_parallel(ep, etp):
-    mp.start_processes(_parallel_worker, args=(_free_port(), ep, etp), nprocs=2, start_method="spawn")
+    start_ranks(_parallel_worker, 2, _free_port(), ep, etp)
 
 
 # ---------------------------------------------------------------------------- how it is switched on

@@ -10,7 +10,7 @@ import contextlib
 import math
 
 import pytest
-from conftest import free_port as _free_port
+from conftest import free_port as _free_port, start_ranks
 
 from megalab._compat import ensure_typing_override
 
@@ -18,7 +18,6 @@ ensure_typing_override()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from megalab.runtime.spec import Norm, SDPAttention, megalab_layer_spec  # noqa: E402
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
@@ -349,7 +348,7 @@ def _sp_worker(rank: int, port: int, world_size: int):
 
 
 def test_sp_norm_grads_all_reduced_by_megatron_finalize_model_grads():
-    mp.spawn(_sp_worker, args=(_free_port(), 2), nprocs=2, join=True)
+    start_ranks(_sp_worker, 2, _free_port(), 2)
 
 
 # ---------------------------------------------------------------------------- the spec in a GPT
@@ -516,8 +515,8 @@ def _cp_gpt_worker(rank: int, port: int, cp: int, modes):
 
 
 def test_gpt_with_context_parallel_matches_the_full_sequence():
-    # spawn, not fork: this process may hold world1's process group, which a child cannot drop
-    mp.spawn(_cp_gpt_worker, args=(_free_port(), 2, ("p2p", "all_gather", "a2a")), nprocs=2, join=True)
+    # not forked from this process, which may hold world1's process group (a child cannot drop it): conftest
+    start_ranks(_cp_gpt_worker, 2, _free_port(), 2, ("p2p", "all_gather", "a2a"))
 
 
 # ---------------------------------------------------------------------------- tensor + sequence parallel GPT
@@ -599,4 +598,4 @@ def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_pat
     torch.save({**batch, "loss": loss.detach(),
                 "params": {n: p.detach().clone() for n, p in ref.named_parameters()},
                 "grads": {n: p.grad.detach().clone() for n, p in ref.named_parameters()}}, path)
-    mp.spawn(_tp_sp_gpt_worker, args=(_free_port(), 2, str(path), levers), nprocs=2, join=True)
+    start_ranks(_tp_sp_gpt_worker, 2, _free_port(), 2, str(path), levers)
