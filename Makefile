@@ -153,6 +153,7 @@ override MCORE_VERSION := 0.19.2
 # --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the venv
 # uses, never replaced by a CPU build; only where none is importable does a CPU torch go in. The stamp
 # is checked in the recipe, not named as a make target: a target name is make syntax, VENV is text.
+# triton stays, on a CPU too: megatron.training imports it unguarded (megatron/core/transformer/moe/ops/paged_stash.py).
 .PHONY: setup test
 setup:
 	@[ "$$VENV/.stamp" -nt pyproject.toml ] && exit 0; \
