@@ -153,22 +153,18 @@ override MCORE_VERSION := 0.19.2
 # --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the venv
 # uses, never replaced by a CPU build; only where none is importable does a CPU torch go in. The stamp
 # is checked in the recipe, not named as a make target: a target name is make syntax, VENV is text.
-# triton: megatron.training imports it (megatron/core/transformer/moe/ops/paged_stash.py), even on a CPU.
-# pip compiles nothing (--no-compile); compileall then compiles the venv's packages once, on every core (a
-# file of a newer Python's syntax fails to compile, as it does under pip).
+# triton stays, on a CPU too: megatron.training imports it unguarded (megatron/core/transformer/moe/ops/paged_stash.py).
 .PHONY: setup test
 setup:
 	@[ "$$VENV/.stamp" -nt pyproject.toml ] && exit 0; \
 	command -v python3 >/dev/null || { echo "setup: python3 not found; fix: install Python 3.10+" >&2; exit 2; }; \
 	set -ex; \
 	python3 -m venv --system-site-packages "$$VENV"; \
-	pip=("$$VENV/bin/pip" install -q --no-compile); \
-	"$${pip[@]}" --upgrade pip; \
-	"$$VENV/bin/python" -c "import torch" 2>/dev/null || "$${pip[@]}" "$$TORCH_SPEC"; \
-	"$${pip[@]}" numpy pybind11 setuptools wheel triton typing_extensions packaging; \
-	"$${pip[@]}" --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
-	"$${pip[@]}" --no-build-isolation -e '.[dev,data]'; \
-	"$$VENV/bin/python" -m compileall -q -q -j 0 "$$("$$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true; \
+	"$$VENV/bin/pip" install -q --upgrade pip; \
+	"$$VENV/bin/python" -c "import torch" 2>/dev/null || "$$VENV/bin/pip" install -q "$$TORCH_SPEC"; \
+	"$$VENV/bin/pip" install -q numpy pybind11 setuptools wheel triton typing_extensions packaging; \
+	"$$VENV/bin/pip" install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
+	"$$VENV/bin/pip" install -q --no-build-isolation -e '.[dev,data]'; \
 	touch "$$VENV/.stamp"
 
 # pytest-xdist: one worker per core (tests/conftest.py keeps the input audit on one of them, first)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import megatron_verdict
 from megalab.core import variables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,6 +280,7 @@ def test_slurm_job_runs_as_nodes_with_their_own_outdir_and_the_values_verbatim(e
     values = env.hostile(names, marks, offset=5, quote_word_lists=True)
     values["EXTRA_ARGS"] = f"--data-cache-path {values['EXTRA_ARGS']}"
     values["OUTDIR"] = str(d / "out; $(touch x)")  # no line break: one an #SBATCH line cannot hold is refused
+    megatron_verdict("slurm-128-gpt2xl-dp8-gbs128-zero2", {**values, "GPUS_PER_NODE": "4"})  # speed only (conftest)
     out, records = env.make("slurm, submitted", ["slurm-128-gpt2xl-dp8-gbs128-zero2"], values, channel, marks,
                             valid={"GPUS_PER_NODE": "4"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -47,6 +47,24 @@ def test_a_schema_1_record_reads_as_todays_fields(tmp_path):
         RunRecord.of(GOOD | {"schema": 3})
 
 
+def test_a_record_file_is_parsed_once_per_content(tmp_path):
+    """A page build reads each record several times: the same bytes give the same record without parsing
+    again; a file that changed is read as it is now; a bad one is refused each time; each folder its own."""
+    src = next(ROOT.glob("results/runs/*/run.json"))
+    a, b = tmp_path / "a" / "run.json", tmp_path / "b" / "run.json"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_bytes(src.read_bytes())
+    first = RunRecord.load(a)
+    assert RunRecord.load(a) is first and RunRecord.load(b).run_dir == b.parent
+    a.write_text(json.dumps({**json.loads(src.read_text()), "hostname": "elsewhere"}))
+    assert RunRecord.load(a).hostname == "elsewhere" and first.hostname != "elsewhere"
+    a.write_text(json.dumps({**json.loads(src.read_text()), "notes": 5}))
+    for _ in range(2):
+        with pytest.raises(schema.RecordError, match="notes"):
+            RunRecord.load(a)
+
+
 def test_unknown_fields_of_old_records_load_as_history():
     rec = RunRecord.of(GOOD | {"long_gone": {"x": 1}, "config": {"old_key": [1, 2]}})
     assert rec.model_extra == {"long_gone": {"x": 1}} and rec.config.model_extra == {"old_key": [1, 2]}

@@ -20,6 +20,7 @@ so an old record and a new one of the same cap compare equal.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import re
@@ -359,16 +360,27 @@ class RunRecord(_Part):
         blocks, nor /dev/zero); a NaN or Infinity in it is named by the field that holds it."""
         path = Path(path)
         try:
-            raw = json.loads(infile.read(path, infile.RECORD_LIMIT).decode("utf-8"))
+            data = infile.read(path, infile.RECORD_LIMIT)
         except infile.InputError as e:
             raise RecordError(e.reason) from None
+        if len(data) > _PARSED_MAX:
+            return cls._parse(data, path.parent)
+        got = _parsed(cls, data, str(path.parent))
+        if isinstance(got, str):
+            raise RecordError(got)
+        return got
+
+    @classmethod
+    def _parse(cls, data: bytes, run_dir: Path) -> RunRecord:
+        try:
+            raw = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError:
             raise RecordError("not UTF-8 text") from None
         except json.JSONDecodeError as e:
             raise RecordError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
         except RecursionError:
             raise RecordError("not JSON a record could be (nested too deeply)") from None
-        return cls.of(raw, path.parent)
+        return cls.of(raw, run_dir)
 
     def dump(self, like: dict | None = None) -> dict:
         """The record as JSON-ready data, with the fields it was given: in schema order (unknown ones last),
@@ -561,3 +573,18 @@ def finite_or_none(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [finite_or_none(v) for v in obj]
     return obj
+
+
+# A record file's bytes -> its RunRecord (or why it is none), parsed once per process: a page build reads each
+# record several times (the rows, the runs beside them, the dataset, the index). The key is the content, so a
+# file that changed is parsed anew; records are frozen and readers copy what they change (grouped()); a file
+# over _PARSED_MAX bytes is parsed each time, never kept.
+_PARSED_MAX = 1 << 20
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(cls, data: bytes, run_dir: str):
+    try:
+        return cls._parse(data, Path(run_dir))
+    except RecordError as e:
+        return str(e)
