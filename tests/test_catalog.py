@@ -292,3 +292,11 @@ def test_the_flags_megalab_reads_back_are_read_as_megatrons_parser_reads_them():
     for flag, (_, kind) in {**flags.MODEL_FLAGS, **flags.LAYOUT_FLAGS, **flags.CHECKED_FLAGS}.items():
         action = actions[flag]
         assert (action.nargs == 0) if kind is None else (action.type is kind and action.nargs is None), flag
+
+
+def test_clip_in_adam_without_fused_adam_is_refused_with_the_fix():
+    """clip_in_adam only works through fused AdamW's kernel: asked for alone, the launch stops and says so."""
+    exp = catalog.get("101")
+    with pytest.raises(launch.LaunchError, match="clip_in_adam.*fix: add fused_adam"):
+        _plan(exp, _opts(fast="foreach_norm,clip_in_adam"))
+    assert "clip_in_adam" in _plan(exp, _opts(fast="fused_adam,clip_in_adam")).env["MEGALAB_FAST"].split(",")

@@ -75,14 +75,30 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     monkeypatch.setattr(clip, "l2_norm_impl", clip.l2_norm_impl)
     monkeypatch.setattr(clip, "multi_tensor_scale_impl", clip.multi_tensor_scale_impl)
     monkeypatch.setattr(optmod, "multi_tensor_scale_impl", optmod.multi_tensor_scale_impl)
+    for mod in (clip, optmod):
+        monkeypatch.setattr(mod, "clip_grad_by_total_norm_fp32", mod.clip_grad_by_total_norm_fp32)
     _keep_megatrons_wgrad_lookup(monkeypatch)
     _keep_megatrons_loss_and_linear(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "fused_wgrad", "bf16_ce", "addmm_bias",
-                       "compiled_rope"]
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "clip_in_adam", "fused_wgrad", "bf16_ce",
+                       "addmm_bias", "compiled_rope"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
+    from megalab.runtime import clip as folded
+    assert optmod.clip_grad_by_total_norm_fp32 is folded.clip_grad_by_total_norm_fp32
+
+
+def test_clip_in_adam_needs_fused_adam(monkeypatch):
+    """Only fused AdamW's kernel scales by grad_scale: without fused_adam the clip stays Megatron's."""
+    ensure_typing_override()
+    import megatron.core.optimizer.optimizer as optmod
+
+    monkeypatch.setattr(torch.optim, "AdamW", torch.optim.AdamW)
+    monkeypatch.setattr(optmod, "clip_grad_by_total_norm_fp32", optmod.clip_grad_by_total_norm_fp32)
+    before = optmod.clip_grad_by_total_norm_fp32
+    assert fastpath.apply(["clip_in_adam"]) == []
+    assert optmod.clip_grad_by_total_norm_fp32 is before
 
 
 def _keep_megatrons_loss_and_linear(monkeypatch):

@@ -131,6 +131,9 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
     else:
         value = "none"
     names = variables.fast_names(value)
+    if levers.CLIP_IN_ADAM in names and "fused_adam" not in names:
+        raise LaunchError(f"FAST={value}: clip_in_adam hands the clip to fused AdamW's kernel, and fused_adam is "
+                          "not in the list; fix: add fused_adam to FAST, or drop clip_in_adam")
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
         names = [n for n in names if n not in levers.SPEC_LEVERS]
     if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers

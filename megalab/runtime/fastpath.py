@@ -18,9 +18,12 @@ prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot ser
 (megalab/runtime/cross_entropy.py). A seventh, `addmm_bias`, adds a linear layer's bias inside its GEMM
 (torch.addmm: cuBLASLt's bias epilogue) where Megatron runs the GEMM and then a separate broadcast add
 (the QKV projection: 9.3 ms a step of row 111). A ninth, `compiled_rope`, runs Megatron's unfused
-rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). They are opt-in
-(MEGALAB_FAST=fused_adam,foreach_norm,... or MEGALAB_FAST=all) so a benchmark can show
-what each one buys; every one computes the same function as the piece it replaces (tests/test_fastpath.py).
+rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). A tenth, `clip_in_adam`,
+hands gradient clipping's coefficient to fused AdamW's kernel instead of scaling every gradient in a
+pass of its own (megalab/runtime/clip.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
+and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
+function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
 
 An eighth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
 then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
@@ -50,7 +53,8 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
     src, dst = tensor_lists[0], tensor_lists[1]
     if not src:
         return
-    torch._foreach_copy_(dst, src)
+    if not all(a is b for a, b in zip(src, dst)):  # Megatron's clip scales in place ([grads, grads]): no copy
+        torch._foreach_copy_(dst, src)
     if scale != 1.0:  # Megatron copies main to model params with scale 1.0: a second pass for nothing
         torch._foreach_mul_(dst, scale)
 
@@ -175,12 +179,23 @@ def _device():
 
 
 class FusedAdamW(torch.optim.AdamW):
-    """torch.optim.AdamW with its single-kernel implementation (fused=True) switched on."""
+    """torch.optim.AdamW with its single-kernel implementation (fused=True) switched on. Its kernel
+    divides each gradient by `grad_scale` where one is set: clip_in_adam (megalab/runtime/clip.py) sets
+    it for one step."""
 
     def __init__(self, params, *args, **kwargs):
         kwargs.setdefault("fused", True)
         kwargs.pop("foreach", None)
         super().__init__(params, *args, **kwargs)
+        from megalab.runtime import clip
+
+        clip.register(self)
+
+    def step(self, closure=None):
+        try:
+            return super().step(closure)
+        finally:
+            self.grad_scale = None  # a clip coefficient is one step's
 
 
 def prefer_cudnn_attention() -> bool:
@@ -217,6 +232,11 @@ def apply(names: list[str]) -> list[str]:
         if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
             optmod.multi_tensor_scale_impl = foreach_scale
         applied.append("foreach_scale")
+    if "clip_in_adam" in names and torch.optim.AdamW is FusedAdamW:
+        from megalab.runtime import clip
+
+        if clip.install():
+            applied.append("clip_in_adam")  # only beside fused_adam: its kernel does the scaling
     if "fused_wgrad" in names and install_wgrad_fusion():
         applied.append("fused_wgrad")  # the launcher passes --gradient-accumulation-fusion with it
     if "bf16_ce" in names:

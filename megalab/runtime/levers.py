@@ -14,8 +14,9 @@ FUSED_WGRAD = "fused_wgrad"  # megalab's stand-in for apex's wgrad kernel: --gra
 BF16_CE = "bf16_ce"  # megalab/runtime/cross_entropy.py: the loss on the bf16 logits, no fp32 copy
 ADDMM_BIAS = "addmm_bias"  # megalab/runtime/fastpath.py: a linear layer's bias added in its GEMM
 COMPILED_ROPE = "compiled_rope"  # megalab/runtime/rope.py: rotary embeddings in one kernel each way
+CLIP_IN_ADAM = "clip_in_adam"  # megalab/runtime/clip.py: gradient clipping inside fused AdamW's kernel
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", FUSED_WGRAD, "cudnn_sdpa", BF16_CE, ADDMM_BIAS,
-           GROUPED_GEMM, COMPILED_ROPE)
+           GROUPED_GEMM, COMPILED_ROPE, CLIP_IN_ADAM)
 SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
