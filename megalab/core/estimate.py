@@ -428,7 +428,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
              gpu_name: str | None = None, mfu: float | None = None,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
              grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False,
-             addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False) -> Estimate:
+             addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False,
+             clip_in_adam: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -514,7 +515,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     else:
         features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
                                  grouped_gemm=grouped_gemm, cuda_graph=cuda_graph, bf16_ce=bf16_ce,
-                                 addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope)
+                                 addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope,
+                                 clip_in_adam=clip_in_adam)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -531,7 +533,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
                   fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False, bf16_ce: bool = False,
                   addmm_bias: bool = False, fused_wgrad: bool = False,
-                  compiled_rope: bool = False) -> steptime.Features:
+                  compiled_rope: bool = False, clip_in_adam: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -611,6 +613,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     expert_dp = max(1, e.gpus // (p * ep * etp))
     opt_params = busiest.optimizer_bytes / BYTES_OPTIMIZER  # the parameters this GPU updates
     opt_bytes = steptime.OPT_BYTES_FUSED if fused_adam else steptime.OPT_BYTES_FOREACH
+    opt_bytes += steptime.CLIP_BYTES_IN_ADAM if clip_in_adam and fused_adam else steptime.CLIP_BYTES
     optimizer_s = (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
     dp = e.dp * cp
     dp_comm = 0.0
@@ -725,4 +728,5 @@ def lever_flags(fast) -> dict[str, bool]:
     names = set(fast.split(",")) if isinstance(fast, str) else set(fast)
     return {"fused_adam": "fused_adam" in names, "grouped_gemm": "grouped_gemm" in names,
             "bf16_ce": "bf16_ce" in names, "addmm_bias": "addmm_bias" in names,
-            "fused_wgrad": "fused_wgrad" in names, "compiled_rope": "compiled_rope" in names}
+            "fused_wgrad": "fused_wgrad" in names, "compiled_rope": "compiled_rope" in names,
+            "clip_in_adam": "clip_in_adam" in names}

@@ -38,7 +38,9 @@ WHY = {
            "grouped_gemm lever, the second is dropped (the record: substituted_flags, dropped_flags).",
     "RECOMPUTE": "Activation recomputation, as the catalog asks (none: every activation is kept).",
     "DATA": "Mock data by default: a throughput row does not depend on the text, and the tokenizer only sets "
-            "the vocab. Real data: make prepare-data prints DATA=... TOKENIZER_MODEL=....",
+            "the vocab. Real data: make prepare-data prints DATA=... TOKENIZER_MODEL=.... No [s, s] mask per sample "
+            "from the data loader: every attention megalab runs builds the causal mask itself (--reset-attention-mask "
+            "in EXTRA_ARGS keeps it, for document masks).",
     "LOGGING": "Every iteration, with Megatron's TFLOP/s (the harness takes a median). Megatron's wandb logs only "
                "where TensorBoard does, and its profiler writes beside that directory.",
     "CHECKPOINT": "torch_dist: Megatron's sharded format, reloadable under another TP/PP. A LOAD without a "
@@ -157,6 +159,12 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
     else:
         raise LaunchError(f"DATA={opts.data} needs its tokenizer; fix: set TOKENIZER_MODEL "
                           "(or VOCAB_FILE and MERGE_FILE), as make prepare-data prints")
+    # Megatron's loader builds a float [s, s] causal mask for every sample and moves it to the GPU, which
+    # SDPA's is_causal, Megatron's softmax and TE all rebuild themselves. Under the CUDA graph that host work
+    # sits between replays: 600 311-314 -> 300-301 ms, two configurations beyond the catalog 0.3% faster,
+    # 111 within noise (results/bench, "Levers tried against the default"). Document masks need it.
+    if "--reset-attention-mask" not in extra(exp, opts):
+        a["DATA"] += ["--no-create-attention-mask-in-dataloader"]
     log = a["LOGGING"] = ["--log-interval", 1, "--log-throughput", "--eval-iters", 0, "--eval-interval", opts.iters,
                           "--log-memory-to-tensorboard", "--log-timers-to-tensorboard"]
     if run_dir is not None or opts.wandb or opts.profile:  # wandb logs, and the profiler writes, beside it

@@ -68,6 +68,10 @@ KERNELS_PER_EXPERT = 12  # SequentialMLP: fc1, activation, fc2 per expert, forwa
 # each elementwise step a pass of its own (about 3x). Every parameter also has its gradient read for the
 # norm and zeroed (8) whatever the optimizer shards.
 OPT_BYTES_FUSED, OPT_BYTES_FOREACH, GRAD_BYTES = 30, 90, 8
+# Clipping by total norm (every catalog run clips: early gradients are far above --clip-grad 1.0) scales
+# each fp32 gradient in a pass of its own, a read and a write (8); with clip_in_adam fused AdamW's kernel
+# divides by the coefficient and writes the unscaled gradient back, as it does for GradScaler (4).
+CLIP_BYTES, CLIP_BYTES_IN_ADAM = 8, 4
 # The loss over the [tokens, vocabulary/TP] logits, forward and backward, per logit: Megatron's
 # vocab_parallel_cross_entropy (fp32 copy, max, exp, sum, divide, the fp32 gradient and its bf16 cast)
 # 15.80 ms and megalab's bf16_ce (three fused passes over the bf16 logits) 2.39 ms for 15360 x 50304

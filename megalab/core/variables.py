@@ -148,9 +148,12 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     MoE layouts were not tried with it;
 #   - compiled_rope (one H100, 2026-11-25), for rotary presets only (others have no RoPE to compile): 600
 #     338-342 vs 358-366 ms alone; with fused_wgrad on two configurations that are not catalog rows
-#     (Llama-style 8 x 2560 at 4 micro-batches: 198-200 vs 218 ms; 600 at sequence 4096: 300-302 vs 329-330).
+#     (Llama-style 8 x 2560 at 4 micro-batches: 198-200 vs 218 ms; 600 at sequence 4096: 300-302 vs 329-330);
+#   - clip_in_adam (one H100 each, 2026-11-26): 101 71-72 vs 74-80 ms (3 a side); beyond the catalog, GPT-2
+#     36 x 1280 at one micro-batch (41-42 vs 43 ms) and 600 at GBS 1 (62 vs 64 ms); 600 at GBS 8 within noise
+#     (the clip's pass is one per step, the micro-batches eight). The optimizer's own: MoE rows included.
 # plan.py and provenance.py read it here.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias")
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:

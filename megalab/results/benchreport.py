@@ -347,20 +347,28 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     rows = []
     for trial in cfg.get("trials", []):
         names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
-        added = {cfg["levers"][n]["fast"] for n in names}
+        # a lever is a fast-path patch (FAST) or Megatron flags (args: the runs carry them in EXTRA_ARGS)
+        added = {cfg["levers"][n]["fast"] for n in names if cfg["levers"][n].get("fast")}
+        added_args = " ".join(cfg["levers"][n]["args"] for n in names if cfg["levers"][n].get("args"))
         base = set(trial.get("base", variables.DEFAULT_FAST)) - added
         label = " + ".join(f"`{n}`" for n in names)
         for entry in trial["targets"]:
             target, extra = (entry, "") if isinstance(entry, str) else (entry["target"], " ".join(entry["extra_args"].split()))
+            with_extra = " ".join(f"{extra} {added_args}".split())
             sides: dict[tuple, dict[bool, list]] = {}
             for r in runs:
                 fast = set(((r.intent.fastpath if r.intent else None) or "").split(","))
-                if r.target != target or r.status != "ok" or not r.step_ms_median or fast not in (base, base | added):
+                if r.target != target or r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
                     continue
-                if r.config.spec != "megalab" or " ".join((r.config.extra_args or "").split()) != extra:
+                ex = " ".join((r.config.extra_args or "").split())
+                if fast == base | added and ex == with_extra:
+                    side = True
+                elif fast == base and ex == extra:
+                    side = False
+                else:
                     continue
                 key = (provenance.host_key(r), provenance.code_key(r, root), bool(r.config.cuda_graph))
-                sides.setdefault(key, {True: [], False: []})[fast == base | added].append(r)
+                sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
             if extra:
                 target = f"{target} + `{extra}` (not a catalog row)"
