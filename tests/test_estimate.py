@@ -368,13 +368,18 @@ def test_lever_terms_follow_the_levers():
     assert E.estimate(llama, addmm_bias=True).step_ms == E.estimate(llama).step_ms
     assert E.lever_flags("fused_adam,bf16_ce,addmm_bias") == {"fused_adam": True, "grouped_gemm": False,
                                                                 "bf16_ce": True, "addmm_bias": True,
-                                                                "fused_wgrad": False, "compiled_rope": False}
+                                                                "fused_wgrad": False, "compiled_rope": False,
+                                                                "clip_in_adam": False}
     # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
     gpt, llama = catalog.get("112"), catalog.get("600")
     g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
     assert E.estimate(gpt, fused_wgrad=True, **g).step_ms < E.estimate(gpt, **g).step_ms
     assert E.estimate(llama, compiled_rope=True, **g).step_ms < E.estimate(llama, **g).step_ms
     assert E.estimate(gpt, compiled_rope=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no RoPE in GPT-2
+    # clip_in_adam drops the clip's own pass, only beside fused AdamW (its kernel does the scaling)
+    one = catalog.get("101")
+    assert E.estimate(one, fused_adam=True, clip_in_adam=True, **g).step_ms < E.estimate(one, fused_adam=True, **g).step_ms
+    assert E.estimate(one, clip_in_adam=True, **g).step_ms == E.estimate(one, **g).step_ms
 
 
 def test_render_names_formulas_in_gib():

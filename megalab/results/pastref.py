@@ -28,14 +28,16 @@ def _tok_s(exp, ms: float) -> float:
 
 
 def _today(exp, recs: dict[str, list], root) -> list[RunRecord]:
-    """Today's default runs of a target on the machine and code of its newest such run."""
+    """Today's default runs of a target on one machine and code: where it has the most launches (a goal
+    counts several), the newest on a tie."""
     now = [r for r in recs.get(exp.id, []) if provenance.of(r, root).state == provenance.CURRENT
            and defaults.like_reference(r, exp) and r.gpu_name]
-    if not now:
+    groups: dict = {}
+    for r in now:
+        groups.setdefault(provenance.setup_key(r, root), []).append(r)
+    if not groups:
         return []
-    newest = max(now, key=lambda r: r.started or "")
-    key = provenance.setup_key(newest, root)
-    return [r for r in now if provenance.setup_key(r, root) == key]
+    return max(groups.values(), key=lambda rs: (len(rs), max(r.started or "" for r in rs)))
 
 
 def _ms(runs: list[RunRecord]) -> float:
@@ -139,6 +141,7 @@ def section(cfg: dict, root=ROOT) -> list[str]:
                              "best public (llm.c)", "verdict (hardware)"], goal_rows(cfg, root)), "",
             "What each lever of this round added, run against run on the machine and code of the rows above "
             f"(base: FAST={','.join(block['base'])}, the default before them; the verdicts by the two-a-side "
-            "rule are in \"Levers tried against the default\"):", "",
-            *markdown.table(["target", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"],
-                            lever_rows(cfg, root)), ""]
+            "rule are in \"Levers tried against the default\"; a goal whose machine and code has no base run "
+            "has no row):", "",
+            *(markdown.table(["target", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"], rows)
+              if (rows := lever_rows(cfg, root)) else ["No base run on the machine and code of any row above."]), ""]
