@@ -163,7 +163,8 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
     # SDPA's is_causal, Megatron's softmax and TE all rebuild themselves. Under the CUDA graph that host work
     # sits between replays: 600 311-314 -> 300-301 ms, two configurations beyond the catalog 0.3% faster,
     # 111 within noise (results/bench, "Levers tried against the default"). Document masks need it.
-    if "--reset-attention-mask" not in extra(exp, opts):
+    ex = extra(exp, opts)
+    if "--reset-attention-mask" not in ex:
         a["DATA"] += ["--no-create-attention-mask-in-dataloader"]
     log = a["LOGGING"] = ["--log-interval", 1, "--log-throughput", "--eval-iters", 0, "--eval-interval", opts.iters,
                           "--log-memory-to-tensorboard", "--log-timers-to-tensorboard"]
@@ -200,7 +201,7 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
             a["IMPL"] += ["--spec", "megalab.runtime.spec", "megalab_layer_spec"]
     if graph:
         a["PERF"] = ["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad"]
-    a["EXTRA"] = list(extra(exp, opts))
+    a["EXTRA"] = list(ex)
     return {g: tuple(str(x) for x in a[g]) for g in GROUPS}
 
 

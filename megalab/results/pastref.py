@@ -40,6 +40,12 @@ def _today(exp, recs: dict[str, list], root) -> list[RunRecord]:
     return max(groups.values(), key=lambda rs: (len(rs), max(r.started or "" for r in rs)))
 
 
+def _todays(block: dict, root) -> dict[str, list[RunRecord]]:
+    """_today of every goal's target, from one read of the records."""
+    recs = defaults.ok_records(root)
+    return {g["target"]: _today(catalog.get(g["target"]), recs, root) for g in block["goals"]}
+
+
 def _ms(runs: list[RunRecord]) -> float:
     return statistics.median(r.step_ms_median for r in runs)
 
@@ -55,10 +61,10 @@ def _mfu(runs: list[RunRecord]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def goal_rows(cfg: dict, root=ROOT) -> list[list[str]]:
+def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
     block = cfg["past_reference"]
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
-    recs = defaults.ok_records(root)
+    todays = _todays(block, root) if todays is None else todays
     bars = block.get("bars", {})
     rows = []
     for goal in block["goals"]:
@@ -74,7 +80,7 @@ def goal_rows(cfg: dict, root=ROOT) -> list[list[str]]:
         te = f"{ref[0]:.0f} ms, {_tok_s(exp, ref[0]) / 1000:.1f}K tok/s" if ref and not math.isnan(ref[0]) else "-"
         bar = bars.get(goal.get("bar", ""), None)
         best = f"{bar['tokens_per_s'] / 1000:.1f}K tok/s ({_tokens(exp) / bar['tokens_per_s'] * 1000:.0f} ms)" if bar else "-"
-        runs = _today(exp, recs, root)
+        runs = todays[goal["target"]]
         if not runs:
             rows.append([exp.id, ", ".join(limit), "not run with today's defaults", "", "", "", te, best, "not run"])
             continue
@@ -90,7 +96,7 @@ def goal_rows(cfg: dict, root=ROOT) -> list[list[str]]:
     return rows
 
 
-def lever_rows(cfg: dict, root=ROOT) -> list[list[str]]:
+def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
     """Per goal target, the fast paths its trial runs used on one machine and code (that of today's
     default runs), from the round's base upwards: ms, tokens/s/GPU, MFU and the step against the base."""
     block = cfg["past_reference"]
@@ -98,10 +104,10 @@ def lever_rows(cfg: dict, root=ROOT) -> list[list[str]]:
     runs = [r for d in (root / "results" / "runs", root / "results" / "bench" / "runs")
             for r in read_records(d, "megalab bench-report")]
     out = []
-    recs = defaults.ok_records(root)
+    todays = _todays(block, root) if todays is None else todays
     for goal in block["goals"]:
         exp = catalog.get(goal["target"])
-        today = _today(exp, recs, root)
+        today = todays[goal["target"]]
         if not today:
             continue
         host, code = provenance.host_key(today[0]), provenance.code_key(today[0], root)
@@ -131,6 +137,7 @@ def section(cfg: dict, root=ROOT) -> list[str]:
     block = cfg["past_reference"]
     bars = "; ".join(f"{b['what']}: {b['tokens_per_s'] / 1000:.1f}K tokens/s/GPU ({b['source']})"
                      for b in block.get("bars", {}).values())
+    todays = _todays(block, root)  # both tables judge the same runs
     return ["## One GPU, past the reference", "",
             "Issue 32's goals for plain `make <target>` on one GPU with today's defaults: the median of the "
             f"launches on one machine and code (a goal counts {block['min_runs']} launches or more), tokens/s/GPU "
@@ -138,10 +145,10 @@ def section(cfg: dict, root=ROOT) -> list[str]:
             f"Engine reference's row and the best public implementation. {bars}. Comparable only where the "
             "hardware matches: the reference rows and the bar were measured on H100s.", "",
             *markdown.table(["target", "goal", "today's default ms", "GiB", "tok/s/GPU", "MFU", "TE reference",
-                             "best public (llm.c)", "verdict (hardware)"], goal_rows(cfg, root)), "",
+                             "best public (llm.c)", "verdict (hardware)"], goal_rows(cfg, root, todays)), "",
             "What each lever of this round added, run against run on the machine and code of the rows above "
             f"(base: FAST={','.join(block['base'])}, the default before them; the verdicts by the two-a-side "
             "rule are in \"Levers tried against the default\"; a goal whose machine and code has no base run "
             "has no row):", "",
             *(markdown.table(["target", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"], rows)
-              if (rows := lever_rows(cfg, root)) else ["No base run on the machine and code of any row above."]), ""]
+              if (rows := lever_rows(cfg, root, todays)) else ["No base run on the machine and code of any row above."]), ""]
