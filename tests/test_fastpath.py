@@ -82,7 +82,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "clip_in_adam", "fused_wgrad", "bf16_ce",
-                       "addmm_bias", "compiled_rope"]
+                       "addmm_bias", "compiled_rope", "embed_wgrad"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
     from megalab.runtime import clip as folded
@@ -102,7 +102,7 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
-    """Undo bf16_ce's, addmm_bias's and compiled_rope's installs after the test."""
+    """Undo bf16_ce's, addmm_bias's, compiled_rope's and embed_wgrad's installs after the test."""
     from megatron.core import tensor_parallel
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import layers
@@ -111,6 +111,7 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
     fn = layers.LinearWithGradAccumulationAndAsyncCommunication
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", tensor_parallel.vocab_parallel_cross_entropy)
     monkeypatch.setattr(fn, "forward", fn.__dict__["forward"])
+    monkeypatch.setattr(layers, "F", layers.F)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

@@ -20,7 +20,9 @@ prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot ser
 (the QKV projection: 9.3 ms a step of row 111). A ninth, `compiled_rope`, runs Megatron's unfused
 rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). A tenth, `clip_in_adam`,
 hands gradient clipping's coefficient to fused AdamW's kernel instead of scaling every gradient in a
-pass of its own (megalab/runtime/clip.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+pass of its own (megalab/runtime/clip.py). An eleventh, `embed_wgrad`, adds the word embedding's
+gradient rows into its fp32 main_grad instead of a dense table-sized gradient per micro-batch
+(megalab/runtime/embedding_grad.py). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -251,6 +253,11 @@ def apply(names: list[str]) -> list[str]:
 
         if rope.install():
             applied.append("compiled_rope")
+    if "embed_wgrad" in names:
+        from megalab.runtime import embedding_grad
+
+        if embedding_grad.install():
+            applied.append("embed_wgrad")
     if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
         applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied

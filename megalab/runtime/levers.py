@@ -15,8 +15,9 @@ BF16_CE = "bf16_ce"  # megalab/runtime/cross_entropy.py: the loss on the bf16 lo
 ADDMM_BIAS = "addmm_bias"  # megalab/runtime/fastpath.py: a linear layer's bias added in its GEMM
 COMPILED_ROPE = "compiled_rope"  # megalab/runtime/rope.py: rotary embeddings in one kernel each way
 CLIP_IN_ADAM = "clip_in_adam"  # megalab/runtime/clip.py: gradient clipping inside fused AdamW's kernel
+EMBED_WGRAD = "embed_wgrad"  # megalab/runtime/embedding_grad.py: the embedding's gradient rows into main_grad
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", FUSED_WGRAD, "cudnn_sdpa", BF16_CE, ADDMM_BIAS,
-           GROUPED_GEMM, COMPILED_ROPE, CLIP_IN_ADAM)
+           GROUPED_GEMM, COMPILED_ROPE, CLIP_IN_ADAM, EMBED_WGRAD)
 SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
