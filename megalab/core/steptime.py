@@ -16,7 +16,9 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   logits (LOSS_BYTES_PER_LOGIT, or LOSS_BYTES_PER_LOGIT_BF16_CE with bf16_ce), the QKV bias added
   in a pass of its own (BIAS_ADD_BYTES, none with addmm_bias or without biases), each weight gradient's
   add into the fp32 main_grad (WGRAD_ADD_BYTES per parameter and micro-batch, none with fused_wgrad) and
-  the rotary embedding of a RoPE model (ROPE_BYTES, or ROPE_BYTES_COMPILED with compiled_rope). Plus what
+  the rotary embedding of a RoPE model (ROPE_BYTES, or ROPE_BYTES_COMPILED with compiled_rope), and the word
+  embedding's dense gradient (EMBED_GRAD_BYTES per table entry and micro-batch, none with embed_wgrad on an
+  untied table). Plus what
   tensor/context/expert parallelism moves inside the micro-batch (all-reduces, ring K/V, all-to-alls,
   pipeline sends): bytes over the datasheet link bandwidth plus COMM_CALL_US per call (the host's part
   of a call: none under the CUDA graph, which replays the collectives with the kernels), not
@@ -95,6 +97,11 @@ WGRAD_ADD_BYTES = 8.6
 # x 2560 query+key channels, 102 bytes per channel and token at 3.35 TB/s, forward and backward. compiled_rope
 # reads and writes each once per pass: 8.
 ROPE_BYTES, ROPE_BYTES_COMPILED = 102, 8
+# The word embedding's backward writes a dense bf16 gradient of the whole [vocab/TP, h] table each
+# micro-batch: zero-filled (2 bytes per entry), then read by Megatron's hook (2) and added into the fp32
+# main_grad (read and write, 8). By hand, from the kernels (megalab/runtime/embedding_grad.py); embed_wgrad
+# adds the tokens' rows only, a negligible amount. (A tied table moves a little more: not counted.)
+EMBED_GRAD_BYTES = 12
 # Of the elementwise bytes, the share that acts on the whole [s, b, h] hidden state (the two norms and
 # the two bias-dropout-adds with their residual gradients, about 56 of the ~128 bytes per token and
 # hidden unit a layer's unfused kernels move forward and backward; the GeLU over the 4h-wide MLP and the

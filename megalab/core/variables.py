@@ -151,20 +151,25 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     (Llama-style 8 x 2560 at 4 micro-batches: 198-200 vs 218 ms; 600 at sequence 4096: 300-302 vs 329-330);
 #   - clip_in_adam (one H100 each, 2026-11-26): 101 71-72 vs 74-80 ms (3 a side); beyond the catalog, GPT-2
 #     36 x 1280 at one micro-batch (41-42 vs 43 ms) and 600 at GBS 1 (62 vs 64 ms); 600 at GBS 8 within noise
-#     (the clip's pass is one per step, the micro-batches eight). The optimizer's own: MoE rows included.
+#     (the clip's pass is one per step, the micro-batches eight). The optimizer's own: MoE rows included;
+#   - embed_wgrad (one H100, 2026-11-26), for untied presets only (a tied table stays Megatron's): 600 291-292 vs
+#     300-301 ms; beyond the catalog Llama-style 8 x 2560 at 4 micro-batches (187-189 vs 194-195 ms) and 600 at
+#     sequence 4096 (results/bench, "Levers tried against the default").
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then fused_wgrad for a dense model,
-    compiled_rope where the preset has rotary positions, grouped_gemm where a MoE preset asks for
+    compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
+    from the output layer, grouped_gemm where a MoE preset asks for
     moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
     provenance and `python -m megalab plan` all read it here."""
     cfg = model_cfg or {}
     moe = bool(num_experts)
     rope = cfg.get("position_embedding", "learned_absolute") == "rope"
     return (DEFAULT_FAST + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
+            + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
             + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ()))
 
 
