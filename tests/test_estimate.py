@@ -369,7 +369,8 @@ def test_lever_terms_follow_the_levers():
     assert E.lever_flags("fused_adam,bf16_ce,addmm_bias") == {"fused_adam": True, "grouped_gemm": False,
                                                                 "bf16_ce": True, "addmm_bias": True,
                                                                 "fused_wgrad": False, "compiled_rope": False,
-                                                                "clip_in_adam": False}
+                                                                "clip_in_adam": False, "embed_wgrad": False,
+                                                                "sdpa_gqa": False}
     # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
     gpt, llama = catalog.get("112"), catalog.get("600")
     g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
@@ -380,6 +381,11 @@ def test_lever_terms_follow_the_levers():
     one = catalog.get("101")
     assert E.estimate(one, fused_adam=True, clip_in_adam=True, **g).step_ms < E.estimate(one, fused_adam=True, **g).step_ms
     assert E.estimate(one, clip_in_adam=True, **g).step_ms == E.estimate(one, **g).step_ms
+    # embed_wgrad drops the dense table gradient of an untied table only; sdpa_gqa the repeated K/V of GQA only
+    assert E.estimate(llama, embed_wgrad=True, **g).step_ms < E.estimate(llama, **g).step_ms
+    assert E.estimate(gpt, embed_wgrad=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # GPT-2's table is tied
+    assert E.estimate(llama, sdpa_gqa=True, **g).step_ms < E.estimate(llama, **g).step_ms
+    assert E.estimate(gpt, sdpa_gqa=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no GQA in GPT-2
 
 
 def test_render_names_formulas_in_gib():

@@ -82,7 +82,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "clip_in_adam", "fused_wgrad", "bf16_ce",
-                       "addmm_bias", "compiled_rope", "embed_wgrad"]
+                       "addmm_bias", "compiled_rope", "embed_wgrad", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
     from megalab.runtime import clip as folded
@@ -112,6 +112,9 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", tensor_parallel.vocab_parallel_cross_entropy)
     monkeypatch.setattr(fn, "forward", fn.__dict__["forward"])
     monkeypatch.setattr(layers, "F", layers.F)
+    from megalab.runtime import spec
+
+    monkeypatch.setattr(spec, "NATIVE_GQA", spec.NATIVE_GQA)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

@@ -122,6 +122,40 @@ def test_attention_with_rope_and_grouped_query_heads(cpu_rope, groups, rope):
     torch.testing.assert_close(out, _attention_reference(attn, x, groups, base if rope else None), **TOL)
 
 
+@pytest.mark.parametrize("groups", [2, 1], ids=["gqa", "mqa"])
+def test_sdpa_gqa_lever_reads_shared_heads_without_repeating_them(cpu_rope, groups, monkeypatch):
+    """sdpa_gqa (spec.NATIVE_GQA): SDPA's enable_gqa instead of repeated K/V; same output and gradients,
+    and K/V are really not repeated."""
+    from megalab.runtime import spec
+
+    cfg = _config(num_query_groups=groups)
+    attn = _layer(cfg).self_attention
+    emb = RotaryEmbedding(kv_channels=H // HEADS, rotary_percent=1.0, rotary_base=500000.0,
+                          use_cpu_initialization=True)(SEQ)
+    x0 = torch.randn(SEQ, B, H, dtype=torch.float64)
+    calls = []
+    real = torch.Tensor.repeat_interleave
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
+
+    def run(native):
+        monkeypatch.setattr(spec, "NATIVE_GQA", native)
+        calls.clear()
+        x = x0.clone().requires_grad_()
+        out, _ = attn(x, attention_mask=None, rotary_pos_emb=emb)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
+        return out.detach(), x.grad, attn.linear_qkv.weight.grad.clone(), len(calls)
+
+    attn.zero_grad()
+    want_out, want_dx, want_dw, repeats = run(False)
+    attn.zero_grad()
+    out, dx, dw, native_repeats = run(True)
+    assert repeats == 2 and native_repeats == 0
+    torch.testing.assert_close(out, want_out, **TOL)
+    torch.testing.assert_close(dx, want_dx, **TOL)
+    torch.testing.assert_close(dw, want_dw, **TOL)
+    torch.testing.assert_close(out, _attention_reference(attn, x0, groups, 500000.0), **TOL)
+
+
 def _llama_like(untie: bool) -> GPTModel:
     cfg = _config(num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
                   ffn_hidden_size=48)

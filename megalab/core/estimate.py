@@ -429,7 +429,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
              grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False,
              addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False,
-             clip_in_adam: bool = False, embed_wgrad: bool = False) -> Estimate:
+             clip_in_adam: bool = False, embed_wgrad: bool = False, sdpa_gqa: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -516,7 +516,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
                                  grouped_gemm=grouped_gemm, cuda_graph=cuda_graph, bf16_ce=bf16_ce,
                                  addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope,
-                                 clip_in_adam=clip_in_adam, embed_wgrad=embed_wgrad)
+                                 clip_in_adam=clip_in_adam, embed_wgrad=embed_wgrad, sdpa_gqa=sdpa_gqa)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -534,7 +534,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
                   fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False, bf16_ce: bool = False,
                   addmm_bias: bool = False, fused_wgrad: bool = False,
                   compiled_rope: bool = False, clip_in_adam: bool = False,
-                  embed_wgrad: bool = False) -> steptime.Features:
+                  embed_wgrad: bool = False, sdpa_gqa: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -569,11 +569,14 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         # memory-bound kernels: the loss over this rank's logits (last stage), the QKV bias added in a
         # pass of its own (without addmm_bias, in every forward), the weight gradients' adds into main_grad
         # (without fused_wgrad), the unfused RoPE (without compiled_rope), the word embedding's dense
-        # gradient (first stage; none with embed_wgrad on an untied table), and the elementwise work
-        # (x ELEMENTWISE_BYTES)
+        # gradient (first stage; none with embed_wgrad on an untied table), grouped-query attention's
+        # repeated K/V (none with sdpa_gqa or in megalab's CP attention, which repeats them either way:
+        # counted there too), and the elementwise work (x ELEMENTWISE_BYTES)
         x = 0.0
         if st.index == 0 and not (embed_wgrad and not sh.tied):
             x += vpad / t * h * steptime.EMBED_GRAD_BYTES
+        if sh.kv < h and not (sdpa_gqa and cp == 1):
+            x += (passes / 3) * st.layers * b * s * h / t * steptime.GQA_REPEAT_BYTES
         if last:
             x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if bf16_ce else steptime.LOSS_BYTES_PER_LOGIT)
         if sh.bias and not addmm_bias:
@@ -733,4 +736,5 @@ def lever_flags(fast) -> dict[str, bool]:
     return {"fused_adam": "fused_adam" in names, "grouped_gemm": "grouped_gemm" in names,
             "bf16_ce": "bf16_ce" in names, "addmm_bias": "addmm_bias" in names,
             "fused_wgrad": "fused_wgrad" in names, "compiled_rope": "compiled_rope" in names,
-            "clip_in_adam": "clip_in_adam" in names, "embed_wgrad": "embed_wgrad" in names}
+            "clip_in_adam": "clip_in_adam" in names, "embed_wgrad": "embed_wgrad" in names,
+            "sdpa_gqa": "sdpa_gqa" in names}

@@ -18,7 +18,7 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   add into the fp32 main_grad (WGRAD_ADD_BYTES per parameter and micro-batch, none with fused_wgrad) and
   the rotary embedding of a RoPE model (ROPE_BYTES, or ROPE_BYTES_COMPILED with compiled_rope), and the word
   embedding's dense gradient (EMBED_GRAD_BYTES per table entry and micro-batch, none with embed_wgrad on an
-  untied table). Plus what
+  untied table), and grouped-query attention's repeated K/V (GQA_REPEAT_BYTES, none with sdpa_gqa). Plus what
   tensor/context/expert parallelism moves inside the micro-batch (all-reduces, ring K/V, all-to-alls,
   pipeline sends): bytes over the datasheet link bandwidth plus COMM_CALL_US per call (the host's part
   of a call: none under the CUDA graph, which replays the collectives with the kernels), not
@@ -102,6 +102,11 @@ ROPE_BYTES, ROPE_BYTES_COMPILED = 102, 8
 # main_grad (read and write, 8). By hand, from the kernels (megalab/runtime/embedding_grad.py); embed_wgrad
 # adds the tokens' rows only, a negligible amount. (A tied table moves a little more: not counted.)
 EMBED_GRAD_BYTES = 12
+# Grouped-query attention without sdpa_gqa: megalab's spec repeats K and V for every query head, and the
+# backward sums their gradients back, per layer and micro-batch; the kernels then also read the repeated
+# K/V. Per token and query channel (h/TP), the microbenchmark's difference (results/bench/gqa-microbench.txt:
+# 32 query heads on 8 K/V heads, 2048 tokens, head 64, forward+backward, cuDNN first) at 3.35 TB/s.
+GQA_REPEAT_BYTES = 137
 # Of the elementwise bytes, the share that acts on the whole [s, b, h] hidden state (the two norms and
 # the two bias-dropout-adds with their residual gradients, about 56 of the ~128 bytes per token and
 # hidden unit a layer's unfused kernels move forward and backward; the GeLU over the 4h-wide MLP and the

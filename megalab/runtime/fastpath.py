@@ -22,7 +22,9 @@ rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). A te
 hands gradient clipping's coefficient to fused AdamW's kernel instead of scaling every gradient in a
 pass of its own (megalab/runtime/clip.py). An eleventh, `embed_wgrad`, adds the word embedding's
 gradient rows into its fp32 main_grad instead of a dense table-sized gradient per micro-batch
-(megalab/runtime/embedding_grad.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+(megalab/runtime/embedding_grad.py). A twelfth, `sdpa_gqa`, lets the attention kernel read each shared
+K/V head itself (SDPA's enable_gqa) instead of megalab's spec repeating K and V for every query head
+(megalab/runtime/spec.py, SDPAttention). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -258,6 +260,11 @@ def apply(names: list[str]) -> list[str]:
 
         if embedding_grad.install():
             applied.append("embed_wgrad")
+    if "sdpa_gqa" in names:
+        from megalab.runtime import spec
+
+        spec.NATIVE_GQA = True
+        applied.append("sdpa_gqa")
     if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
         applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
     return applied

@@ -81,6 +81,9 @@ from megatron.core.utils import divide  # noqa: E402
 __all__ = ["SDPAttention", "Norm", "megalab_layer_spec", "megalab_transformer_layer_spec"]
 
 
+NATIVE_GQA = False  # set by fastpath.apply for the sdpa_gqa lever, before the model is built
+
+
 class SDPAttention(MegatronModule):
     """Core attention through `torch.nn.functional.scaled_dot_product_attention`.
 
@@ -187,10 +190,13 @@ class SDPAttention(MegatronModule):
         sq, b, nq, _ = query.shape
         sk, nkv = key.size(0), key.size(2)
 
-        # Grouped-query attention: repeat each K/V group for the query heads that share it (as
-        # DotProductAttention does). This keeps every SDPA kernel eligible; `enable_gqa=True`
-        # would avoid the copy but is not supported by all of them.
-        if nq != nkv:
+        # Grouped-query attention. By default each K/V group is repeated for the query heads that share
+        # it (as DotProductAttention does): every SDPA kernel takes that. With the sdpa_gqa lever
+        # (NATIVE_GQA) the kernel reads the shared K/V head itself (enable_gqa=True): no copies of K
+        # and V forward, no sums of their gradients backward. cuDNN's and flash's kernels take it; the
+        # ring/all-gather paths of context parallelism keep the copies.
+        gqa = nq != nkv and NATIVE_GQA and self.cp_size == 1
+        if nq != nkv and not gqa:
             key = key.repeat_interleave(nq // nkv, dim=2)
             value = value.repeat_interleave(nq // nkv, dim=2)
 
@@ -230,12 +236,12 @@ class SDPAttention(MegatronModule):
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 out = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                    is_causal=is_causal, scale=self.softmax_scale,
+                    is_causal=is_causal, scale=self.softmax_scale, enable_gqa=gqa,
                 )
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                is_causal=is_causal, scale=self.softmax_scale,
+                is_causal=is_causal, scale=self.softmax_scale, enable_gqa=gqa,
             )
 
         # [b, n, sq, h] -> [sq, b, n * h]
