@@ -50,3 +50,12 @@ def test_explicit_values_win_and_bad_ones_are_one_line_errors():
     assert not decide("101-gpt2xl-dp1-gbs1-bf16", requested="0", predicted=1.0).on
     with pytest.raises(ValueError, match="fix: CUDA_GRAPH=auto"):
         decide("101-gpt2xl-dp1-gbs1-bf16", requested="maybe")
+
+
+def test_a_forced_graph_in_a_profile_run_is_refused_before_launch():
+    """CUDA_GRAPH=1 with profile-<id>: the capture fails under the torch profiler, so the launch stops with
+    the fix instead of starting a run that dies after its start-up."""
+    with pytest.raises(ValueError, match="profile run.*fix: drop CUDA_GRAPH=1"):
+        decide("600-llama1b-1gpu-gbs8", requested="1", profile=True)
+    assert decide("600-llama1b-1gpu-gbs8", requested="1").on  # without the profiler, forcing it still works
+    assert not decide("600-llama1b-1gpu-gbs8", requested="0", profile=True).on

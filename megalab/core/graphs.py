@@ -33,6 +33,13 @@ REFUSED = (
 )
 
 
+# Features the graph fails with even when CUDA_GRAPH=1 forces it: refused before launch, with the fix.
+FAILS = (
+    ("torch_profiler", "the torch profiler's kernel tracing breaks the graph's capture (1x H100, 2026-11-26: "
+                       "600 and 101 failed with 'operation not permitted when stream is capturing')"),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphDecision:
     on: bool
@@ -68,6 +75,10 @@ def decide(requested: str, *, features: set[str], predicted_peak_gib: float | No
     if value in ("0", "false", "no", "off"):
         return GraphDecision(False, "CUDA_GRAPH=0")
     if value in ("1", "true", "yes", "on"):
+        for feature, why in FAILS:
+            if feature in features:
+                raise ValueError(f"CUDA_GRAPH={requested} with a profile run: {why}; fix: drop CUDA_GRAPH=1 "
+                                 "(a profile runs without the graph)")
         return GraphDecision(True, "CUDA_GRAPH=1")
     if value != "auto":
         raise ValueError(f"CUDA_GRAPH={requested} is not auto, 1 or 0; fix: CUDA_GRAPH=auto (the default), 1 or 0")
@@ -99,6 +110,7 @@ def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_i
         "te": impl == "transformer_engine",
         "spec_local": spec != "megalab",
         "profile": profile or bool(getattr(exp, "timing_log_level", 0)),
+        "torch_profiler": profile,
         "moe": bool(exp.num_experts),
         "pp_no_vpp": exp.pp > 1 and not exp.layers_per_virtual_stage,
         "cp": exp.cp > 1,
