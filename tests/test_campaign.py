@@ -124,8 +124,8 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed runs of today's code and defaults (H100s, 2026-11-26, after clip_in_adam joined the
-    default): three ok runs each of 111, 101 and 600 on one machine, three of 112 on another, one of 300,
+    """The committed runs of today's code and defaults (H100s, 2026-11-26, after embed_wgrad and sdpa_gqa
+    came in): three ok runs each of 111, 101 and 112 on one machine, three of 600 on another, one of 300,
     301's out-of-memory run; the 2x H200 runs of 002 and 006 and all of 212's are older (other defaults or
     code) and do not count."""
     today = campaign.todays_runs()
@@ -139,7 +139,7 @@ def test_todays_runs_count_the_committed_campaign():
         assert catalog.get(older).id not in today
 
 
-H100_RUN_BY_THE_CAMPAIGN = "GPU-7a5b0e01-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+H100_RUN_BY_THE_CAMPAIGN = "GPU-8fade240-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
 def _on_machine(monkeypatch, uuid: str) -> None:
@@ -158,7 +158,7 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
-    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-7a5b0e01-)" in out
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-8fade240-)" in out
     assert "113-gpt2xl-dp1-gbs15-zero2 (1 GPU(s))" in out  # 1 run of today's code: short of 3
     assert "112-gpt2xl-dp1-fit-80GB-GA4" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
@@ -211,7 +211,7 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
     target = catalog.get("211").id
     runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
-    machine = "vm NVIDIA H100 80GB HBM3/GPU-7a5b0e01-"
+    machine = "vm NVIDIA H100 80GB HBM3/GPU-8fade240-"
     assert campaign.todays_runs(machine=machine)[target][0] == 1
     shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
     assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 1

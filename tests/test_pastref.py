@@ -13,9 +13,11 @@ def _cfg():
 def test_goal_rows_come_from_todays_runs_and_count_launches():
     rows = {r[0]: r for r in pastref.goal_rows(_cfg())}
     r111, r112 = rows["111-gpt2xl-dp1-fit-80GB"], rows["112-gpt2xl-dp1-fit-80GB-GA4"]
-    assert r111[2].startswith("369 (3 runs") and r111[-1].startswith("missed")  # 330 ms is not reached
+    assert r111[2].startswith("371 (3 runs") and r111[-1].startswith("missed")  # 330 ms is not reached
     assert r111[7] == "46.8K tok/s (328 ms)"  # llm.c's bar at 111's 15 x 1024 tokens
-    assert r112[2].startswith("1381 (3 runs") and r112[-1].startswith("missed")  # 44.1% MFU, not 48%
+    assert r112[2].startswith("1383 (3 runs") and r112[-1].startswith("missed")  # 44.0% MFU, not 48%
+    r600 = rows["600-llama1b-1gpu-gbs8"]  # embed_wgrad in the default; 43.8% MFU, not 45%
+    assert r600[2].startswith("296 (3 runs") and r600[-1].startswith("missed")
     # the machine and code with the most launches: 111's single later launch elsewhere does not replace them
     assert r111[2] != "366 (1 run)"
 
@@ -32,18 +34,21 @@ def test_a_goal_can_be_met_and_needs_its_launches():
 
 
 def test_lever_rows_show_each_step_over_the_base_on_one_machine():
-    rows = [r for r in pastref.lever_rows(_cfg()) if r[0] == "101-gpt2xl-dp1-gbs1-bf16"]
-    assert [r[1] for r in rows] == ["base", "`clip_in_adam`"]
+    rows = [r for r in pastref.lever_rows(_cfg()) if r[0] == "600-llama1b-1gpu-gbs8"]
+    assert [r[1] for r in rows] == ["base", "`embed_wgrad`", "`embed_wgrad` + `sdpa_gqa`"]
     assert all(float(r[3].rstrip("x")) > 1 for r in rows[1:])  # each step faster than the base
 
 
 def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
     lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 7 and all(ln.rstrip(" |").endswith("pays") for ln in lines)
+    assert len(lines) == 12
+    # every one pays but sdpa_gqa on the 24-layer configuration, where the runs overlap: the check can fail
+    noisy = [ln for ln in lines if not ln.rstrip(" |").endswith("pays")]
+    assert len(noisy) == 1 and "`sdpa_gqa`" in noisy[0] and "--num-layers 24" in noisy[0] and "within noise" in noisy[0]
     cfg = copy.deepcopy(_cfg())
     for t in cfg["trials"]:
         for e in t["targets"]:
             if isinstance(e, dict):
                 e["extra_args"] += " --seed 7"  # no run had these flags: nothing to compare
     lines = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 7 and all("not compared" in ln for ln in lines)
+    assert len(lines) == 12 and all("not compared" in ln for ln in lines)

@@ -52,7 +52,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from megalab.runtime import fastpath
+from megalab.runtime import levers
 from megatron.core.fusions.fused_bias_geglu import quick_gelu, weighted_bias_quick_geglu_impl
 from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -61,7 +61,7 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 
 __all__ = ["GroupedMLP", "experts_builder", "wanted", "LEVER"]
 
-LEVER = fastpath.GROUPED_GEMM  # its name in MEGALAB_FAST / FAST= ("grouped_gemm")
+LEVER = levers.GROUPED_GEMM  # its name in MEGALAB_FAST / FAST= ("grouped_gemm")
 
 _grouped_mm = getattr(torch, "_grouped_mm", None)
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the CPU kernel accepts
@@ -81,7 +81,7 @@ def wanted(moe_grouped_gemm: bool = False, env=os.environ) -> bool:
     """Whether megalab's spec builds MoE layers with GroupedMLP: the lever is in MEGALAB_FAST, or
     Megatron's own --moe-grouped-gemm is set (which, with the local implementation, Megatron itself
     ignores: its local spec builds SequentialMLP whatever the flag says)."""
-    return bool(moe_grouped_gemm) or LEVER in fastpath.requested(env)
+    return bool(moe_grouped_gemm) or LEVER in levers.requested(env)
 
 
 def experts_builder():
