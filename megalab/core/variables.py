@@ -154,7 +154,10 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     (the clip's pass is one per step, the micro-batches eight). The optimizer's own: MoE rows included;
 #   - embed_wgrad (one H100, 2026-11-26), for untied presets only (a tied table stays Megatron's): 600 291-292 vs
 #     300-301 ms; beyond the catalog Llama-style 8 x 2560 at 4 micro-batches (187-189 vs 194-195 ms) and 600 at
-#     sequence 4096 (results/bench, "Levers tried against the default").
+#     sequence 4096 (291-292 vs 296-297 ms; results/bench, "Levers tried against the default").
+# Tried and left opt-in: sdpa_gqa (one H100, 2026-11-26) pays on 600 on two machines (288-289 vs 292-293 ms,
+# 289-290 vs 294-296) and at sequence 4096 (289 vs 292), but beyond the catalog it passed the rule by 0.3 ms at
+# Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam")
 
