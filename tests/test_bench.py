@@ -160,6 +160,34 @@ def test_trace_summary_separates_gpu_busy_from_wall_time(tmp_path):
     assert "busy %" in bench.render_trace(s)
 
 
+def test_host_gaps_name_the_sync_and_the_launch_that_left_the_gpu_idle(tmp_path):
+    """A step whose GPU idles 2 ms while the host waits on a sync and then launches from aten::mul, and 1.4 ms
+    at its end: both gaps, their launch sites and the sync; a 0.1 ms gap stays under the threshold."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 10000, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 2000, "dur": 3000, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 2100, "dur": 1500, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mul", "ts": 5500, "dur": 100, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5550, "dur": 20, "tid": 1,
+         "args": {"correlation": 7}},
+        {"ph": "X", "cat": "kernel", "name": "k0", "ts": 0, "dur": 3500, "args": {"correlation": 5}},
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 3600, "dur": 0, "args": {"correlation": 6}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 5600, "dur": 3000, "args": {"correlation": 7}},
+    ]
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    text = bench.host_gaps(path, min_ms=0.2)
+    assert "ProfilerStep#1: wall 10.0 ms, 2 gaps > 0.2 ms, idle 3.4 ms" in text
+    assert "2.00 ms at +    3.6; next: k2" in text and "waits before: ['cudaStreamSynchronize']" in text
+    assert "launched from: ProfilerStep#1 > aten::mul" in text
+    assert "1.40 ms    1x (step end)" in text
+    assert "2 gaps" not in bench.host_gaps(path, min_ms=2.5)  # the threshold drops the short ones
+    bad = tmp_path / "cut.json"
+    bad.write_text(json.dumps({"traceEvents": events})[:200])  # a truncated trace: one line, the fix
+    with pytest.raises(bench.BenchError, match="not a torch profiler trace.*fix"):
+        bench.host_gaps(bad)
+
+
 @pytest.mark.parametrize("name, kind", [
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "GEMM"),
     ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN", "GEMM"),

@@ -378,6 +378,68 @@ def trace_summary(path: Path, top: int = 15) -> dict:
     return out
 
 
+def host_gaps(path: Path, min_ms: float = 0.1) -> str:
+    """Where the GPU waited for the host in a torch profiler trace: every idle gap longer than min_ms inside
+    a profiled step, the CPU ops open on the launching thread at the launch that ended it (the "launch site"),
+    the ops that ran during it, and the syncs just before it; then the idle time by launch site over all
+    steps. What the kernel table cannot show: a step whose GPU is idle is sped up by the host, not the GPU."""
+    try:  # the file door: no FIFO, no bomb
+        ev = [e for e in json.loads(infile.read(path, infile.LOG_LIMIT))["traceEvents"] if e.get("ph") == "X"]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise BenchError(f"bench: {path}: not a torch profiler trace ({type(e).__name__}: {str(e)[:80]}); fix: "
+                         "give the trace.json(.gz) of a profiled run (make profile-<id>)") from None
+    steps: dict[str, tuple] = {}
+    for e in ev:
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation":
+            steps.setdefault(e["name"], (e["ts"], e["ts"] + e["dur"]))
+    gpu = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    runtime = {e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
+               and "correlation" in (e.get("args") or {})}
+    by_tid: dict = defaultdict(list)
+    for e in ev:
+        if e.get("cat") in ("cpu_op", "python_function", "user_annotation"):
+            by_tid[e.get("tid")].append(e)
+    syncs = [e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
+             and ("Synchronize" in e["name"] or "Memcpy" in e["name"])]
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    out = []
+    for name, (s0, s1) in sorted(steps.items(), key=lambda kv: kv[1]):
+        gaps, busy_end = [], s0
+        for k in (k for k in gpu if s0 <= k["ts"] < s1):
+            if k["ts"] - busy_end > min_ms * 1e3:
+                gaps.append((busy_end, k["ts"], k))
+            busy_end = max(busy_end, k["ts"] + k["dur"])
+        if s1 - busy_end > min_ms * 1e3:
+            gaps.append((busy_end, s1, None))
+        idle = sum(g1 - g0 for g0, g1, _ in gaps) / 1e3
+        out.append(f"## {name}: wall {(s1 - s0) / 1e3:.1f} ms, {len(gaps)} gaps > {min_ms} ms, idle {idle:.1f} ms")
+        for g0, g1, k in gaps:
+            launch = runtime.get((k.get("args") or {}).get("correlation")) if k else None
+            tid = launch["tid"] if launch else None
+            at = launch["ts"] if launch else g1
+            stack = sorted((e for e in by_tid.get(tid, []) if e["ts"] <= at <= e["ts"] + e["dur"]),
+                           key=lambda e: e["ts"]) if launch else []
+            during: dict[str, float] = defaultdict(float)
+            for e in by_tid.get(tid, []):  # the thread's work during the gap, by overlap
+                ov = min(e["ts"] + e["dur"], g1) - max(e["ts"], g0)
+                if ov > 0.05 * (g1 - g0) and e["dur"] < 20 * (g1 - g0):
+                    during[e["name"][:90]] = max(during[e["name"][:90]], ov)
+            wait = sorted({x["name"] for x in syncs if g0 - 100 <= x["ts"] + x["dur"] <= g1 and x["dur"] > 50})
+            site = " > ".join(x["name"][:60] for x in stack[-4:]) or "(step end)"
+            total[site] += (g1 - g0) / 1e3
+            count[site] += 1
+            out.append(f"- {(g1 - g0) / 1e3:6.2f} ms at +{(g0 - s0) / 1e3:7.1f}; "
+                       f"next: {k['name'][:50] if k else 'step end'}")
+            if wait:
+                out.append(f"    waits before: {wait}")
+            out.append(f"    launched from: {site}")
+            out += [f"    during: {ov / 1e3:6.2f} ms {nm}" for nm, ov in sorted(during.items(), key=lambda kv: -kv[1])[:6]]
+    out += ["", "## idle by launch site, all steps"]
+    out += [f"{ms:8.2f} ms {count[site]:4d}x {site}" for site, ms in sorted(total.items(), key=lambda kv: -kv[1])[:30]]
+    return "\n".join(out)
+
+
 def render_trace(summary: dict) -> str:
     steps = [[s["step"], s["wall_ms"], s["gpu_busy_ms"],
               f"{100 * s['gpu_busy_ms'] / s['wall_ms'] if s['wall_ms'] else 0:.0f}", s["kernels"]] for s in summary["steps"]]
@@ -489,6 +551,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("target")
     t = sub.add_parser("trace")
     t.add_argument("file", type=Path)
+    g = sub.add_parser("gaps", help="where the GPU waited for the host in a profile trace, by launch site")
+    g.add_argument("file", type=Path)
+    g.add_argument("--min-ms", type=float, default=0.1, help="gaps shorter than this are not listed")
     r = sub.add_parser("run")
     r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     r.add_argument("--budget-s", type=float, default=None,
@@ -496,7 +561,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`python -m megalab bench matmul|wgrad|cp|trace|run` (make bench: run)."""
+    """`python -m megalab bench matmul|wgrad|cp|trace|gaps|run` (make bench: run)."""
     try:
         if args.cmd == "run":
             parts = [x for x in args.parts.split(",") if x]
@@ -515,6 +580,8 @@ def main(args: argparse.Namespace) -> int:
             print(render_cp(args.target, cp_compute(args.target)))
         elif args.cmd == "trace":
             print(render_trace(trace_summary(args.file)))
+        elif args.cmd == "gaps":
+            print(host_gaps(args.file, args.min_ms))
     except (BenchError, infile.InputError) as e:
         print(e, file=sys.stderr)
         return 2
