@@ -51,13 +51,13 @@ import math
 from typing import Any, Iterable
 
 # ---- fitted on the calibration set (results/validation.py fit_steptime; tests/test_estimate.py re-fits and compares)
-GEMM_EFF_MAX = 0.66  # the efficiency a large bf16 GEMM reaches, of the dense peak
-GEMM_HALF_MNK = 1.06e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
-LAUNCH_US = 72.8  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
+GEMM_EFF_MAX = 0.644  # the efficiency a large bf16 GEMM reaches, of the dense peak
+GEMM_HALF_MNK = 2.66e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
+LAUNCH_US = 73.4  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
 COMM_CALL_US = 100.0  # the host's time per collective or p2p call outside a CUDA graph, beside its bytes
-MOE_LAYER_MS = 24.8  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
-STEP_OVERHEAD_MS = 27.8  # per step, besides the optimizer's memory traffic
-ELEMENTWISE_BYTES = 243.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
+MOE_LAYER_MS = 24.7  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
+STEP_OVERHEAD_MS = 23.7  # per step, besides the optimizer's memory traffic
+ELEMENTWISE_BYTES = 235.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
 
 # ---- hand-derived (not fitted)
 # Kernels one layer launches per micro-batch on megalab's TE-free spec, forward + backward: about 22 in
@@ -104,9 +104,11 @@ ROPE_BYTES, ROPE_BYTES_COMPILED = 102, 8
 EMBED_GRAD_BYTES = 12
 # Grouped-query attention without sdpa_gqa: megalab's spec repeats K and V for every query head, and the
 # backward sums their gradients back, per layer and micro-batch; the kernels then also read the repeated
-# K/V. Per token and query channel (h/TP), the microbenchmark's difference (results/bench/gqa-microbench.txt:
-# 32 query heads on 8 K/V heads, 2048 tokens, head 64, forward+backward, cuDNN first) at 3.35 TB/s.
-GQA_REPEAT_BYTES = 137
+# K/V. Per token and query channel (h/TP): the microbenchmark's difference (results/bench/gqa-microbench.txt:
+# 32 query heads on 8 K/V heads, 2048 tokens, head 64, forward+backward, cuDNN first: 297 vs 263 us) at
+# 3.35 TB/s, 34e-6 x 3.35e12 / (2048 x 2048) = 27. (Row 600's runs agree: 4-6 ms a step over 16 layers x 8
+# micro-batches.)
+GQA_REPEAT_BYTES = 27
 # Of the elementwise bytes, the share that acts on the whole [s, b, h] hidden state (the two norms and
 # the two bias-dropout-adds with their residual gradients, about 56 of the ~128 bytes per token and
 # hidden unit a layer's unfused kernels move forward and backward; the GeLU over the 4h-wide MLP and the
