@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "35814ce9a2bd92563105beddaa34b55bc02dc55e"
-FROZEN_TIME = "2026-11-26T02:53:15+00:00"
+FROZEN_AT = "8c695140e7c06c549e525614e199075047c800ad"
+FROZEN_TIME = "2026-11-26T03:07:22+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
