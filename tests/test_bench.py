@@ -186,6 +186,11 @@ def test_host_gaps_name_the_sync_and_the_launch_that_left_the_gpu_idle(tmp_path)
     bad.write_text(json.dumps({"traceEvents": events})[:200])  # a truncated trace: one line, the fix
     with pytest.raises(bench.BenchError, match="not a torch profiler trace.*fix"):
         bench.host_gaps(bad)
+    for wrong in ([1, 2], {"ph": "X"}, 5):  # events that are not event objects: the same one line, for both readers
+        bad.write_text(json.dumps({"traceEvents": wrong}))
+        for reader in (bench.host_gaps, bench.trace_summary):
+            with pytest.raises(bench.BenchError, match="not a torch profiler trace.*fix"):
+                reader(bad)
 
 
 @pytest.mark.parametrize("name, kind", [

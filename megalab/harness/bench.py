@@ -340,6 +340,18 @@ def kernel_kind(name: str, cat: str = "kernel") -> str:
     return next((kind for kind, pat in KERNEL_KINDS if pat.search(name)), "elementwise / other")
 
 
+def _trace_events(path: Path) -> list[dict]:
+    """A torch profiler trace's events, through the file door (no FIFO, no bomb); BenchError with the fix."""
+    try:
+        events = json.loads(infile.read(path, infile.LOG_LIMIT))["traceEvents"]
+        if not all(isinstance(e, dict) for e in events):
+            raise TypeError("an event is not an object")
+        return events
+    except (ValueError, KeyError, TypeError) as e:
+        raise BenchError(f"bench: {path}: not a torch profiler trace ({type(e).__name__}: {str(e)[:80]}); fix: "
+                         "give the trace.json(.gz) of a profiled run (make profile-<id>)") from None
+
+
 def trace_summary(path: Path, top: int = 15) -> dict:
     """Per profiled step: wall time, GPU-busy time (union of kernels), and the costliest kernels.
 
@@ -347,11 +359,7 @@ def trace_summary(path: Path, top: int = 15) -> dict:
     kernel launches, syncs), not by the GPU: fusing kernels or CUDA graphs pay there, faster
     kernels do not.
     """
-    try:  # the file door: no FIFO, no bomb
-        events = json.loads(infile.read(path, infile.LOG_LIMIT))["traceEvents"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise BenchError(f"bench: {path}: not a torch profiler trace ({type(e).__name__}: {str(e)[:80]}); fix: "
-                         "give the trace.json(.gz) of a profiled run (make profile-<id>)") from None
+    events = _trace_events(path)
     seen: dict[str, tuple] = {}  # a step is logged on the CPU timeline and again on the GPU's: keep one
     for e in events:
         if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
@@ -383,11 +391,7 @@ def host_gaps(path: Path, min_ms: float = 0.1) -> str:
     a profiled step, the CPU ops open on the launching thread at the launch that ended it (the "launch site"),
     the ops that ran during it, and the syncs just before it; then the idle time by launch site over all
     steps. What the kernel table cannot show: a step whose GPU is idle is sped up by the host, not the GPU."""
-    try:  # the file door: no FIFO, no bomb
-        ev = [e for e in json.loads(infile.read(path, infile.LOG_LIMIT))["traceEvents"] if e.get("ph") == "X"]
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise BenchError(f"bench: {path}: not a torch profiler trace ({type(e).__name__}: {str(e)[:80]}); fix: "
-                         "give the trace.json(.gz) of a profiled run (make profile-<id>)") from None
+    ev = [e for e in _trace_events(path) if e.get("ph") == "X"]
     steps: dict[str, tuple] = {}
     for e in ev:
         if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation":
