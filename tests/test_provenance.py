@@ -347,3 +347,28 @@ def test_a_machine_without_a_gpu_uuid_is_also_known_by_its_gpu_count():
     assert provenance.comparable_key(two) != provenance.comparable_key(eight)
     uuid = RunRecord.of(_rec(hostname="vm", gpus_on_node=2, gpu_uuids=["GPU-446032a4-0000"]))
     assert provenance.machine_of(uuid) == provenance.host_key(uuid)  # the UUID names the machine
+
+
+def test_a_records_commit_comes_from_git_with_a_timeout_or_from_megalab_commit(monkeypatch):
+    """record._git_commit asks git through core/git.py (a timeout, no exception): where git cannot answer (not
+    installed, hung, no .git) the record says None instead of the run hanging; MEGALAB_COMMIT names it on a rig."""
+    import subprocess
+
+    from megalab.core import git
+    from megalab.harness import record
+
+    monkeypatch.delenv("MEGALAB_COMMIT", raising=False)
+    head = git.run(record.ROOT, "rev-parse", "HEAD").stdout.strip()
+    assert record._git_commit() in (head, head + "-dirty")
+    class Hang(BaseException):
+        """What a call without a timeout would do: never return (no `except Exception` stops it)."""
+
+    def hung_git(*a, **k):  # a git that never answers: only a call with a timeout comes back
+        if not k.get("timeout"):
+            raise Hang
+        raise subprocess.TimeoutExpired("git", k["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", hung_git)
+    assert record._git_commit() is None  # timed out: no commit, no crash
+    monkeypatch.setenv("MEGALAB_COMMIT", "abc1234")
+    assert record._git_commit() == "abc1234"

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from megalab.core.paths import ROOT
 from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
 from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none  # 2 adds `intent`, `observed`
-from megalab.core import infile, logparse
+from megalab.core import git, infile, logparse
 from megalab.harness.monitor import describe_busy
 
 
@@ -27,14 +26,11 @@ def _git_commit() -> str | None:
     # pass the commit in MEGALAB_COMMIT.
     if os.environ.get("MEGALAB_COMMIT"):
         return os.environ["MEGALAB_COMMIT"]
-    try:
-        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except Exception:
+    sha = git.run(ROOT, "rev-parse", "HEAD")  # None, not a hang, where git cannot answer (core/git.py)
+    if sha is None or sha.returncode != 0 or not sha.stdout.strip():
         return None
+    dirty = git.run(ROOT, "status", "--porcelain", "--untracked-files=no")
+    return sha.stdout.strip() + ("-dirty" if dirty is not None and dirty.stdout.strip() else "")
 
 
 def _version(dist: str) -> str | None:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megalab.core import infile, markdown, variables
+from megalab.core import git, infile, markdown, variables
 from megalab.core.paths import ROOT
 
 WALK = Path("results") / "quickstart" / "walk.txt"
@@ -119,10 +119,13 @@ def render(kept: list[tuple[str, str, str]], fresh: dict[str, tuple[str, str]]) 
 
 def gpu_sections(root: Path) -> dict[str, tuple[str, str]]:
     """On a GPU machine: the run `make quickstart` makes (ITERS=20), as the walk's GPU section."""
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True).stdout.splitlines()
+    head = git.run(root, "rev-parse", "--short", "HEAD")  # None, not a hang, where git cannot answer
+    commit = (head.stdout.strip() if head is not None else "") or "unknown"
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        gpu = []
     if not gpu:
         raise WalkError("walk --gpu: no GPU here (nvidia-smi found none); fix: run it on a GPU machine")
     out = _run(root, ["run", TARGET], ITERS=ITERS)
