@@ -382,7 +382,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             x = med[True] / med[False]
             par = parity(on[0], off[0])
             verdict = _trial_verdict([r.step_ms_median for r in on], [r.step_ms_median for r in off])
-            rows.append([label, target, ",".join(sorted(base)), _spread(off), _spread(on), f"{x:.3f}",
+            rows.append([label, target, ",".join(sorted(base)), pastref.spread(off), pastref.spread(on), f"{x:.3f}",
                          f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
                          f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
                          "PASS" if par["pass"] else "FAIL", verdict])
@@ -392,7 +392,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             "A lever, or a set of them, added to a base fast path (the default when it was tried) against that base, "
             "per target: plain `make <target>` launches with FAST set, on one machine with one code (a table row's "
             "records count on the side whose levers they ran with). ms: the median of the runs' median steps "
-            "(lowest-highest, runs). Parity: the first "
+            "(runs, lowest–highest). Parity: the first "
             f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}). "
             "Verdict: `pays` where every run with the lever beat every run without it, two runs or more a side "
             "(a ratio of medians alone would call the machine's drift a gain). A lever joins the default only "
@@ -400,11 +400,6 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                                 "(`python -m megalab bench wgrad <target>`)." if (bench_dir / "fused-wgrad-microbench.txt").exists() else ""), "",
             *markdown.table(["lever", "target", "base (FAST)", "base ms", "with the lever ms", "with / without",
                              "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
-
-
-def _spread(recs: list) -> str:
-    ms = [r.step_ms_median for r in recs]
-    return f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f}, {len(ms)})" if len(ms) > 1 else f"{ms[0]:.0f} (1)"
 
 
 def _parity_row(pair: dict, a_run, b_run, get) -> list:

@@ -50,7 +50,8 @@ def _ms(runs: list[RunRecord]) -> float:
     return statistics.median(r.step_ms_median for r in runs)
 
 
-def _spread(runs: list[RunRecord]) -> str:
+def spread(runs: list[RunRecord]) -> str:
+    """'median (n runs, lowest–highest)' of the runs' median steps, the bench page's one way to write it."""
     ms = sorted(r.step_ms_median for r in runs)
     return f"{_ms(runs):.0f} ({len(ms)} run{'s' if len(ms) > 1 else ''}" + (
         f", {ms[0]:.0f}–{ms[-1]:.0f})" if len(ms) > 1 else ")")
@@ -90,7 +91,7 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
                and (not goal.get("mfu_min") or (mfu is not None and mfu >= goal["mfu_min"])))
         verdict = ("met" if met else "missed") if len(runs) >= block["min_runs"] else \
             f"no verdict: {len(runs)} launch{'es' if len(runs) > 1 else ''}, the goal counts {block['min_runs']} or more"
-        rows.append([exp.id, ", ".join(limit), _spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
+        rows.append([exp.id, ", ".join(limit), spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
                      f"{mfu:.1%}" if mfu is not None else "-", te, best,
                      f"{verdict} ({defaults.hardware(runs[0])})"])
     return rows
@@ -125,7 +126,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
         base_ms = _ms(groups[""])
         for added, rs in sorted(groups.items(), key=lambda kv: (kv[0] != "", -_ms(kv[1]))):
             ms, mfu = _ms(rs), _mfu(rs)
-            out.append([exp.id, " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", _spread(rs),
+            out.append([exp.id, " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", spread(rs),
                         f"{base_ms / ms:.3f}x" if added else "", f"{_tok_s(exp, ms) / 1000:.1f}K",
                         f"{mfu:.1%}" if mfu is not None else "-"])
     return out
