@@ -388,6 +388,15 @@ def test_lever_terms_follow_the_levers():
     assert E.estimate(gpt, sdpa_gqa=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no GQA in GPT-2
 
 
+def test_lever_flags_name_every_lever_argument_of_estimate():
+    """Each lever estimate() takes a flag for is one lever_flags reads from a run's fast path, and the reverse."""
+    import inspect
+
+    params = inspect.signature(E.estimate).parameters
+    bools = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is False and n != "cuda_graph"}
+    assert bools == set(E.LEVER_ARGS)
+
+
 def test_render_names_formulas_in_gib():
     text = E.render(E.estimate(catalog.get("152-gpt2xl-dp2-gbs30-zero2")))
     assert "6 + 12/2 B/param" in text and "Korthikanti" in text and "num_floating_point_operations" in text

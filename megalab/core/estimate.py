@@ -570,8 +570,8 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         # pass of its own (without addmm_bias, in every forward), the weight gradients' adds into main_grad
         # (without fused_wgrad), the unfused RoPE (without compiled_rope), the word embedding's dense
         # gradient (first stage; none with embed_wgrad on an untied table), grouped-query attention's
-        # repeated K/V (none with sdpa_gqa or in megalab's CP attention, which repeats them either way:
-        # counted there too), and the elementwise work (x ELEMENTWISE_BYTES)
+        # repeated K/V (none with sdpa_gqa, except under CP, whose attention repeats them either way), and
+        # the elementwise work (x ELEMENTWISE_BYTES)
         x = 0.0
         if st.index == 0 and not (embed_wgrad and not sh.tied):
             x += vpad / t * h * steptime.EMBED_GRAD_BYTES
@@ -730,11 +730,12 @@ def render(est: Estimate) -> str:
 
 # --------------------------------------------------------------------------- levers
 
+# The fast-path levers estimate() has a term for (its keyword arguments of the same names).
+LEVER_ARGS = ("fused_adam", "grouped_gemm", "bf16_ce", "addmm_bias", "fused_wgrad", "compiled_rope", "clip_in_adam",
+              "embed_wgrad", "sdpa_gqa")
+
+
 def lever_flags(fast) -> dict[str, bool]:
     """estimate()'s lever arguments from a run's fast path (its lever names, or MEGALAB_FAST's string)."""
     names = set(fast.split(",")) if isinstance(fast, str) else set(fast)
-    return {"fused_adam": "fused_adam" in names, "grouped_gemm": "grouped_gemm" in names,
-            "bf16_ce": "bf16_ce" in names, "addmm_bias": "addmm_bias" in names,
-            "fused_wgrad": "fused_wgrad" in names, "compiled_rope": "compiled_rope" in names,
-            "clip_in_adam": "clip_in_adam" in names, "embed_wgrad": "embed_wgrad" in names,
-            "sdpa_gqa": "sdpa_gqa" in names}
+    return {n: n in names for n in LEVER_ARGS}
