@@ -144,6 +144,8 @@ def test_parity_verdicts(tmp_path):
 
 def test_trace_summary_separates_gpu_busy_from_wall_time(tmp_path):
     events = [
+        # the GPU's copy of the step spans its kernels only; the step's wall time is the host's
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#1", "ts": 100, "dur": 800},
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000},
         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100, "dur": 200},
         {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 250, "dur": 100},  # overlaps: counted once

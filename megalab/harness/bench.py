@@ -352,6 +352,17 @@ def _trace_events(path: Path) -> list[dict]:
                          "give the trace.json(.gz) of a profiled run (make profile-<id>)") from None
 
 
+def _profiler_steps(events: list[dict]) -> list[tuple[str, tuple[float, float]]]:
+    """The profiled steps (ProfilerStep#N) as (name, (start, end)) in time order, each from the host's
+    timeline: the GPU's copy of a step (gpu_user_annotation) spans its kernels, not its wall time."""
+    seen: dict[str, tuple[float, float]] = {}
+    for e in events:
+        if (e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+                and e.get("cat") != "gpu_user_annotation"):
+            seen.setdefault(e["name"], (e["ts"], e["ts"] + e["dur"]))
+    return sorted(seen.items(), key=lambda kv: kv[1])
+
+
 def trace_summary(path: Path, top: int = 15) -> dict:
     """Per profiled step: wall time, GPU-busy time (union of kernels), and the costliest kernels.
 
@@ -360,11 +371,7 @@ def trace_summary(path: Path, top: int = 15) -> dict:
     kernels do not.
     """
     events = _trace_events(path)
-    seen: dict[str, tuple] = {}  # a step is logged on the CPU timeline and again on the GPU's: keep one
-    for e in events:
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
-            seen.setdefault(e["name"], (e["ts"], e["ts"] + e["dur"], e["name"]))
-    steps = sorted(seen.values())
+    steps = [(s, e, name) for name, (s, e) in _profiler_steps(events)]
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     out = {"steps": [], "kernels": []}
     for s, e, name in steps:
@@ -392,10 +399,6 @@ def host_gaps(path: Path, min_ms: float = 0.1) -> str:
     the ops that ran during it, and the syncs just before it; then the idle time by launch site over all
     steps. What the kernel table cannot show: a step whose GPU is idle is sped up by the host, not the GPU."""
     ev = [e for e in _trace_events(path) if e.get("ph") == "X"]
-    steps: dict[str, tuple] = {}
-    for e in ev:
-        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation":
-            steps.setdefault(e["name"], (e["ts"], e["ts"] + e["dur"]))
     gpu = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
     runtime = {e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
                and "correlation" in (e.get("args") or {})}
@@ -408,7 +411,7 @@ def host_gaps(path: Path, min_ms: float = 0.1) -> str:
     total: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     out = []
-    for name, (s0, s1) in sorted(steps.items(), key=lambda kv: kv[1]):
+    for name, (s0, s1) in _profiler_steps(ev):
         gaps, busy_end = [], s0
         for k in (k for k in gpu if s0 <= k["ts"] < s1):
             if k["ts"] - busy_end > min_ms * 1e3:
