@@ -81,7 +81,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     _keep_megatrons_loss_and_linear(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "clip_in_adam", "fused_wgrad", "bf16_ce",
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
                        "addmm_bias", "compiled_rope", "embed_wgrad", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
@@ -102,8 +102,14 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
-    """Undo bf16_ce's, addmm_bias's, compiled_rope's and embed_wgrad's installs after the test."""
+    """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's and flat_adam's installs after the test."""
     from megatron.core import tensor_parallel
+    from megatron.core.optimizer import optimizer as optmod
+
+    f16 = optmod.Float16OptimizerWithFloat16Params
+    for name in ("__init__", "_copy_main_params_to_model_params"):
+        monkeypatch.setattr(f16, name, getattr(f16, name))
+    monkeypatch.setattr(f16, "_megalab_flat_adam", False, raising=False)
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.tensor_parallel import layers
 

@@ -131,9 +131,11 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
     else:
         value = "none"
     names = variables.fast_names(value)
-    if levers.CLIP_IN_ADAM in names and "fused_adam" not in names:
-        raise LaunchError(f"FAST={value}: clip_in_adam hands the clip to fused AdamW's kernel, and fused_adam is "
-                          "not in the list; fix: add fused_adam to FAST, or drop clip_in_adam")
+    for lever, what in ((levers.CLIP_IN_ADAM, "hands the clip to fused AdamW's kernel"),
+                        (levers.FLAT_ADAM, "replaces fused AdamW's step")):
+        if lever in names and "fused_adam" not in names:
+            raise LaunchError(f"FAST={value}: {lever} {what}, and fused_adam is not in the list; fix: add "
+                              f"fused_adam to FAST, or drop {lever}")
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
         names = [n for n in names if n not in levers.SPEC_LEVERS]
     if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers

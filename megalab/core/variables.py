@@ -159,7 +159,7 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # 289-290 vs 294-296) and at sequence 4096 (289 vs 292), but beyond the catalog it passed the rule by 0.3 ms at
 # Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
 # plan.py and provenance.py read it here.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam")
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:

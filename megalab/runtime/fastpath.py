@@ -24,7 +24,9 @@ pass of its own (megalab/runtime/clip.py). An eleventh, `embed_wgrad`, adds the 
 gradient rows into its fp32 main_grad instead of a dense table-sized gradient per micro-batch
 (megalab/runtime/embedding_grad.py). A twelfth, `sdpa_gqa`, lets the attention kernel read each shared
 K/V head itself (SDPA's enable_gqa) instead of megalab's spec repeating K and V for every query head
-(megalab/runtime/spec.py, SDPAttention). Each is named in MEGALAB_FAST (FAST=... or all); the
+(megalab/runtime/spec.py, SDPAttention). A thirteenth, `flat_adam`, runs fused AdamW over flat buffers laid
+out like Megatron's grad buffer in one kernel that also writes the bf16 weights, so Megatron's per-tensor
+master-to-weight copy goes (megalab/runtime/flat_adam.py). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -47,6 +49,11 @@ def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
     tensors = [t for group in tensor_lists for t in group]
     if not tensors:
         return torch.zeros(1, dtype=torch.float, device=_device()), None
+    from megalab.runtime import flat_adam
+
+    total = flat_adam.grad_norm(tensors)  # flat_adam's buffers: one kernel over the grad buffer
+    if total is not None:
+        return total, None
     norms = torch._foreach_norm(tensors)
     total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
     return total.reshape(1), None
@@ -196,10 +203,20 @@ class FusedAdamW(torch.optim.AdamW):
         clip.register(self)
 
     def step(self, closure=None):
+        from megalab.runtime import flat_adam
+
         try:
+            if closure is None and flat_adam.step(self):  # flat_adam: one kernel over flat buffers
+                return None
             return super().step(closure)
         finally:
             self.grad_scale = None  # a clip coefficient is one step's
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        from megalab.runtime import flat_adam
+
+        flat_adam.readopt(self)  # the loaded moments into flat_adam's buffers, where it has them
 
 
 def prefer_cudnn_attention() -> bool:
@@ -241,6 +258,11 @@ def apply(names: list[str]) -> list[str]:
 
         if clip.install():
             applied.append("clip_in_adam")  # only beside fused_adam: its kernel does the scaling
+    if "flat_adam" in names and torch.optim.AdamW is FusedAdamW:
+        from megalab.runtime import flat_adam
+
+        if flat_adam.install():
+            applied.append("flat_adam")  # only beside fused_adam: it replaces that optimizer's step
     if "fused_wgrad" in names and install_wgrad_fusion():
         applied.append("fused_wgrad")  # the launcher passes --gradient-accumulation-fusion with it
     if "bf16_ce" in names:
