@@ -112,12 +112,24 @@ def grad_norm(tensors: list) -> torch.Tensor | None:
         space = _SPACES.get(ptr)
         if (space is None or len(members) != len(space.grads) or sum(t.numel() for t in members) != space.numel
                 or {t.data_ptr() for t in members} != space.grad_ptrs or any(t.dtype != torch.float32 for t in members)):
+            _once("norm", f"the clip's norm stays foreach: its {len(tensors)} tensors are not exactly a flat "
+                          "buffer's gradients")
             return None
         out = torch.empty(space.starts.numel(), dtype=torch.float32, device=space.grad.device)
         _kernel(_sum_of_squares)[(out.numel(),)](space.grad, space.starts, space.counts, out, BLOCK=BLOCK,
                                                   num_warps=8)
         partials.append(out.sum())
+    _once("norm", f"the clip's norm over {len(partials)} flat buffer(s) in one kernel each")
     return torch.stack(partials).sum().sqrt().reshape(1)
+
+
+_SAID: set = set()
+
+
+def _once(key: str, line: str) -> None:
+    if key not in _SAID:
+        _SAID.add(key)
+        _say(f"flat_adam: {line}")
 
 
 class _Space:
@@ -255,6 +267,8 @@ def step(optimizer) -> bool:
             if g is None or g.data_ptr() != expected.data_ptr():
                 optimizer.flat_adam = None  # the gradients moved: torch's kernel from now on
                 optimizer.flat_adam_off = "a gradient that is not its DDP buffer view"
+                _say(f"flat_adam off after {getattr(optimizer, 'flat_adam_step', None) or 0} flat steps: "
+                     f"{optimizer.flat_adam_off} (torch's fused AdamW and Megatron's copy from now on)")
                 return False
     groups = optimizer.param_groups
     beta1, beta2 = groups[0]["betas"]
@@ -297,7 +311,26 @@ def after_init(megatron_optimizer) -> bool:
     pairs = [(main, model) for models, mains in zip(megatron_optimizer.float16_groups,
                                                    megatron_optimizer.fp32_from_float16_groups)
              for model, main in zip(models, mains)]
-    return adopt(optimizer, pairs)
+    before = _allocated_gib()
+    ok = adopt(optimizer, pairs)
+    if ok:
+        spaces = optimizer.flat_adam
+        _say(f"flat_adam on: {sum(s.numel for s in spaces):,} parameters in {len(spaces)} flat buffer(s), "
+             f"{sum(s.starts.numel() for s in spaces):,} chunks; GPU memory allocated {before:.2f} -> "
+             f"{_allocated_gib():.2f} GiB")
+    else:
+        _say(f"flat_adam off: {optimizer.flat_adam_off} (torch's fused AdamW and Megatron's copy)")
+    return ok
+
+
+def _allocated_gib() -> float:
+    return torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0
+
+
+def _say(line: str) -> None:
+    """One line in the run's log (rank 0), so a record says whether the lever really ran."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"megalab: {line}", flush=True)
 
 
 def install() -> bool:
