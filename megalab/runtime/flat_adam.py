@@ -34,7 +34,7 @@ import weakref
 
 import torch
 
-BLOCK = 4096  # elements per program and per chunk of the table
+BLOCK = 2048  # elements per program and per chunk of the table (with 8 warps: 2.97 TB/s on an H100)
 MAX_GROUPS = 4  # per-group lr and weight decay travel as scalar kernel arguments
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -61,14 +61,15 @@ def _adamw_flat(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, starts_ptr, counts_ptr, gro
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-    if HAS_SCALE:  # clip_in_adam's coefficient: torch's fused AdamW divides by grad_scale
-        g = g / tl.load(scale_ptr)
-    # torch's fused AdamW (ATen fused_adam_utils.cuh, ADAMW mode), step for step
+    if HAS_SCALE:  # clip_in_adam's coefficient: torch's fused AdamW divides by grad_scale (here: times 1/scale)
+        g = g * (1.0 / tl.load(scale_ptr))
+    # torch's fused AdamW (ATen fused_adam_utils.cuh, ADAMW mode), step for step, with its IEEE-rounded square
+    # root and division (sqrt_rn, div_rn: also the variant that kept the bandwidth, results/bench/flat-adam-microbench.txt)
     p = p - lr * wd * p
     m = beta1 * m + (1.0 - beta1) * g
     v = beta2 * v + (1.0 - beta2) * g * g
-    denom = tl.sqrt(v) / bc2_sqrt + eps
-    p = p - (lr / bc1) * m / denom
+    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+    p = p - tl.div_rn((lr / bc1) * m, denom)
     tl.store(p_ptr + offs, p, mask=mask)
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
@@ -104,10 +105,15 @@ def grad_norm(tensors: list) -> torch.Tensor | None:
     flat spaces (Megatron's clip asks for all of a one-GPU model's); None otherwise (the caller's own way)."""
     if not _SPACES or not tensors:
         return None
+    cached = _NORM_CACHE[0] if _NORM_CACHE else None
+    if cached is not None and len(cached[0]) == len(tensors) and all(a is b for a, b in zip(cached[0], tensors)):
+        spaces = [s for s in (r() for r in cached[1]) if s is not None]
+        if len(spaces) == len(cached[1]):
+            return _norm(spaces)
     by_storage: dict = {}
     for t in tensors:
         by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
-    partials = []
+    spaces = []
     for ptr, members in by_storage.items():
         space = _SPACES.get(ptr)
         if (space is None or len(members) != len(space.grads) or sum(t.numel() for t in members) != space.numel
@@ -115,11 +121,22 @@ def grad_norm(tensors: list) -> torch.Tensor | None:
             _once("norm", f"the clip's norm stays foreach: its {len(tensors)} tensors are not exactly a flat "
                           "buffer's gradients")
             return None
+        spaces.append(space)
+    _NORM_CACHE[:] = [(list(tensors), [weakref.ref(s) for s in spaces])]  # Megatron asks with the same tensors
+    _once("norm", f"the clip's norm over {len(spaces)} flat buffer(s) in one kernel each")
+    return _norm(spaces)
+
+
+_NORM_CACHE: list = []  # [(the tensors last asked for, held so their ids stay theirs; their spaces)]
+
+
+def _norm(spaces: list) -> torch.Tensor:
+    partials = []
+    for space in spaces:
         out = torch.empty(space.starts.numel(), dtype=torch.float32, device=space.grad.device)
         _kernel(_sum_of_squares)[(out.numel(),)](space.grad, space.starts, space.counts, out, BLOCK=BLOCK,
                                                   num_warps=8)
         partials.append(out.sum())
-    _once("norm", f"the clip's norm over {len(partials)} flat buffer(s) in one kernel each")
     return torch.stack(partials).sum().sqrt().reshape(1)
 
 
@@ -140,8 +157,17 @@ class _Space:
         self.grad, self.master, self.exp_avg, self.exp_avg_sq, self.weight = grad, master, exp_avg, exp_avg_sq, weight
         self.starts, self.counts, self.groups = table
         self.grads = grads  # (main param, the main_grad it must have) pairs, checked every step
-        self.grad_ptrs = frozenset(g.data_ptr() for _, g in grads)
-        self.numel = sum(g.numel() for _, g in grads)
+        self.mains = [main for main, _ in grads]
+        self.expected = [g for _, g in grads]
+        self.grad_ptrs = frozenset(g.data_ptr() for g in self.expected)
+        self.numel = sum(g.numel() for g in self.expected)
+
+    def grads_in_place(self) -> bool:
+        """Each master's .grad is its main_grad view: Megatron hands the same tensor every step (a quick
+        identity check), or at least one at the same address."""
+        if all(m.grad is g for m, g in zip(self.mains, self.expected)):
+            return True
+        return all(m.grad is not None and m.grad.data_ptr() == g.data_ptr() for m, g in zip(self.mains, self.expected))
 
 
 def _flat_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -203,6 +229,7 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
     for main, model in pairs:
         by_storage.setdefault(model.main_grad.untyped_storage().data_ptr(), []).append((main, model))
     spaces = []
+    shared = _step_tensor(optimizer, pairs[0][0])
     with torch.no_grad():
         for members in by_storage.values():
             grad, _ = _flat_of(members[0][1].main_grad)
@@ -222,38 +249,50 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
                 main.data = master[off:off + n].view_as(main)
                 weight[off:off + n].copy_(model.reshape(-1))
                 model.data = weight[off:off + n].view_as(model)
-                _adopt_state(optimizer, main, exp_avg[off:off + n], exp_avg_sq[off:off + n])
+                _adopt_state(optimizer, main, exp_avg[off:off + n], exp_avg_sq[off:off + n], shared)
                 entries.append((off, n, group_of[id(main)]))
             grads = [(main, model.main_grad) for main, model in members]
             spaces.append(_Space(grad, master, exp_avg, exp_avg_sq, weight, _table(entries, grad.device), grads))
             _SPACES[grad.untyped_storage().data_ptr()] = spaces[-1]
     optimizer.flat_adam = spaces
+    optimizer.flat_adam_step_t = shared
     optimizer.flat_adam_off = None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the per-tensor copies just freed: back to the driver, not left as holes
     return True
 
 
-def _adopt_state(optimizer, main, exp_avg_view, exp_avg_sq_view) -> None:
-    """The parameter's AdamW state as views of the flat moments (any values it had copied in)."""
+def _step_tensor(optimizer, main) -> torch.Tensor:
+    """One fp32 step count on the device for every parameter, from the state's count where it has one."""
+    step = optimizer.state[main].get("step") if main in optimizer.state else None
+    return torch.tensor(float(step or 0.0), dtype=torch.float32, device=main.device)
+
+
+def _adopt_state(optimizer, main, exp_avg_view, exp_avg_sq_view, shared) -> None:
+    """The parameter's AdamW state as views of the flat moments (any values it had copied in) and the
+    shared step count."""
     state = optimizer.state[main]
     for key, view in (("exp_avg", exp_avg_view), ("exp_avg_sq", exp_avg_sq_view)):
         old = state.get(key)
         if old is not None and old.data_ptr() != view.data_ptr():
             view.copy_(old.reshape(-1))
         state[key] = view.view_as(main)
-    step = state.get("step")
-    if not isinstance(step, torch.Tensor) or step.device != main.device:
-        state["step"] = torch.tensor(float(step or 0.0), dtype=torch.float32, device=main.device)
+    state["step"] = shared
 
 
 def readopt(optimizer) -> None:
     """After a state load: the loaded moments copied into the flat buffers, the state views again."""
+    spaces = getattr(optimizer, "flat_adam", None)
+    if not spaces:
+        return
     optimizer.flat_adam_step = None
-    for space in getattr(optimizer, "flat_adam", None) or ():
-        for main, _ in space.grads:
-            off, n = main.storage_offset(), main.numel()
-            _adopt_state(optimizer, main, space.exp_avg[off:off + n], space.exp_avg_sq[off:off + n])
+    shared = optimizer.flat_adam_step_t
+    with torch.no_grad():
+        shared.fill_(float(optimizer.state[spaces[0].mains[0]].get("step", 0.0)))
+        for space in spaces:
+            for main in space.mains:
+                off, n = main.storage_offset(), main.numel()
+                _adopt_state(optimizer, main, space.exp_avg[off:off + n], space.exp_avg_sq[off:off + n], shared)
 
 
 def step(optimizer) -> bool:
@@ -261,24 +300,18 @@ def step(optimizer) -> bool:
     spaces = getattr(optimizer, "flat_adam", None)
     if not spaces:
         return False
-    for space in spaces:
-        for main, expected in space.grads:
-            g = main.grad
-            if g is None or g.data_ptr() != expected.data_ptr():
-                optimizer.flat_adam = None  # the gradients moved: torch's kernel from now on
-                optimizer.flat_adam_off = "a gradient that is not its DDP buffer view"
-                _say(f"flat_adam off after {getattr(optimizer, 'flat_adam_step', None) or 0} flat steps: "
-                     f"{optimizer.flat_adam_off} (torch's fused AdamW and Megatron's copy from now on)")
-                return False
+    if not all(space.grads_in_place() for space in spaces):
+        _off(optimizer, "a gradient that is not its DDP buffer view")
+        return False
     groups = optimizer.param_groups
     beta1, beta2 = groups[0]["betas"]
     eps = groups[0]["eps"]
-    steps = [optimizer.state[main]["step"] for space in spaces for main, _ in space.grads]
+    shared = optimizer.flat_adam_step_t  # every parameter's state["step"]: one tensor, as all step together
     n = getattr(optimizer, "flat_adam_step", None)
     if n is None:  # the first flat step, or the first after a load: the count from the state, once
-        n = int(steps[0].item())
+        n = int(shared.item())
     n += 1
-    torch._foreach_add_(steps, 1.0)  # torch's per-parameter counts, kept for checkpoints and fallback
+    shared.add_(1.0)
     optimizer.flat_adam_step = n
     bc1 = 1.0 - beta1 ** n
     bc2_sqrt = math.sqrt(1.0 - beta2 ** n)
@@ -296,6 +329,19 @@ def step(optimizer) -> bool:
                      HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=8)
     optimizer.flat_adam_wrote = True  # Megatron's master-to-weight copy skips this step
     return True
+
+
+def _off(optimizer, reason: str) -> None:
+    """From now on torch's fused kernel: each parameter gets a step tensor of its own again (torch adds 1 to
+    each), and the run's log says so."""
+    shared = optimizer.flat_adam_step_t
+    for space in optimizer.flat_adam:
+        for main in space.mains:
+            optimizer.state[main]["step"] = shared.clone()
+    optimizer.flat_adam = None
+    optimizer.flat_adam_off = reason
+    _say(f"flat_adam off after {getattr(optimizer, 'flat_adam_step', None) or 0} flat steps: {reason} "
+         "(torch's fused AdamW and Megatron's copy from now on)")
 
 
 def after_init(megatron_optimizer) -> bool:
