@@ -259,3 +259,20 @@ def test_the_clips_norm_reads_the_flat_table_and_only_for_exactly_its_gradients(
     out = subprocess.run([sys.executable, "-c", "import test_flat_adam as t; t._norm_check()"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "norm ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_moments_are_made_at_the_first_step_and_a_first_step_fallback_is_torchs():
+    """No moment buffers before the first step (torch makes its state then too: the memory the first step's
+    activations freed); a fallback at the very first step leaves torch a state to make afresh."""
+    opt, masters, weights, buffer, ref, ref_masters = _pair(8)
+    assert opt.flat_adam[0].exp_avg is None and all("exp_avg" not in opt.state[m] for m in masters)
+    for group, rgroup in zip(opt.param_groups, ref.param_groups):
+        group["lr"] = rgroup["lr"] = 1e-2
+    for m, w, g, rm in zip(masters, weights, _grads(4, weights, 1.0), ref_masters):
+        m.grad, rm.grad = g.clone(), g.clone()  # not the buffer views: torch's kernel from the first step
+    opt.step()
+    ref.step()
+    assert opt.flat_adam is None
+    for m, rm in zip(masters, ref_masters):
+        torch.testing.assert_close(m, rm, rtol=1e-6, atol=1e-7)
+        assert float(opt.state[m]["step"]) == 1.0

@@ -152,9 +152,9 @@ def _once(key: str, line: str) -> None:
 class _Space:
     """One flat buffer's worth: the grad buffer (Megatron's), the masters, moments and weights (ours)."""
 
-    def __init__(self, grad: torch.Tensor, master: torch.Tensor, exp_avg: torch.Tensor,
-                 exp_avg_sq: torch.Tensor, weight: torch.Tensor, table: tuple, grads: list):
-        self.grad, self.master, self.exp_avg, self.exp_avg_sq, self.weight = grad, master, exp_avg, exp_avg_sq, weight
+    def __init__(self, grad: torch.Tensor, master: torch.Tensor, weight: torch.Tensor, table: tuple, grads: list):
+        self.grad, self.master, self.weight = grad, master, weight
+        self.exp_avg = self.exp_avg_sq = None  # made at the first step, as torch makes its state (_moments)
         self.starts, self.counts, self.groups = table
         self.grads = grads  # (main param, the main_grad it must have) pairs, checked every step
         self.mains = [main for main, _ in grads]
@@ -240,8 +240,6 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
             size = grad.numel()
             master = torch.zeros(size, dtype=torch.float32, device=grad.device)
             weight = torch.zeros(size, dtype=members[0][1].dtype, device=grad.device)
-            exp_avg = torch.zeros(size, dtype=torch.float32, device=grad.device)
-            exp_avg_sq = torch.zeros(size, dtype=torch.float32, device=grad.device)
             entries = []
             for main, model in members:
                 off, n = model.main_grad.storage_offset(), model.numel()
@@ -249,13 +247,15 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
                 main.data = master[off:off + n].view_as(main)
                 weight[off:off + n].copy_(model.reshape(-1))
                 model.data = weight[off:off + n].view_as(model)
-                _adopt_state(optimizer, main, exp_avg[off:off + n], exp_avg_sq[off:off + n], shared)
                 entries.append((off, n, group_of[id(main)]))
             grads = [(main, model.main_grad) for main, model in members]
-            spaces.append(_Space(grad, master, exp_avg, exp_avg_sq, weight, _table(entries, grad.device), grads))
+            spaces.append(_Space(grad, master, weight, _table(entries, grad.device), grads))
             _SPACES[grad.untyped_storage().data_ptr()] = spaces[-1]
     optimizer.flat_adam = spaces
     optimizer.flat_adam_step_t = shared
+    for space in spaces:
+        if any(optimizer.state[main].get("exp_avg") is not None for main in space.mains):
+            _moments(optimizer, space)  # a state that came before: into the flat moments now
     optimizer.flat_adam_off = None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the per-tensor copies just freed: back to the driver, not left as holes
@@ -268,16 +268,24 @@ def _step_tensor(optimizer, main) -> torch.Tensor:
     return torch.tensor(float(step or 0.0), dtype=torch.float32, device=main.device)
 
 
-def _adopt_state(optimizer, main, exp_avg_view, exp_avg_sq_view, shared) -> None:
-    """The parameter's AdamW state as views of the flat moments (any values it had copied in) and the
-    shared step count."""
-    state = optimizer.state[main]
-    for key, view in (("exp_avg", exp_avg_view), ("exp_avg_sq", exp_avg_sq_view)):
-        old = state.get(key)
-        if old is not None and old.data_ptr() != view.data_ptr():
-            view.copy_(old.reshape(-1))
-        state[key] = view.view_as(main)
-    state["step"] = shared
+def _moments(optimizer, space) -> None:
+    """The space's flat moments, made at its first step as torch's AdamW makes its state then (memory the
+    first step's activations freed, not memory on top of them), and each parameter's state as views of them,
+    with any values it had (a loaded checkpoint) copied in; every parameter's step is the one shared count."""
+    with torch.no_grad():
+        if space.exp_avg is None:
+            space.exp_avg = torch.zeros_like(space.master)
+            space.exp_avg_sq = torch.zeros_like(space.master)
+        for main in space.mains:
+            off, n = main.storage_offset(), main.numel()
+            state = optimizer.state[main]
+            for key, flat in (("exp_avg", space.exp_avg), ("exp_avg_sq", space.exp_avg_sq)):
+                view = flat[off:off + n].view_as(main)
+                old = state.get(key)
+                if old is not None and old.data_ptr() != view.data_ptr():
+                    view.copy_(old.reshape(main.shape))
+                state[key] = view
+            state["step"] = optimizer.flat_adam_step_t
 
 
 def readopt(optimizer) -> None:
@@ -286,13 +294,10 @@ def readopt(optimizer) -> None:
     if not spaces:
         return
     optimizer.flat_adam_step = None
-    shared = optimizer.flat_adam_step_t
     with torch.no_grad():
-        shared.fill_(float(optimizer.state[spaces[0].mains[0]].get("step", 0.0)))
-        for space in spaces:
-            for main in space.mains:
-                off, n = main.storage_offset(), main.numel()
-                _adopt_state(optimizer, main, space.exp_avg[off:off + n], space.exp_avg_sq[off:off + n], shared)
+        optimizer.flat_adam_step_t.fill_(float(optimizer.state[spaces[0].mains[0]].get("step", 0.0)))
+    for space in spaces:
+        _moments(optimizer, space)
 
 
 def step(optimizer) -> bool:
@@ -303,6 +308,9 @@ def step(optimizer) -> bool:
     if not all(space.grads_in_place() for space in spaces):
         _off(optimizer, "a gradient that is not its DDP buffer view")
         return False
+    for space in spaces:
+        if space.exp_avg is None:
+            _moments(optimizer, space)
     groups = optimizer.param_groups
     beta1, beta2 = groups[0]["betas"]
     eps = groups[0]["eps"]
@@ -337,7 +345,10 @@ def _off(optimizer, reason: str) -> None:
     shared = optimizer.flat_adam_step_t
     for space in optimizer.flat_adam:
         for main in space.mains:
-            optimizer.state[main]["step"] = shared.clone()
+            if space.exp_avg is None:
+                optimizer.state[main].clear()  # no moments yet: torch makes its state afresh
+            else:
+                optimizer.state[main]["step"] = shared.clone()
     optimizer.flat_adam = None
     optimizer.flat_adam_off = reason
     _say(f"flat_adam off after {getattr(optimizer, 'flat_adam_step', None) or 0} flat steps: {reason} "
