@@ -205,7 +205,8 @@ def test_megatrons_optimizer_adopts_and_skips_its_copy_after_a_flat_step(monkeyp
     monkeypatch.setattr(cls, "__init__", cls.__init__)
     monkeypatch.setattr(cls, "_copy_main_params_to_model_params", cls._copy_main_params_to_model_params)
     monkeypatch.setattr(cls, "_megalab_flat_adam", False, raising=False)
-    assert flat_adam.install()
+    monkeypatch.setattr(flat_adam, "_ACCEPTS", [])
+    assert flat_adam.install(fastpath.FusedAdamW)
     weights, _ = _model(6)
     masters = [w.detach().clone().float() for w in weights]
     meg = object.__new__(cls)  # Megatron's __init__ wants CUDA: the groups it builds, by hand
@@ -216,6 +217,9 @@ def test_megatrons_optimizer_adopts_and_skips_its_copy_after_a_flat_step(monkeyp
     meg.is_stub_optimizer = False
     meg._dummy_overflow_buf = None
     assert flat_adam.after_init(meg) and meg.optimizer.flat_adam
+    other = object.__new__(cls)  # another torch optimizer: left to torch and Megatron
+    other.optimizer, other.is_stub_optimizer = torch.optim.SGD([torch.zeros(2)], lr=0.1), False
+    assert not flat_adam.after_init(other)
     with torch.no_grad():
         masters[0].add_(1.0)
     meg.optimizer.flat_adam_wrote = True

@@ -154,7 +154,12 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     (the clip's pass is one per step, the micro-batches eight). The optimizer's own: MoE rows included;
 #   - embed_wgrad (one H100, 2026-11-26), for untied presets only (a tied table stays Megatron's): 600 291-292 vs
 #     300-301 ms; beyond the catalog Llama-style 8 x 2560 at 4 micro-batches (187-189 vs 194-195 ms) and 600 at
-#     sequence 4096 (291-292 vs 296-297 ms; results/bench, "Levers tried against the default").
+#     sequence 4096 (291-292 vs 296-297 ms; results/bench, "Levers tried against the default");
+#   - flat_adam (one H100 per call, 2026-11-26, third session), every preset (the optimizer's own; a ZeRO-2 run's
+#     distributed optimizer keeps torch's kernel): 101 61 vs 71 ms, 600 287-289 vs 295, 111 361-366 vs 375 (three
+#     a side or one base, one machine); beyond the catalog GPT-2 36 x 1280 at one micro-batch (36-39 vs 42-45 ms)
+#     and Llama-style 8 x 2560 at 4 micro-batches (182 vs 189-190 ms). Its microbenchmark on GPT-2 XL: 15.8 vs
+#     23.9 ms a step with the clip on (results/bench/flat-adam-microbench.txt).
 # Tried and left opt-in: sdpa_gqa (one H100, 2026-11-26) pays on 600 on two machines (288-289 vs 292-293 ms,
 # 289-290 vs 294-296) and at sequence 4096 (289 vs 292), but beyond the catalog it passed the rule by 0.3 ms at
 # Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from megalab.core import catalog, markdown, provenance
+from megalab.core import catalog, markdown, provenance, variables
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
 from megalab.results import chapter, defaults
@@ -97,11 +97,15 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
     return rows
 
 
+def base_fast(block: dict, exp) -> set[str]:
+    """A target's fast path before the round: its launcher default without the round's levers."""
+    return set(variables.default_fast(exp.num_experts, exp.model_cfg)) - set(block["round"])
+
+
 def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
     """Per goal target, the fast paths its trial runs used on one machine and code (that of today's
     default runs), from the round's base upwards: ms, tokens/s/GPU, MFU and the step against the base."""
     block = cfg["past_reference"]
-    base = set(block["base"])
     runs = [r for d in (root / "results" / "runs", root / "results" / "bench" / "runs")
             for r in read_records(d, "megalab bench-report")]
     out = []
@@ -111,6 +115,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
         today = todays[goal["target"]]
         if not today:
             continue
+        base = base_fast(block, exp)
         host, code = provenance.host_key(today[0]), provenance.code_key(today[0], root)
         groups: dict[str, list] = {}
         for r in runs:
@@ -148,7 +153,7 @@ def section(cfg: dict, root=ROOT) -> list[str]:
             *markdown.table(["target", "goal", "today's default ms", "GiB", "tok/s/GPU", "MFU", "TE reference",
                              "best public (llm.c)", "verdict (hardware)"], goal_rows(cfg, root, todays)), "",
             "What each lever of this round added, run against run on the machine and code of the rows above "
-            f"(base: FAST={','.join(block['base'])}, the default before them; the verdicts by the two-a-side "
+            f"(base: each target's default without {', '.join(f'`{n}`' for n in block['round'])}; the verdicts by the two-a-side "
             "rule are in \"Levers tried against the default\"; a goal whose machine and code has no base run "
             "has no row):", "",
             *(markdown.table(["target", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"], rows)

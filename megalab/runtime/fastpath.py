@@ -261,7 +261,7 @@ def apply(names: list[str]) -> list[str]:
     if "flat_adam" in names and torch.optim.AdamW is FusedAdamW:
         from megalab.runtime import flat_adam
 
-        if flat_adam.install():
+        if flat_adam.install(FusedAdamW):
             applied.append("flat_adam")  # only beside fused_adam: it replaces that optimizer's step
     if "fused_wgrad" in names and install_wgrad_fusion():
         applied.append("fused_wgrad")  # the launcher passes --gradient-accumulation-fusion with it

@@ -357,10 +357,8 @@ def _off(optimizer, reason: str) -> None:
 
 def after_init(megatron_optimizer) -> bool:
     """A Float16OptimizerWithFloat16Params just built: its masters and weights go flat where they can."""
-    from megalab.runtime.fastpath import FusedAdamW
-
     optimizer = getattr(megatron_optimizer, "optimizer", None)
-    if not isinstance(optimizer, FusedAdamW) or getattr(megatron_optimizer, "is_stub_optimizer", False):
+    if not (_ACCEPTS and isinstance(optimizer, _ACCEPTS[0])) or getattr(megatron_optimizer, "is_stub_optimizer", False):
         return False
     if any(megatron_optimizer.fp32_from_fp32_groups):
         optimizer.flat_adam_off = "fp32 weights beside the bf16 ones"
@@ -390,9 +388,15 @@ def _say(line: str) -> None:
         print(f"megalab: {line}", flush=True)
 
 
-def install() -> bool:
+_ACCEPTS: list = []  # the optimizer class whose step calls step() above (fastpath's FusedAdamW), set by install
+
+
+def install(optimizer_cls: type) -> bool:
     """Megatron's Float16OptimizerWithFloat16Params adopts flat buffers at its construction (when its
-    torch optimizer is megalab's FusedAdamW) and skips its master-to-weight copy after a flat step."""
+    torch optimizer is an `optimizer_cls`: megalab's FusedAdamW, whose step calls step() above) and skips
+    its master-to-weight copy after a flat step. fastpath passes the class in, so that this module never
+    imports fastpath (which imports this one)."""
+    _ACCEPTS[:] = [optimizer_cls]
     from megatron.core.optimizer import optimizer as optmod
 
     cls = optmod.Float16OptimizerWithFloat16Params
