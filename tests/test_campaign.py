@@ -8,6 +8,23 @@ from megalab.core.records import RunRecord
 from megalab.harness import campaign
 from megalab.core.variables import LaunchError, Options
 
+# The committed campaign's run code (flat_adam's round, 2026-11-26): its records count as today's code here, so
+# that these tests read a campaign's worth of today's runs whatever changed in megalab/runtime since (an
+# import-circle fix after the runs made every record older).
+CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"
+
+
+@pytest.fixture(autouse=True)
+def _campaign_code_is_today(monkeypatch):
+    from megalab.core import provenance
+
+    real = provenance._code_state
+
+    def pinned(commit, root, unused, tree_commit):
+        return (provenance.CURRENT, "") if commit == CAMPAIGN_COMMIT else real(commit, root, unused, tree_commit)
+
+    monkeypatch.setattr(provenance, "_code_state", pinned)
+
 
 def test_a_chapter_keeps_what_fits_and_names_what_does_not():
     run, skipped = campaign.by_gpus(campaign.choose([], 1), gpus_here=1)
@@ -139,7 +156,7 @@ def test_todays_runs_count_the_committed_campaign():
         assert catalog.get(older).id not in today
 
 
-H100_RUN_BY_THE_CAMPAIGN = "GPU-8fade240-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+H100_RUN_BY_THE_CAMPAIGN = "GPU-aa08dba3-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
 def _on_machine(monkeypatch, uuid: str) -> None:
@@ -158,7 +175,7 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
-    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-8fade240-)" in out
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-aa08dba3-)" in out
     assert "113-gpt2xl-dp1-gbs15-zero2 (1 GPU(s))" in out  # 1 run of today's code: short of 3
     assert "112-gpt2xl-dp1-fit-80GB-GA4" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
@@ -211,7 +228,7 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
     target = catalog.get("211").id
     runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
-    machine = "vm NVIDIA H100 80GB HBM3/GPU-8fade240-"
+    machine = "vm NVIDIA H100 80GB HBM3/GPU-aa08dba3-"
     assert campaign.todays_runs(machine=machine)[target][0] == 1
     shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
     assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 1

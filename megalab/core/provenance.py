@@ -44,6 +44,7 @@ FEATURE_FILES = {
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
+CODE_CHANGED = "run code changed since"  # the start of the reason a record is older by its code alone
 LEGEND = ("provenance: `today` = a schema-2 record run with today's defaults (FAST, CUDA_GRAPH, EXTRA_ARGS "
           "and WARMUP unset), whose target today's launcher plans to the same Megatron command (port and run "
           "dir aside), by the same code inside torchrun (git: no net change to " + ", ".join(CODE_PATHS)
@@ -131,7 +132,7 @@ def _code_state(commit: str | None, root: Path, unused: frozenset[str], tree_com
     if diff is None or diff.returncode != 0:
         return UNKNOWN, "git failed"
     files = [f for f in diff.stdout.split() if f not in unused]
-    return (OLDER, f"run code changed since ({', '.join(Path(f).name for f in files[:3])}"
+    return (OLDER, f"{CODE_CHANGED} ({', '.join(Path(f).name for f in files[:3])}"
                    f"{', ...' if len(files) > 3 else ''})") if files else (CURRENT, "")
 
 
