@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "8c695140e7c06c549e525614e199075047c800ad"
-FROZEN_TIME = "2026-11-26T03:07:22+00:00"
+FROZEN_AT = "f2be871a3273dc71642af543f8ef46b8a892e2c0"
+FROZEN_TIME = "2026-11-26T04:56:48+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
