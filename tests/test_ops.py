@@ -354,3 +354,21 @@ def test_resume_check_reads_logs(tmp_path):
     resumed.write_text("".join(_iter_line(i, 4).replace("9.5E+00", f"{10 - i}") for i in (3, 4)))
     c = resume.check(saved, resumed, 2)
     assert c["ok"] and c["loss_jump"] == 1.0 and "resumed at iteration 3 with loss 7.0000" in resume.line(c)
+
+
+def test_resume_check_is_inconclusive_where_the_saved_loss_has_not_moved(tmp_path):
+    """Mock data over a few steps (101 on an H100, ITERS=10: 10.854, 10.857, 10.777, 10.777, 10.901, then 10.764):
+    the saved run's loss moved less than one step swings it, so the seam cannot tell a resume from a restart."""
+    def log(path, start, losses):
+        path.write_text("".join(f" [2026-01-01 00:00:00] iteration {start + i:8d}/{10:8d} | elapsed time per iteration "
+                                f"(ms): 70.0 | lm loss: {v:.6E} |\n" for i, v in enumerate(losses)))
+        return path
+    saved = log(tmp_path / "a.txt", 1, [10.85406, 10.85701, 10.77670, 10.77668, 10.90134])
+    resumed = log(tmp_path / "b.txt", 6, [10.76381, 10.68790])
+    c = resume.check(saved, resumed, 5)
+    assert not c["ok"] and c["why"].startswith("inconclusive") and "ITERS=40" in c["why"]
+    assert resume.line(c).startswith("resume     inconclusive: saved at iteration 5")
+    # a saved run whose loss fell well beyond its swings is judged: a resume near its last loss passes
+    saved = log(tmp_path / "c.txt", 1, [10.8, 9.9, 9.1, 8.4, 7.8])
+    assert resume.check(saved, log(tmp_path / "d.txt", 6, [7.7, 7.6]), 5)["ok"]
+    assert not resume.check(saved, log(tmp_path / "e.txt", 6, [10.7, 10.6]), 5)["ok"]  # a restart from scratch

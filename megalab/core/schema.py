@@ -258,6 +258,19 @@ class ResumeCheck(_Part):
     ok: Bool = False
     why: Str | None = None
 
+    @property
+    def verdict(self) -> str:
+        """ok, inconclusive (the logs cannot tell a resume from a restart) or FAIL."""
+        return resume_verdict(self.ok, self.why)
+
+
+RESUME_INCONCLUSIVE = "inconclusive"  # the start of a resume check's why where its logs cannot tell
+
+
+def resume_verdict(ok: bool, why: str | None) -> str:
+    """The word a resume check's line and the data page start with."""
+    return "ok" if ok else (RESUME_INCONCLUSIVE if (why or "").startswith(RESUME_INCONCLUSIVE) else "FAIL")
+
 
 class Repeats(BaseModel):
     """Spread across repeated runs of one target with one setup (records.repeats): never written."""

@@ -206,7 +206,8 @@ def _resume_cells(r: RunRecord) -> list[str]:
     return [_link(r, r.target), str(c.stop_at),
             f"{'' if before is None else f'{before:.4f}'} ({c.saved_last_iteration})",
             f"{'' if after is None else f'{after:.4f}'} ({c.resumed_first_iteration})",
-            str(c.loss_jump) if "loss_jump" in c.model_fields_set else "", "ok" if c.ok else f"FAIL: {c.why}"]
+            str(c.loss_jump) if "loss_jump" in c.model_fields_set else "",
+            "ok" if c.ok else (c.why if c.verdict != "FAIL" else f"FAIL: {c.why}")]
 
 
 def render(root: Path | None = None, recs: list[RunRecord] | None = None) -> str:
