@@ -1,6 +1,10 @@
 """Which flat AdamW kernel variant keeps the bandwidth (1.56e9 parameters, GPT-2 XL shapes, Megatron-like group
-order): block size, warps, the clip coefficient on or off, IEEE (sqrt_rn, div_rn) or approximate ops. Run:
-python results/bench/mb-flat-adam-variants.py > results/bench/flat-adam-variants.txt (one H100)."""
+order): block size, warps, the clip coefficient on or off, IEEE (sqrt_rn, div_rn) or approximate ops. Run on
+one GPU: python results/bench/mb-flat-adam-variants.py. Its one run (1x H100, 2026-11-26, megalab 41b888f's
+kernel as `flat_adam.step`) was read on the device and not kept: the first kernel took 15.9 ms without the clip
+coefficient and 23.3 ms with it; IEEE ops at 1024-2048 elements on 8 warps held 15.7-15.8 ms either way, while
+approximate ops or 4096-8192 elements on 4 warps fell to 22-39 ms. megalab/runtime/flat_adam.py took 2048 x 8
+warps, IEEE; results/bench/flat-adam-microbench.txt is the kept run of that kernel."""
 import time, sys
 import torch, triton
 import triton.language as tl
