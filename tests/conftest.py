@@ -152,3 +152,26 @@ def typed(records: dict) -> dict:
     from megalab.core.records import RunRecord
 
     return {t: r if isinstance(r, RunRecord) else RunRecord.of({"target": t, **r}) for t, r in records.items()}
+
+
+# The run code of the last campaign (flat_adam's round, 2026-11-26): an import-circle fix under megalab/runtime
+# after its runs made every record older. Tests that check selection or verdicts on the committed records pin it
+# as today's code (pin_campaign_code), so they read a campaign's worth of today's runs whatever changed since.
+CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"
+
+
+@pytest.fixture
+def pin_campaign_code(monkeypatch):
+    """Records of CAMPAIGN_COMMIT count as today's code; every other commit is judged as usual."""
+    import functools
+
+    from megalab.core import provenance
+
+    real = provenance._code_state
+
+    @functools.lru_cache(maxsize=256)
+    def pinned(commit, root, unused, tree_commit):
+        return (provenance.CURRENT, "") if commit == CAMPAIGN_COMMIT else real(commit, root, unused, tree_commit)
+
+    monkeypatch.setattr(provenance, "_code_state", pinned)
+    return CAMPAIGN_COMMIT

@@ -8,22 +8,10 @@ from megalab.core.records import RunRecord
 from megalab.harness import campaign
 from megalab.core.variables import LaunchError, Options
 
-# The committed campaign's run code (flat_adam's round, 2026-11-26): its records count as today's code here, so
-# that these tests read a campaign's worth of today's runs whatever changed in megalab/runtime since (an
-# import-circle fix after the runs made every record older).
-CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"
-
 
 @pytest.fixture(autouse=True)
-def _campaign_code_is_today(monkeypatch):
-    from megalab.core import provenance
-
-    real = provenance._code_state
-
-    def pinned(commit, root, unused, tree_commit):
-        return (provenance.CURRENT, "") if commit == CAMPAIGN_COMMIT else real(commit, root, unused, tree_commit)
-
-    monkeypatch.setattr(provenance, "_code_state", pinned)
+def _campaign_code_is_today(pin_campaign_code):
+    """The committed campaign's runs as today's (tests/conftest.py), whatever changed in megalab/runtime since."""
 
 
 def test_a_chapter_keeps_what_fits_and_names_what_does_not():

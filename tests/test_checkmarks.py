@@ -3,7 +3,6 @@ the sentence does not account for (a FAIL, NOT RUN or older runs it does not men
 `make tables` and `make check`, an error with STRICT=1."""
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -108,19 +107,9 @@ def _slow_down(root: Path, target: str, factor: float) -> None:
         path.write_text(json.dumps(rec))
 
 
-CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"  # the run code of the last chapter-1 runs
-
-
-def _runs_of_campaign_are_today(copy, monkeypatch):
-    """The last chapter-1 runs as today's (a refactor of megalab/runtime after them made them older), and the
-    copy's chapter-1 sentence marked as taught on today's runs again."""
-    real = provenance._code_state
-
-    @functools.lru_cache(maxsize=256)
-    def pinned(commit, root, unused, tree_commit):
-        return (provenance.CURRENT, "") if commit == CAMPAIGN_COMMIT else real(commit, root, unused, tree_commit)
-
-    monkeypatch.setattr(provenance, "_code_state", pinned)
+def _runs_of_campaign_are_today(copy):
+    """The copy's chapter-1 and chapter-3 sentences marked as taught on today's runs again: with the last
+    campaign's code pinned as today's (pin_campaign_code), their runs are."""
     for name, ids in (("01-dp-zero2.md", ("ch1-zero2-step-time-flat-dp1", "ch1-zero2-dp1-same-allocator-peak",
                                           "ch1-zero2-cannot-help-at-dp1 fail")),
                       ("03-cp.md", ("ch3-one-gpu-needs-recompute-at-4096",))):
@@ -132,10 +121,11 @@ def _runs_of_campaign_are_today(copy, monkeypatch):
     assert main(["tables", "--root", str(copy)]) == 0  # the copy's pages on those runs
 
 
-def test_a_record_that_makes_a_taught_claim_false_is_reported_and_strict_fails(copy, capsys, monkeypatch):
+def test_a_record_that_makes_a_taught_claim_false_is_reported_and_strict_fails(copy, capsys, monkeypatch,
+                                                                              pin_campaign_code):
     """ch1-zero2-step-time-flat-dp1 is taught in chapter 1 on today's runs (113 keeps 111's step time):
     slowing 113's runs by 30% makes it FAIL, which `make check` and `make tables` report and STRICT=1 refuses."""
-    _runs_of_campaign_are_today(copy, monkeypatch)
+    _runs_of_campaign_are_today(copy)
     capsys.readouterr()
     assert main(["check", "--root", str(copy), "--strict"]) == 0, capsys.readouterr()
     capsys.readouterr()

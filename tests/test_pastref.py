@@ -56,13 +56,7 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
     assert len(lines) == 14 and all("not compared" in ln for ln in lines)
 
 
-def test_todays_runs_come_before_older_code(monkeypatch):
+def test_todays_runs_come_before_older_code(pin_campaign_code):
     """Where launches of today's run code exist, they are the row, with no older mark."""
-    from megalab.core import provenance
-
-    real = provenance._code_state
-    pin = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"  # the code of flat_adam's round, counted as today's here
-    monkeypatch.setattr(provenance, "_code_state", lambda c, root, unused, tree: (provenance.CURRENT, "")
-                        if c == pin else real(c, root, unused, tree))
     rows = {r[0]: r for r in pastref.goal_rows(_cfg())}
     assert rows["600-llama1b-1gpu-gbs8"][-1] == "met (1x H100 80GB)"
