@@ -29,28 +29,21 @@ def _tok_s(exp, ms: float) -> float:
 
 def _today(exp, recs: dict[str, list], root) -> list[RunRecord]:
     """Today's default runs of a target on one machine and code: where it has the most launches (a goal
-    counts several), the newest on a tie."""
-    now = [r for r in recs.get(exp.id, []) if provenance.of(r, root).state == provenance.CURRENT
-           and defaults.like_reference(r, exp) and r.gpu_name]
+    counts several), the newest on a tie. Where no run has today's code: the runs with today's defaults whose
+    run code alone has changed since, at the newest such code (a refactor after the measurements leaves them
+    readable, marked older)."""
+    mine = [(r, provenance.of(r, root)) for r in recs.get(exp.id, []) if defaults.like_reference(r, exp) and r.gpu_name]
+    now = [r for r, p in mine if p.state == provenance.CURRENT]
     if not now:
-        now = _newest_code(exp, recs, root)
+        older = [r for r, p in mine if p.why.startswith(provenance.CODE_CHANGED)]
+        code = provenance.code_key(max(older, key=lambda r: r.started or ""), root) if older else None
+        now = [r for r in older if provenance.code_key(r, root) == code]
     groups: dict = {}
     for r in now:
         groups.setdefault(provenance.setup_key(r, root), []).append(r)
     if not groups:
         return []
     return max(groups.values(), key=lambda rs: (len(rs), max(r.started or "" for r in rs)))
-
-
-def _newest_code(exp, recs: dict[str, list], root) -> list[RunRecord]:
-    """Where no run has today's code: the runs with today's defaults whose run code alone has changed since,
-    at the newest such code (a refactor after the measurements leaves them readable, marked older)."""
-    older = [r for r in recs.get(exp.id, []) if defaults.like_reference(r, exp) and r.gpu_name
-             and provenance.of(r, root).why.startswith(provenance.CODE_CHANGED)]
-    if not older:
-        return []
-    code = provenance.code_key(max(older, key=lambda r: r.started or ""), root)
-    return [r for r in older if provenance.code_key(r, root) == code]
 
 
 def _todays(block: dict, root) -> dict[str, list[RunRecord]]:

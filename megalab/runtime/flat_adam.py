@@ -117,7 +117,7 @@ def grad_norm(tensors: list) -> torch.Tensor | None:
     spaces = []
     for ptr, members in by_storage.items():
         space = _SPACES.get(ptr)
-        if (space is None or len(members) != len(space.grads) or sum(t.numel() for t in members) != space.numel
+        if (space is None or len(members) != len(space.mains) or sum(t.numel() for t in members) != space.numel
                 or {t.data_ptr() for t in members} != space.grad_ptrs or any(t.dtype != torch.float32 for t in members)):
             _once("norm", f"the clip's norm stays foreach: its {len(tensors)} tensors are not exactly a flat "
                           "buffer's gradients")
@@ -153,13 +153,13 @@ def _once(key: str, line: str) -> None:
 class _Space:
     """One flat buffer's worth: the grad buffer (Megatron's), the masters, moments and weights (ours)."""
 
-    def __init__(self, grad: torch.Tensor, master: torch.Tensor, weight: torch.Tensor, table: tuple, grads: list):
+    def __init__(self, grad: torch.Tensor, master: torch.Tensor, weight: torch.Tensor, table: tuple,
+                 mains: list, expected: list):
         self.grad, self.master, self.weight = grad, master, weight
         self.exp_avg = self.exp_avg_sq = None  # made at the first step, as torch makes its state (_moments)
         self.starts, self.counts, self.groups = table
-        self.grads = grads  # (main param, the main_grad it must have) pairs, checked every step
-        self.mains = [main for main, _ in grads]
-        self.expected = [g for _, g in grads]
+        self.mains = mains  # the fp32 masters, and the main_grad each must have as .grad (checked every step)
+        self.expected = expected
         self.grad_ptrs = frozenset(g.data_ptr() for g in self.expected)
         self.numel = sum(g.numel() for g in self.expected)
 
@@ -171,12 +171,11 @@ class _Space:
         return all(m.grad is not None and m.grad.data_ptr() == g.data_ptr() for m, g in zip(self.mains, self.expected))
 
 
-def _flat_of(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The whole storage `t` views, as a flat tensor of t's dtype, and t's offset in it."""
+def _flat_of(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage `t` views, as a flat tensor of t's dtype."""
     storage = t.untyped_storage()
     n = storage.nbytes() // t.element_size()
-    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (n,))
-    return flat, t.storage_offset()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, 0, (n,))
 
 
 def why_not(optimizer: torch.optim.Optimizer, pairs: list) -> str | None:
@@ -219,8 +218,9 @@ def _table(entries: list, device) -> tuple:
 
 
 def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
-    """Move the masters, moments and weights of `pairs` into flat buffers shaped like their grad buffers
-    and hand the optimizer the flat step. False (nothing changed) where why_not() gives a reason."""
+    """Move the masters and weights of `pairs` into flat buffers shaped like their grad buffers (the moments
+    follow at the first step) and hand the optimizer the flat step. False (nothing changed) where why_not()
+    gives a reason or two main_grads overlap in their buffer."""
     reason = "Triton is not installed" if triton is None else why_not(optimizer, pairs)
     if reason is not None:
         optimizer.flat_adam_off = reason
@@ -229,15 +229,16 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
     by_storage: dict = {}
     for main, model in pairs:
         by_storage.setdefault(model.main_grad.untyped_storage().data_ptr(), []).append((main, model))
+    for members in by_storage.values():  # every buffer checked before any tensor moves
+        spans = sorted((m.main_grad.storage_offset(), m.numel()) for _, m in members)
+        if any(a + n > b for (a, n), (b, _) in zip(spans, spans[1:])):
+            optimizer.flat_adam_off = "main_grads that overlap in their buffer"
+            return False
     spaces = []
     shared = _step_tensor(optimizer, pairs[0][0])
     with torch.no_grad():
         for members in by_storage.values():
-            grad, _ = _flat_of(members[0][1].main_grad)
-            spans = sorted((m.main_grad.storage_offset(), m.numel()) for _, m in members)
-            if any(a + n > b for (a, n), (b, _) in zip(spans, spans[1:])):
-                optimizer.flat_adam_off = "main_grads that overlap in their buffer"
-                return False
+            grad = _flat_of(members[0][1].main_grad)
             size = grad.numel()
             master = torch.zeros(size, dtype=torch.float32, device=grad.device)
             weight = torch.zeros(size, dtype=members[0][1].dtype, device=grad.device)
@@ -249,8 +250,8 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
                 weight[off:off + n].copy_(model.reshape(-1))
                 model.data = weight[off:off + n].view_as(model)
                 entries.append((off, n, group_of[id(main)]))
-            grads = [(main, model.main_grad) for main, model in members]
-            spaces.append(_Space(grad, master, weight, _table(entries, grad.device), grads))
+            spaces.append(_Space(grad, master, weight, _table(entries, grad.device),
+                                 [main for main, _ in members], [model.main_grad for _, model in members]))
             _SPACES[grad.untyped_storage().data_ptr()] = spaces[-1]
     optimizer.flat_adam = spaces
     optimizer.flat_adam_step_t = shared
