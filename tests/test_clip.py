@@ -40,9 +40,11 @@ def megatron_clip(monkeypatch):
     return on_cpu
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["host_norm", "device_norm"])
 @pytest.mark.parametrize("max_norm, grad_scale", [(1.0, 3.0), (1.0, 0.001), (0.25, 1.0)])
-def test_folded_clip_gives_megatrons_update(megatron_clip, max_norm, grad_scale):
-    """Five steps, norms above and below max_norm: the same weights as clip-then-step."""
+def test_folded_clip_gives_megatrons_update(megatron_clip, max_norm, grad_scale, on_device):
+    """Five steps, norms above and below max_norm: the same weights as clip-then-step. With device_norm the
+    norm arrives as Megatron's 1-element tensor and the coefficient never becomes a Python number."""
     kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     ref_p, got_p = _params(0), _params(0)
     ref = fastpath.FusedAdamW(ref_p, **kw)
@@ -59,8 +61,12 @@ def test_folded_clip_gives_megatrons_update(megatron_clip, max_norm, grad_scale)
         clipped += norm > max_norm
         megatron_clip(ref_p, max_norm, norm)
         ref.step()
-        clip.clip_grad_by_total_norm_fp32(got_p, max_norm, norm)
-        assert (got.grad_scale is not None) == (max_norm / (norm + 1e-6) < 1.0)
+        clip.clip_grad_by_total_norm_fp32(got_p, max_norm, torch.tensor([norm]) if on_device else norm)
+        if on_device:  # always set, 1 where nothing is clipped (Megatron clamps the coefficient at 1)
+            want = max(1.0, (norm + 1e-6) / max_norm)
+            assert got.grad_scale.shape == () and math.isclose(float(got.grad_scale), want, rel_tol=1e-6)
+        else:
+            assert (got.grad_scale is not None) == (max_norm / (norm + 1e-6) < 1.0)
         got.step()
         unclipped.step()
         assert got.grad_scale is None  # one step's coefficient, cleared after it
@@ -128,3 +134,31 @@ def test_install_routes_both_of_megatrons_names(monkeypatch):
     assert mclip.clip_grad_by_total_norm_fp32 is clip.clip_grad_by_total_norm_fp32
     assert optmod.clip_grad_by_total_norm_fp32 is clip.clip_grad_by_total_norm_fp32
     assert clip._MEGATRON == [original]
+
+
+def test_device_norm_keeps_megatrons_norm_and_scale_on_the_device(monkeypatch):
+    """device_norm hands Megatron's clip_grads the tensor-scale kernel TE would: its norm comes back a tensor
+    (no `.item()`), and its own clip (clip_in_adam off) scales by the clamped tensor coefficient."""
+    ensure_typing_override()
+    import megatron.core.optimizer.clip_grads as mclip
+
+    monkeypatch.setattr(mclip, "multi_tensor_scale_tensor_impl", mclip.multi_tensor_scale_tensor_impl)
+    monkeypatch.setattr(mclip, "l2_norm_impl", mclip.l2_norm_impl)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda *a, **k: None)  # one process, no group
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: zeros(*a, **k))  # its device='cuda', on CPU
+    assert mclip.multi_tensor_scale_tensor_impl is None  # neither TE nor apex here
+    assert fastpath.apply(["foreach_norm", "device_norm"]) == ["foreach_norm", "device_norm"]
+    assert mclip.multi_tensor_scale_tensor_impl is fastpath.foreach_scale
+    grads = _grads(5, _params(5), 4.0)
+    want = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("the norm went to the host"))
+    norm = mclip.get_grad_norm_fp32(grads)
+    assert isinstance(norm, torch.Tensor) and math.isclose(float(norm.sum()), want, rel_tol=1e-5)
+    for big in (True, False):
+        ts = [g.clone() for g in grads]
+        total = norm if big else norm * 0 + 0.5  # above max_norm 1: scaled; below: left as they are
+        coeff = min(1.0, 1.0 / (float(total.sum()) + 1e-6))
+        fastpath.foreach_scale(2048, None, [ts, ts], (1.0 / (total + 1e-6)).clamp_max(1.0))
+        for t, g in zip(ts, grads):
+            torch.testing.assert_close(t, g * coeff)

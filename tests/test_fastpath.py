@@ -75,13 +75,14 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     monkeypatch.setattr(clip, "l2_norm_impl", clip.l2_norm_impl)
     monkeypatch.setattr(clip, "multi_tensor_scale_impl", clip.multi_tensor_scale_impl)
     monkeypatch.setattr(optmod, "multi_tensor_scale_impl", optmod.multi_tensor_scale_impl)
+    monkeypatch.setattr(clip, "multi_tensor_scale_tensor_impl", clip.multi_tensor_scale_tensor_impl)
     for mod in (clip, optmod):
         monkeypatch.setattr(mod, "clip_grad_by_total_norm_fp32", mod.clip_grad_by_total_norm_fp32)
     _keep_megatrons_wgrad_lookup(monkeypatch)
     _keep_megatrons_loss_and_linear(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
                        "addmm_bias", "compiled_rope", "embed_wgrad", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm

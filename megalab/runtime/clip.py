@@ -9,9 +9,11 @@ it to norm / max_norm gives AdamW the clipped gradients without that pass: the s
 one rounding (grad / (1/c) instead of grad * c, both in fp32).
 
 Folded only where it is exactly Megatron's clip: the parameters handed to the clip are all the
-parameters with a gradient of one megalab FusedAdamW (one coefficient for all of them), gradients in
-`.grad` (not the precision-aware optimizer's decoupled ones) and the coefficient a Python number.
-Anything else (a separate grad-norm group, another optimizer) goes to Megatron's own function. The
+parameters with a gradient of one megalab FusedAdamW (one coefficient for all of them) and gradients in
+`.grad` (not the precision-aware optimizer's decoupled ones). The coefficient may be a Python number
+(Megatron's norm after its `.item()`) or a device tensor (lever `device_norm`: the norm never left the
+GPU, so the coefficient is clamped there as Megatron clamps it, and grad_scale is 1 where nothing is
+clipped). Anything else (a separate grad-norm group, another optimizer) goes to Megatron's own function. The
 coefficient is used by the next step only: FusedAdamW clears it after every step, and a step that is
 skipped leaves it for the next clip to overwrite (each step's clip runs before its optimizer step).
 """
@@ -46,13 +48,14 @@ def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled
         parameters = [parameters]
     coeff = max_norm / (total_norm + 1.0e-6)  # Megatron's coefficient, to the letter
     params = [p for p in parameters if p.grad is not None]
-    opt = None
-    if params and not use_decoupled_grad and not isinstance(coeff, torch.Tensor):
-        opt = owner(params)
+    opt = owner(params) if params and not use_decoupled_grad else None
     if opt is None:
         return _MEGATRON[0](parameters, max_norm, total_norm, use_decoupled_grad)
-    opt.grad_scale = (torch.full((), 1.0 / coeff, dtype=torch.float32, device=params[0].grad.device)
-                      if coeff < 1.0 else None)
+    if isinstance(coeff, torch.Tensor):  # device_norm: no host sync here, the kernel reads the scale
+        opt.grad_scale = torch.reciprocal(coeff.clamp_max(1.0).float()).reshape(())
+    else:
+        opt.grad_scale = (torch.full((), 1.0 / coeff, dtype=torch.float32, device=params[0].grad.device)
+                          if coeff < 1.0 else None)
 
 
 def install() -> bool:

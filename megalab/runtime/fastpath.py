@@ -26,7 +26,10 @@ gradient rows into its fp32 main_grad instead of a dense table-sized gradient pe
 K/V head itself (SDPA's enable_gqa) instead of megalab's spec repeating K and V for every query head
 (megalab/runtime/spec.py, SDPAttention). A thirteenth, `flat_adam`, runs fused AdamW over flat buffers laid
 out like Megatron's grad buffer in one kernel that also writes the bf16 weights, so Megatron's per-tensor
-master-to-weight copy goes (megalab/runtime/flat_adam.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+master-to-weight copy goes (megalab/runtime/flat_adam.py). A fourteenth, `device_norm`, gives Megatron's clip
+the tensor-scale kernel it looks for in TE (multi_tensor_scale_tensor), so the clip's norm stays on the GPU:
+Megatron otherwise reads it to the host (`.item()`), and the GPU waits idle while Python prepares the
+optimizer's launch. Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -60,13 +63,16 @@ def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
 
 
 def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
-    """Drop-in for amp_C.multi_tensor_scale: dst = src * scale, without a temporary per tensor."""
+    """Drop-in for amp_C.multi_tensor_scale: dst = src * scale, without a temporary per tensor. Also TE's
+    multi_tensor_scale_tensor (the scale a 1-element device tensor), which device_norm hands Megatron's clip."""
     src, dst = tensor_lists[0], tensor_lists[1]
     if not src:
         return
     if not all(a is b for a, b in zip(src, dst)):  # Megatron's clip scales in place ([grads, grads]): no copy
         torch._foreach_copy_(dst, src)
-    if scale != 1.0:  # Megatron copies main to model params with scale 1.0: a second pass for nothing
+    if isinstance(scale, torch.Tensor):
+        torch._foreach_mul_(dst, scale.reshape(()))  # read on the device: no host sync
+    elif scale != 1.0:  # Megatron copies main to model params with scale 1.0: a second pass for nothing
         torch._foreach_mul_(dst, scale)
 
 
@@ -253,6 +259,10 @@ def apply(names: list[str]) -> list[str]:
         if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
             optmod.multi_tensor_scale_impl = foreach_scale
         applied.append("foreach_scale")
+    if "device_norm" in names and getattr(clip, "multi_tensor_scale_tensor_impl", False) is None:
+        # Megatron keeps the clip's norm a device tensor where a tensor-scale kernel exists (TE's): this is one
+        clip.multi_tensor_scale_tensor_impl = foreach_scale
+        applied.append("device_norm")
     if "clip_in_adam" in names and torch.optim.AdamW is FusedAdamW:
         from megalab.runtime import clip
 
