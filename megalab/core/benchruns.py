@@ -144,7 +144,7 @@ class PastGoal(_Strict):
 class PastReference(_Strict):
     """Issue 32's one-GPU goals (megalab/results/pastref.py)."""
     min_runs: Count
-    round: list[str]  # this round's levers: a target's base is its default fast path without them
+    round: list[str]  # the levers this round tried: a target's base is its default fast path without them
     goals: Annotated[list[PastGoal], Field(min_length=1)]
     bars: dict[str, Bar] = {}
 
