@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "df8f6129880f4c8f75f5d6e350bd1b2abae1ef85"
-FROZEN_TIME = "2026-11-26T06:27:26+00:00"
+FROZEN_AT = "71e9859d1f05f846c8a93962e900fd079d7c715b"
+FROZEN_TIME = "2026-11-26T06:28:10+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
