@@ -154,24 +154,34 @@ def typed(records: dict) -> dict:
     return {t: r if isinstance(r, RunRecord) else RunRecord.of({"target": t, **r}) for t, r in records.items()}
 
 
-# The run code of the last campaign (flat_adam's round, 2026-11-26): an import-circle fix under megalab/runtime
-# after its runs made every record older. Tests that check selection or verdicts on the committed records pin it
-# as today's code (pin_campaign_code), so they read a campaign's worth of today's runs whatever changed since.
+# The run code of a campaign (flat_adam's round, 2026-11-26): an import-circle fix under megalab/runtime after its
+# runs made every record older. Tests that check selection or verdicts on the committed records pin a campaign's
+# code as today's (pin_code), so they read a campaign's worth of today's runs whatever changed since.
 CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"
+# The run code of device_norm's round (the fourth session of 2026-11-26): the default re-measured, goal rows included.
+ROUND_COMMIT = "9fb5a1825b13a9742b506e536d9b075e46195678"
 
 
 @pytest.fixture
-def pin_campaign_code(monkeypatch):
-    """Records of CAMPAIGN_COMMIT count as today's code; every other commit is judged as usual."""
+def pin_code(monkeypatch):
+    """pin_code(commit): that commit's records count as today's code; every other commit is judged as usual."""
     import functools
 
     from megalab.core import provenance
 
     real = provenance._code_state
 
-    @functools.lru_cache(maxsize=256)
-    def pinned(commit, root, unused, tree_commit):
-        return (provenance.CURRENT, "") if commit == CAMPAIGN_COMMIT else real(commit, root, unused, tree_commit)
+    def pin(commit: str) -> str:
+        @functools.lru_cache(maxsize=256)
+        def pinned(c, root, unused, tree_commit):
+            return (provenance.CURRENT, "") if c == commit else real(c, root, unused, tree_commit)
 
-    monkeypatch.setattr(provenance, "_code_state", pinned)
-    return CAMPAIGN_COMMIT
+        monkeypatch.setattr(provenance, "_code_state", pinned)
+        return commit
+    return pin
+
+
+@pytest.fixture
+def pin_campaign_code(pin_code):
+    """Records of CAMPAIGN_COMMIT count as today's code."""
+    return pin_code(CAMPAIGN_COMMIT)

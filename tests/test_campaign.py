@@ -215,8 +215,9 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
 
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
     target = catalog.get("211").id
-    runs = sorted((ROOT / "results" / "runs").glob(f"*___{target}"))
     machine = "vm NVIDIA H100 80GB HBM3/GPU-aa08dba3-"
+    runs = sorted(d for d in (ROOT / "results" / "runs").glob(f"*___{target}")  # that machine's runs
+                  if "GPU-aa08dba3-" in (d / "run.json").read_text())
     assert campaign.todays_runs(machine=machine)[target][0] == 1
     shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
     assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 1
