@@ -166,8 +166,8 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # Tried and left opt-in: device_norm (two H100s, 2026-11-26, fourth session) removes the host sync on the clip's
 # norm. It paid on 101 (59.3-59.7 vs 60.2-64.4 ms, three a side) and on Llama-style 8 x 2560 at 4 micro-batches
 # (181-182 vs 183-184, two a side); elsewhere the runs overlapped: 600 (282-286 vs 284-285), GPT-2 36 x 1280 at
-# one micro-batch (35-40 ms both ways, on each of two machines) and 600 at GBS 1 (53-55 both ways, two machines): one configuration
-# beyond the catalog, where the rule asks for two.
+# one micro-batch (35-40 ms both ways, on each of two machines) and 600 at GBS 1 (53-55 both ways, two
+# machines): one configuration beyond the catalog, where the rule asks for two.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam")
 
