@@ -215,9 +215,10 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
 
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
     target = catalog.get("211").id
-    machine = "vm NVIDIA H100 80GB HBM3/GPU-aa08dba3-"
+    gpu = H100_RUN_BY_THE_CAMPAIGN[:13]
+    machine = f"vm NVIDIA H100 80GB HBM3/{gpu}"
     runs = sorted(d for d in (ROOT / "results" / "runs").glob(f"*___{target}")  # that machine's runs
-                  if "GPU-aa08dba3-" in (d / "run.json").read_text())
+                  if gpu in (d / "run.json").read_text())
     assert campaign.todays_runs(machine=machine)[target][0] == 1
     shutil.copytree(runs[-1], tmp_path / runs[-1].name)  # a run copied into results/runs and kept in OUTDIR
     assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 1
