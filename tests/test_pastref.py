@@ -61,22 +61,25 @@ def test_lever_rows_show_each_step_over_the_base_on_one_machine(pin_code):
 
 def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
     lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 17
+    assert len(lines) == 21
     # every one pays but sdpa_gqa on the 24-layer configuration and device_norm on two of its three, where the
     # runs overlap: the check can fail
-    noisy = sorted(ln.split("|")[1].strip() + " " + ln.split("|")[2] for ln in lines
-                   if not ln.rstrip(" |").endswith("pays"))
-    assert len(noisy) == 3 and all("within noise" in ln for ln in lines if not ln.rstrip(" |").endswith("pays"))
+    noisy = sorted(ln.split("|")[1].strip() + " " + ln.split("|")[2] for ln in lines if "within noise" in ln)
+    assert len(noisy) == 3
     assert "`device_norm`" in noisy[0] and "--num-layers 36" in noisy[0]
     assert "`device_norm`" in noisy[1] and "`--global-batch-size 1`" in noisy[1]
     assert "`sdpa_gqa`" in noisy[2] and "--num-layers 24" in noisy[2]
+    # where a machine holds one run of a side (the fifth session ran out of device time), no verdict at all
+    lone = [ln for ln in lines if "no verdict" in ln]
+    assert len(lone) == 3 and all("`no_rerun`" in ln and "one run on a side" in ln for ln in lone)
+    assert all(ln.rstrip(" |").endswith("pays") for ln in lines if "within noise" not in ln and "no verdict" not in ln)
     cfg = copy.deepcopy(_cfg())
     for t in cfg["trials"]:
         for e in t["targets"]:
             if isinstance(e, dict):
                 e["extra_args"] += " --seed 7"  # no run had these flags: nothing to compare
     lines = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 17 and all("not compared" in ln for ln in lines)
+    assert len(lines) == 21 and all("not compared" in ln for ln in lines)
 
 
 def test_todays_runs_come_before_older_code(pin_campaign_code):
