@@ -86,3 +86,31 @@ def test_todays_runs_come_before_older_code(pin_campaign_code):
     """Where launches of today's run code exist, they are the row, with no older mark."""
     rows = {r[0]: r for r in pastref.goal_rows(_cfg())}
     assert rows["600-llama1b-1gpu-gbs8"][-1] == "met (1x H100 80GB)"
+
+
+def test_a_flag_lever_counts_by_the_command_a_run_passed(monkeypatch):
+    """A lever of Megatron flags (`args:`) is judged by each run's Megatron command, not its EXTRA_ARGS: once
+    the flags join the launcher's default, a plain run passes them and counts with the lever, not the base."""
+    from megalab.core.records import read_records
+
+    cfg = copy.deepcopy(_cfg())
+    cfg["trials"] = [t for t in cfg["trials"] if t["lever"] == "no_rerun"][:1]
+    cfg["trials"][0]["targets"] = ["101-gpt2xl-dp1-gbs1-bf16"]
+    machine = "GPU-cd4294e6"  # the second round's machine: two runs a side
+    real = [r for d in ("results/runs", "results/bench/runs") for r in read_records(benchreport.ROOT / d)
+            if r.target == "101-gpt2xl-dp1-gbs1-bf16" and (r.gpu_uuids or [""])[0].startswith(machine)]
+
+    def row(records):
+        monkeypatch.setattr(benchreport, "read_records", lambda d, who=None: iter(
+            [r for r in records if str(r.run_dir).startswith(str(d))]))
+        (line,) = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if ln.startswith("| `no_rerun`")]
+        return [c.strip() for c in line.split("|")[1:-1]]
+
+    before = row(real)
+    assert before[3] == "61 (2 runs, 61–61)" and before[4] == "59 (2 runs, 59–59)" and before[-1] == "pays"
+    plain = next(r for r in real if not r.config.extra_args)
+    adopted = plain.model_copy(update={"intent": plain.intent.model_copy(
+        update={"argv": [*plain.intent.argv, "--rerun-mode", "disabled"]})})
+    after = row([*real, adopted])
+    assert after[3] == "61 (2 runs, 61–61)"  # the base side is as it was
+    assert after[4].startswith("59 (3 runs")  # the plain run that passed the flags sits with the lever

@@ -335,6 +335,23 @@ def _trial_verdict(on: list[float], off: list[float]) -> str:
     return "within noise (the runs overlap)"
 
 
+def _contains(tokens: list[str], seq: list[str]) -> bool:
+    return any(tokens[i:i + len(seq)] == seq for i in range(len(tokens) - len(seq) + 1))
+
+
+def _lever_flags(rec: RunRecord, flags: list[str]) -> tuple[str, bool | None]:
+    """A trial run's EXTRA_ARGS less a lever's Megatron FLAGS at their end, and whether the run passed FLAGS
+    (None: the lever has none). Its Megatron command decides, where the record keeps one: once a lever's flags
+    join the launcher's default, a plain run passes them without EXTRA_ARGS, and must count with the lever."""
+    ex = (rec.config.extra_args or "").split()
+    if not flags:
+        return " ".join(ex), None
+    argv = [str(a) for a in rec.intent.argv] if rec.intent and rec.intent.argv else ex
+    if ex[len(ex) - len(flags):] == flags:
+        ex = ex[:len(ex) - len(flags)]
+    return " ".join(ex), _contains(argv, flags)
+
+
 def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
     tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
@@ -349,21 +366,20 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
         names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
         # a lever is a fast-path patch (FAST) or Megatron flags (args: the runs carry them in EXTRA_ARGS)
         added = {cfg["levers"][n]["fast"] for n in names if cfg["levers"][n].get("fast")}
-        added_args = " ".join(cfg["levers"][n]["args"] for n in names if cfg["levers"][n].get("args"))
+        added_args = " ".join(cfg["levers"][n]["args"] for n in names if cfg["levers"][n].get("args")).split()
         base = set(trial.get("base", variables.DEFAULT_FAST)) - added
         label = " + ".join(f"`{n}`" for n in names)
         for entry in trial["targets"]:
             target, extra = (entry, "") if isinstance(entry, str) else (entry["target"], " ".join(entry["extra_args"].split()))
-            with_extra = " ".join(f"{extra} {added_args}".split())
             sides: dict[tuple, dict[bool, list]] = {}
             for r in runs:
                 fast = set(((r.intent.fastpath if r.intent else None) or "").split(","))
                 if r.target != target or r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
                     continue
-                ex = " ".join((r.config.extra_args or "").split())
-                if fast == base | added and ex == with_extra:
+                ex, flagged = _lever_flags(r, added_args)
+                if fast == base | added and ex == extra and flagged is not False:
                     side = True
-                elif fast == base and ex == extra:
+                elif fast == base and ex == extra and not flagged:
                     side = False
                 else:
                     continue
