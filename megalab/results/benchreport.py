@@ -390,7 +390,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 target = f"{target} + `{extra}` (not a catalog row)"
             if not both:
                 rows.append([label, target, ",".join(sorted(base)), *[""] * 6,
-                             "not compared: no machine and code with both"])
+                             "not compared: no machine and code with both" if sides else "not run"])
                 continue
             s = max(both, key=lambda x: (len(x[True]), len(x[False])))
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
