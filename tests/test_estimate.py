@@ -239,24 +239,16 @@ def test_step_time_at_mfu():
     assert full.hw_flops_per_step > full.flops_per_step  # Megatron's count has no recompute term
 
 
-def _gpu_and_cpu_s(f) -> tuple[float, float]:
-    """A stage's micro-batch on the GPU (GEMMs, HBM traffic, elementwise, communication) and on the host (launches):
-    the two sides of step_seconds' max."""
-    c = steptime.fitted()
-    gpu = ((f.a[0] + c["GEMM_HALF_MNK"] * f.b[0]) / c["GEMM_EFF_MAX"] + f.hbm_s[0] + f.elementwise[0] * c["ELEMENTWISE_BYTES"]
-           + f.comm_s[0] + f.calls[0] * c["COMM_CALL_US"] * 1e-6 + f.moe_layers[0] * c["MOE_LAYER_MS"] * 1e-3)
-    return gpu, f.kernels[0] * c["LAUNCH_US"] * 1e-6
-
-
 def test_step_time_is_a_model_of_its_own():
     """Small batches are launch-bound (CPU time per kernel), large ones GPU-bound; TP adds its calls."""
     one = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"), fused_adam=True)
     f = one.step
-    gpu, cpu = _gpu_and_cpu_s(f)
+    gpu, cpu = steptime.micro_batch_s(f, 0, steptime.fitted())
     assert cpu > 2 * gpu  # GBS 1 without the graph: the launches set the pace, not the kernels
     # GBS 15: the GPU's work does, by a margin (its GEMMs alone once sat within 0.1% of the launches: a bound
     # that a refit could cross either way said nothing)
-    gpu, cpu = _gpu_and_cpu_s(E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fused_adam=True).step)
+    gpu, cpu = steptime.micro_batch_s(E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fused_adam=True).step, 0,
+                                      steptime.fitted())
     assert gpu > 1.2 * cpu
     assert one.step_ms == pytest.approx(steptime.step_seconds(f) * 1e3)
     assert one.mfu == pytest.approx(one.flops_per_step / (one.step_ms / 1e3 * 989e12))

@@ -186,11 +186,16 @@ def step_seconds(f: Features, c: dict[str, float] | None = None) -> float:
     plus the optimizer, the exposed DP reduction and the per-step overhead. `c`: constants (default:
     this module's, read at call time)."""
     c = fitted() if c is None else c
-    per_mb = max(max((a + c["GEMM_HALF_MNK"] * b) / c["GEMM_EFF_MAX"] + hbm + el * c["ELEMENTWISE_BYTES"] + comm
-                     + calls * c["COMM_CALL_US"] * 1e-6 + moe * c["MOE_LAYER_MS"] * 1e-3, k * c["LAUNCH_US"] * 1e-6)
-                 for a, b, k, comm, calls, moe, hbm, el in zip(f.a, f.b, f.kernels, f.comm_s, f.calls, f.moe_layers,
-                                                              f.hbm_s, f.elementwise))
+    per_mb = max(max(micro_batch_s(f, i, c)) for i in range(len(f.a)))
     return f.slots * per_mb + f.optimizer_s + exposed(f.dp_comm_s, per_mb) + c["STEP_OVERHEAD_MS"] * 1e-3
+
+
+def micro_batch_s(f: Features, i: int, c: dict[str, float]) -> tuple[float, float]:
+    """Stage I's micro-batch on the GPU (GEMMs, memory-bound kernels, communication) and on the host (its kernel
+    launches): step_seconds takes the larger."""
+    gpu = ((f.a[i] + c["GEMM_HALF_MNK"] * f.b[i]) / c["GEMM_EFF_MAX"] + f.hbm_s[i] + f.elementwise[i] * c["ELEMENTWISE_BYTES"]
+           + f.comm_s[i] + f.calls[i] * c["COMM_CALL_US"] * 1e-6 + f.moe_layers[i] * c["MOE_LAYER_MS"] * 1e-3)
+    return gpu, f.kernels[i] * c["LAUNCH_US"] * 1e-6
 
 
 def exposed(dp_comm_s, per_mb_s):
