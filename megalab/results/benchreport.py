@@ -551,7 +551,14 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
              "in isolation), and `addmm_bias` the QKV projection's separate bf16 bias add (the "
              "`CUDAFunctor_add<c10::BFloat16>` calls in the kernel list). A profile made with an older fast path "
              "still lists them.")
+    if (bench_dir / GRAPH_WAITS).exists():  # a profile here runs without the graph, so its optimizer reads slow
+        intro += (f" These profiles run without the CUDA graph and with synchronising timers, so they overstate "
+                  f"some kernels (`_adamw_flat`: 23 ms here, 15.8 ms timed inside a plain run) and cannot show where "
+                  f"a graphed step waits; [{GRAPH_WAITS}]({GRAPH_WAITS}) does both, for rows 101 and 600.")
     return ["## Where a step goes (profiles)", "", intro, "", *out] if out else []
+
+
+GRAPH_WAITS = "graph-step-waits.txt"  # a graphed step's GPU idle time and AdamW in a plain run (issue 32)
 
 
 def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:
