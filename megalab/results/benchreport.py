@@ -406,7 +406,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
         return []
     return ["## Levers tried against the default", "",
             "A lever, or a set of them, added to a base fast path (the default when it was tried) against that base, "
-            "per target: plain `make <target>` launches with FAST set, on one machine with one code (a table row's "
+            "per target: plain `make <target>` launches with FAST set (a lever of Megatron flags: with EXTRA_ARGS; "
+            "the flags in a run's Megatron command decide its side), on one machine with one code (a table row's "
             "records count on the side whose levers they ran with). ms: the median of the runs' median steps "
             "(runs, lowest–highest). Parity: the first "
             f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}). "
