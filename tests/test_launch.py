@@ -162,7 +162,7 @@ def test_quickstart_without_gpu_shows_the_plan_and_rebuilds_tables(tmp_path):
     assert {p: p.read_bytes() for p in before} == before  # committed pages rebuilt byte-identical
     assert out.returncode == 0, out.stderr
     assert "no GPU found" in out.stdout
-    assert "torchrun --nproc_per_node 1" in out.stdout and "tables" in out.stdout
+    assert "torchrun --standalone --local-addr localhost --nproc_per_node 1" in out.stdout and "tables" in out.stdout
 
 
 def test_context_parallel_runs_on_megalab_spec_and_is_refused_on_the_local_spec():

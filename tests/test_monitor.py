@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog, ports
+from megalab.core import catalog, plan, ports
 from megalab.harness import launch, monitor, record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,14 +143,20 @@ def test_refresh_keeps_what_the_supervisor_recorded(tmp_path):
 
 
 # ---- the rendezvous port -------------------------------------------------------------------------
-def test_one_node_gets_a_free_port_and_master_port_wins():
+def test_one_node_lets_torchrun_bind_the_port_and_master_port_wins():
+    """A port picked here and bound by torchrun later can be taken in between (a launch failed so with
+    EADDRINUSE): on one node torchrun --standalone binds port 0 itself."""
     assert launch.Options.from_env({}).master_port is None
-    port = ports.master_port(None, nnodes=1)
-    assert port != ports.DEFAULT_PORT and 1024 < port < 65536
+    assert ports.master_port(None, nnodes=1) is None
     assert ports.master_port(29500, nnodes=1) == 29500
     assert ports.master_port(None, nnodes=2) == ports.DEFAULT_PORT
     assert launch.Options.from_env({"MASTER_PORT": "29500"}).master_port == 29500
-    assert "free port picked" in ports.describe(None, port, 1)
+    assert "--standalone" in ports.describe(None, None, 1)
+    one = plan.build(catalog.get("101"), launch.Options(dry_run=True), plan.Machine(gpus=1))
+    assert one.groups["DISTRIBUTED"][:3] == ("--standalone", "--local-addr", "localhost")
+    assert "--master_port" not in one.groups["DISTRIBUTED"]
+    asked = plan.build(catalog.get("101"), launch.Options(dry_run=True, master_port=29500), plan.Machine(gpus=1))
+    assert asked.groups["DISTRIBUTED"][-2:] == ("--master_port", "29500") and "--standalone" not in asked.argv
 
 
 def test_dry_run_shows_the_port_it_would_use(capsys, monkeypatch):

@@ -31,7 +31,7 @@ def _megalab(tmp_path, *args, **env):
 
 @pytest.mark.parametrize("args,expect", [
     (["list"], "targets in"),
-    (["run", "101-gpt2xl-dp1-gbs1-bf16"], "torchrun --nproc_per_node 1"),
+    (["run", "101-gpt2xl-dp1-gbs1-bf16"], "torchrun --standalone --local-addr localhost --nproc_per_node 1"),
     (["plan", "101-gpt2xl-dp1-gbs1-bf16"], "per GPU"),
     (["show-command", "101"], "--spec megalab.runtime.spec megalab_layer_spec"),
 ])

@@ -27,7 +27,8 @@ GROUPS = ("DISTRIBUTED", "MODEL", "TRAINING", "PARALLEL", "MOE", "RECOMPUTE", "D
 # Why each group holds what it holds: the comment above its array in RUN_DIR/launch.sh ({preset}: the
 # model preset, {graph}: the CUDA graph decision).
 WHY = {
-    "DISTRIBUTED": "torchrun: one process per GPU of this node; the nodes meet at the master's address and port.",
+    "DISTRIBUTED": "torchrun: one process per GPU of this node; several nodes meet at the master's address and "
+                   "port, one node at a port torchrun's own store picks (--standalone).",
     "MODEL": "The model: preset {preset} (configs/models.yaml). Attention backend auto: 'local' would swap "
              "megalab's spec attention back to Megatron's own; RoPE unfused: the fused one needs TE >= 1.4.",
     "TRAINING": "The catalog's batch; the reference tutorial's hyper-parameters (configs/reference/README.md).",
@@ -101,8 +102,12 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
     m = exp.model_cfg
     out = str(run_dir) if run_dir is not None else RUN_DIR_PLACEHOLDER
     a: dict[str, list] = {g: [] for g in GROUPS}
-    a["DISTRIBUTED"] = ["--nproc_per_node", per_node, "--nnodes", opts.nnodes, "--node_rank", opts.node_rank,
-                        "--master_addr", opts.master_addr, "--master_port", opts.master_port]
+    if opts.master_port is None and opts.nnodes == 1:  # torchrun's store binds a free port itself (ports.py)
+        a["DISTRIBUTED"] = ["--standalone", "--local-addr", opts.master_addr, "--nproc_per_node", per_node,
+                            "--nnodes", 1]
+    else:
+        a["DISTRIBUTED"] = ["--nproc_per_node", per_node, "--nnodes", opts.nnodes, "--node_rank", opts.node_rank,
+                            "--master_addr", opts.master_addr, "--master_port", opts.master_port]
     a["MODEL"] = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
                   "--num-attention-heads", m["num_attention_heads"], "--seq-length", m["seq_length"],
                   "--max-position-embeddings", m.get("max_position_embeddings", m["seq_length"]),

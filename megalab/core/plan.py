@@ -294,7 +294,7 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
             flags.check_model(model, exp)
     except catalog.CatalogError as e:
         raise LaunchError(f"EXTRA_ARGS: {e}") from None
-    if opts.master_port is None:  # one node: a free port; several: 6000 (the launcher resolves it first)
+    if opts.master_port is None:  # one node: torchrun --standalone picks it; several: 6000 (ports.py)
         opts = dataclasses.replace(opts, master_port=ports.master_port(None, opts.nnodes))
     impl = transformer_impl(opts, machine.te)
     fast = fast_levers(opts, impl, exp)

@@ -155,6 +155,12 @@ def _decisions(argv: list[str], run_dir: str | None) -> list[str]:
     return out
 
 
+def _port(intent) -> int | None:
+    """The port as the record's launch met: none where torchrun --standalone picked it (since
+    2026-11-26 on one node), else its own, else the old fixed 6000."""
+    return None if "--standalone" in intent.argv else intent.master_port or 6000
+
+
 def replan_differs(r: RunRecord) -> str | None:
     """Would `make <target>` today run what this record ran? The launcher plans the record's target
     again with its variables on a machine like its own (intent.machine) and compares the Megatron argv
@@ -169,7 +175,7 @@ def replan_differs(r: RunRecord) -> str | None:
     machine = plan.Machine(**{k: v for k, v in intent.machine.model_dump(exclude_unset=True).items() if k in fields})
     try:  # the schema reads an old record's "80" as 80.0, the make variable's type
         opts = Options(iters=cfg.iters or 100, gpu_mem_gb=cfg.gpu_mem_gb, nnodes=cfg.nnodes or 1,
-                       node_rank=cfg.node_rank or 0, master_port=intent.master_port or 6000, data=cfg.data or "mock")
+                       node_rank=cfg.node_rank or 0, master_port=_port(intent), data=cfg.data or "mock")
         today = plan.build(exp, opts, machine, run_dir=Path(intent.run_dir) if intent.run_dir else None)
     except (LaunchError, ValueError, KeyError) as e:
         return f"not plannable today ({e})"

@@ -350,7 +350,7 @@ class Options:
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "localhost"
-    master_port: int | None = None  # None: a free port on one node, 6000 across nodes (ports.py)
+    master_port: int | None = None  # None: torchrun --standalone picks one on one node, 6000 across nodes (ports.py)
     allow_busy_gpus: bool = False
     watchdog_silent_s: float = 300.0
     watchdog_startup_s: float = 900.0

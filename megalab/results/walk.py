@@ -12,8 +12,8 @@ The transcript has two kinds of section, each with its kind in its heading:
                            page again on a GPU machine (then copy the new run folder from outdir/ into
                            results/quickstart/runs/, as the run's own line says).
 
-Lines that name this machine rather than the page (the Python and torch, a free port, the Megatron
-check's cache) are masked, so a regenerated section is the same on every machine.
+Lines that name this machine rather than the page (the Python and torch, the Megatron check's
+cache) are masked, so a regenerated section is the same on every machine.
 """
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ HEADING = re.compile(r"^## (.*?)\s+\[(regenerated: .*|GPU run: .*)\]$")
 MASKS = (
     (re.compile(r"^(python\s+).*$", re.M), r"\1(the Python and torch of the machine that walks: masked)"),
     (re.compile(r" \(the same check passed before; verdict cached in [^)]*\)"), ""),
-    (re.compile(r"^(port\s+)\d+", re.M), r"\1<free port>"),
 )
 
 HEADER = f"""# tutorials/00-quickstart.md, walked. Sections marked [regenerated: ...] are what `megalab walk`
