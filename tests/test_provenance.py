@@ -244,6 +244,31 @@ def test_checks_read_one_machine_that_has_every_target(tmp_path):
     assert res.status == checks.PASS and res.measured.startswith("1.000")  # hostD's runs: equal, not hostE's 5x
 
 
+def test_runs_of_one_commit_stay_comparable_when_a_new_default_ages_some(tmp_path, monkeypatch):
+    """A new default (no_rerun with the CUDA graph) makes one commit's graphed rows older and leaves its other
+    rows today's: the two are still one machine's runs of one code, and a claim pairs them rather than
+    reaching for an older session's pair."""
+    from megalab.results import checks
+
+    claim = next(c for c in checks.load_claims() if c.id == "ch0-dp-step-flat")
+    a, b = claim.reads
+    runs = tmp_path / "results" / "runs"
+    for name, target, host, commit, ms, day in (("a-c1", a, "hostA", "c1", 100.0, 2), ("b-c1", b, "hostA", "c1", 104.0, 2),
+                                                ("a-c0", a, "hostC", "c0", 100.0, 1), ("b-c0", b, "hostC", "c0", 150.0, 1),
+                                                ("a-new", a, "hostB", "c2", 90.0, 3)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text(json.dumps(_rec(target, commit=commit, step_ms_median=ms, hostname=host,
+                                                          started=f"2026-01-0{day}T10:00:00+00:00", config={})))
+    today = {"b-c1", "a-new"}  # hostA's b has no graph: the new default leaves its plan alone; a's graph ages it
+    monkeypatch.setattr(provenance, "of", lambda r, root=None: provenance.Provenance(
+        provenance.CURRENT if r.run_dir.name in today else provenance.OLDER, ""))
+    groups = checks.machine_groups(tmp_path, records.setup_key)
+    host_a = "hostA NVIDIA H100 80GB HBM3 x1"
+    assert set(groups[f"{host_a} @ today"]) == {b} and set(groups[f"{host_a} @ c1"]) == {a, b}
+    res = checks.evaluate(claim, records.load_records(runs), catalog.catalog(), groups)
+    assert res.status == checks.PASS and res.measured.startswith("1.040")  # hostA's pair, not hostC's older 1.5x
+
+
 def test_bench_and_data_ratios_only_between_runs_of_one_host():
     from megalab.results import benchreport, datareport
 

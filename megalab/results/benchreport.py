@@ -339,17 +339,19 @@ def _contains(tokens: list[str], seq: list[str]) -> bool:
     return any(tokens[i:i + len(seq)] == seq for i in range(len(tokens) - len(seq) + 1))
 
 
-def _lever_flags(rec: RunRecord, flags: list[str]) -> tuple[str, bool | None]:
-    """A trial run's EXTRA_ARGS less a lever's Megatron FLAGS at their end, and whether the run passed FLAGS
-    (None: the lever has none). Its Megatron command decides, where the record keeps one: once a lever's flags
-    join the launcher's default, a plain run passes them without EXTRA_ARGS, and must count with the lever."""
+def _flag_levers(rec: RunRecord, flag_levers: dict[str, list[str]]) -> tuple[str, frozenset[str]]:
+    """A trial run's EXTRA_ARGS less the levers' Megatron flags, and the levers (of `flag_levers`: name ->
+    flags) whose flags its Megatron command holds. The command decides, where the record keeps one: once a
+    lever's flags join the launcher's default, a plain run passes them without EXTRA_ARGS and runs with it."""
     ex = (rec.config.extra_args or "").split()
-    if not flags:
-        return " ".join(ex), None
     argv = [str(a) for a in rec.intent.argv] if rec.intent and rec.intent.argv else ex
-    if ex[len(ex) - len(flags):] == flags:
-        ex = ex[:len(ex) - len(flags)]
-    return " ".join(ex), _contains(argv, flags)
+    on = frozenset(n for n, flags in flag_levers.items() if _contains(argv, flags))
+    for n in on:
+        flags = flag_levers[n]
+        at = next((i for i in range(len(ex) - len(flags) + 1) if ex[i:i + len(flags)] == flags), None)
+        if at is not None:
+            ex = ex[:at] + ex[at + len(flags):]
+    return " ".join(ex), on
 
 
 def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
@@ -361,13 +363,17 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
             for r in read_records(d, "megalab bench-report")]
+    flag_levers = {n: v["args"].split() for n, v in cfg["levers"].items() if v.get("args")}
     rows = []
     for trial in cfg.get("trials", []):
         names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
-        # a lever is a fast-path patch (FAST) or Megatron flags (args: the runs carry them in EXTRA_ARGS)
+        # a lever is a fast-path patch (FAST) or Megatron flags (args: in EXTRA_ARGS, or in the launcher's
+        # default once they joined it); `base` names FAST patches and, where the base had them, flag levers
         added = {cfg["levers"][n]["fast"] for n in names if cfg["levers"][n].get("fast")}
-        added_args = " ".join(cfg["levers"][n]["args"] for n in names if cfg["levers"][n].get("args")).split()
-        base = set(trial.get("base", variables.DEFAULT_FAST)) - added
+        added_flags = frozenset(n for n in names if cfg["levers"][n].get("args"))
+        asked = set(trial.get("base", variables.DEFAULT_FAST))
+        base_flags = frozenset(n for n in asked if cfg["levers"].get(n, {}).get("args"))
+        base = asked - base_flags - added
         label = " + ".join(f"`{n}`" for n in names)
         for entry in trial["targets"]:
             target, extra = (entry, "") if isinstance(entry, str) else (entry["target"], " ".join(entry["extra_args"].split()))
@@ -376,20 +382,25 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 fast = set(((r.intent.fastpath if r.intent else None) or "").split(","))
                 if r.target != target or r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
                     continue
-                ex, flagged = _lever_flags(r, added_args)
-                if fast == base | added and ex == extra and flagged is not False:
+                ex, flagged = _flag_levers(r, flag_levers)
+                if ex != extra or not base_flags <= flagged:
+                    continue
+                if fast == base | added and added_flags <= flagged:
                     side = True
-                elif fast == base and ex == extra and not flagged:
+                elif fast == base and not added_flags & flagged:
                     side = False
                 else:
                     continue
-                key = (provenance.host_key(r), provenance.code_key(r, root), bool(r.config.cuda_graph))
+                # both sides share the flag levers beside the trial's (one the default took since is in every run)
+                key = (provenance.host_key(r), provenance.code_key(r, root), bool(r.config.cuda_graph),
+                       flagged - added_flags)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
             if extra:
                 target = f"{target} + `{extra}` (not a catalog row)"
+            shown = ",".join([*sorted(base), *(f"`{n}`" for n in sorted(base_flags))])
             if not both:
-                rows.append([label, target, ",".join(sorted(base)), *[""] * 6,
+                rows.append([label, target, shown, *[""] * 6,
                              "not compared: no machine and code with both" if sides else "not run"])
                 continue
             s = max(both, key=lambda x: (len(x[True]), len(x[False])))
@@ -398,7 +409,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             x = med[True] / med[False]
             par = parity(on[0], off[0])
             verdict = _trial_verdict([r.step_ms_median for r in on], [r.step_ms_median for r in off])
-            rows.append([label, target, ",".join(sorted(base)), pastref.spread(off), pastref.spread(on), f"{x:.3f}",
+            rows.append([label, target, shown, pastref.spread(off), pastref.spread(on), f"{x:.3f}",
                          f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
                          f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
                          "PASS" if par["pass"] else "FAIL", verdict])
@@ -407,7 +418,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     return ["## Levers tried against the default", "",
             "A lever, or a set of them, added to a base fast path (the default when it was tried) against that base, "
             "per target: plain `make <target>` launches with FAST set (a lever of Megatron flags: with EXTRA_ARGS; "
-            "the flags in a run's Megatron command decide its side), on one machine with one code (a table row's "
+            "the flags in a run's Megatron command decide its side; a base names in `backticks` the flag levers it "
+            "had), on one machine with one code (a table row's "
             "records count on the side whose levers they ran with). ms: the median of the runs' median steps "
             "(runs, lowest–highest). Parity: the first "
             f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}). "
@@ -415,7 +427,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             "(a ratio of medians alone would call the machine's drift a gain). A lever joins the default only "
             "where it pays." + (" The kernels alone, outside a step: [fused-wgrad-microbench.txt](fused-wgrad-microbench.txt) "
                                 "(`python -m megalab bench wgrad <target>`)." if (bench_dir / "fused-wgrad-microbench.txt").exists() else ""), "",
-            *markdown.table(["lever", "target", "base (FAST)", "base ms", "with the lever ms", "with / without",
+            *markdown.table(["lever", "target", "base (FAST, `flag levers`)", "base ms", "with the lever ms", "with / without",
                              "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
 
 
