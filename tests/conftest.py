@@ -160,24 +160,26 @@ def typed(records: dict) -> dict:
 CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"
 # The run code of device_norm's round (the fourth session of 2026-11-26): the default re-measured, goal rows included.
 ROUND_COMMIT = "9fb5a1825b13a9742b506e536d9b075e46195678"
+# The sixth session's default (no_rerun with the CUDA graph): the graphed one-GPU rows re-measured at this commit.
+NO_RERUN_COMMIT = "542a644e59625408815762655805ec0645c76d68"
 
 
 @pytest.fixture
 def pin_code(monkeypatch):
-    """pin_code(commit): that commit's records count as today's code; every other commit is judged as usual."""
+    """pin_code(*commits): those commits' records count as today's code; every other commit is judged as usual."""
     import functools
 
     from megalab.core import provenance
 
     real = provenance._code_state
 
-    def pin(commit: str) -> str:
+    def pin(*commits: str) -> str:
         @functools.lru_cache(maxsize=256)
         def pinned(c, root, unused, tree_commit):
-            return (provenance.CURRENT, "") if c == commit else real(c, root, unused, tree_commit)
+            return (provenance.CURRENT, "") if c in commits else real(c, root, unused, tree_commit)
 
         monkeypatch.setattr(provenance, "_code_state", pinned)
-        return commit
+        return commits[0]
     return pin
 
 

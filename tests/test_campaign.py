@@ -129,19 +129,20 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed runs of today's code and defaults (H100s, 2026-11-26): three ok runs each of 111, 101, 112
-    and 600 on one machine, one of 300, 301's out-of-memory run; the two-GPU tour's one run a row on 2x H200
-    (the fourth session); all of 212's are older (other defaults or code) and do not count."""
+    """The committed runs of today's code and defaults (H100s, 2026-11-26): three ok runs each of 111, 112 and
+    600 on one machine and five of 101 (600's and 101's of the sixth session, no_rerun in the default), one of 300,
+    301's out-of-memory run; the two-GPU tour's rows without the CUDA graph (005, 006) one run each on 2x H200;
+    its graphed rows (002-004) and all of 212's are older (other defaults or code) and do not count."""
     today = campaign.todays_runs()
     assert today[catalog.get("111").id] == (3, False)
-    assert today[catalog.get("101").id] == (3, False)
+    assert today[catalog.get("101").id] == (5, False)
     assert today[catalog.get("600").id] == (3, False)
     assert today[catalog.get("112").id] == (3, False)
     assert today[catalog.get("300").id] == (1, False)
     assert today[catalog.get("301").id] == (0, True)
-    for tour in ("002", "006"):
+    for tour in ("005", "006"):
         assert today[catalog.get(tour).id] == (1, False)
-    assert catalog.get("212").id not in today
+    assert catalog.get("002").id not in today and catalog.get("212").id not in today
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-aa08dba3-0000-0000-0000-000000000000"  # the first 13 characters name the machine
@@ -214,7 +215,7 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
     from megalab.core.paths import ROOT
 
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)
-    target = catalog.get("211").id
+    target = catalog.get("113").id
     gpu = H100_RUN_BY_THE_CAMPAIGN[:13]
     machine = f"vm NVIDIA H100 80GB HBM3/{gpu}"
     runs = sorted(d for d in (ROOT / "results" / "runs").glob(f"*___{target}")  # that machine's runs
@@ -226,5 +227,5 @@ def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
         shutil.copytree(runs[-1], tmp_path / f"{stamp}___{target}")
     assert campaign.todays_runs(machine=machine, outdir=tmp_path)[target][0] == 3
     monkeypatch.setenv("OUTDIR", str(tmp_path))
-    assert campaign.cli([], environ={"STALE": "1", "IDS": "211"}) == 0
+    assert campaign.cli([], environ={"STALE": "1", "IDS": "113"}) == 0
     assert "campaign   nothing to do" in capsys.readouterr().out
