@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "c6e494b1c6a7ef9ef411c3be6f4af05557238654"
-FROZEN_TIME = "2026-11-26T09:02:24+00:00"
+FROZEN_AT = "e5ac11c865b964d62428eb166a5af8a1fe2c0e2f"
+FROZEN_TIME = "2026-11-26T09:03:37+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
