@@ -238,6 +238,17 @@ def comparable_key(r: RunRecord, root: Path = ROOT) -> str | None:
     return f"{host} @ {code}"
 
 
+def comparable_keys(r: RunRecord, root: Path = ROOT) -> tuple[str, ...]:
+    """comparable_key, and for a run of today's code and defaults also its own commit's key: runs of one
+    commit on one machine stay comparable after a new default ages some of them (a graphed row) and leaves
+    others today's (a row without the graph)."""
+    key = comparable_key(r, root)
+    if key is None:
+        return ()
+    own = f"{machine_of(r)} @ {r.versions.megalab_commit}"
+    return (key,) if key == own else (key, own)
+
+
 def machine_of(r: RunRecord) -> str | None:
     """The machine a comparison may treat as one: host_key, and where the record has no GPU UUID also the
     number of GPUs it saw. Every rig machine is called `vm`: without a UUID a 2x and an 8x H200 host

@@ -335,8 +335,9 @@ def _trial_verdict(on: list[float], off: list[float]) -> str:
     return "within noise (the runs overlap)"
 
 
-def _contains(tokens: list[str], seq: list[str]) -> bool:
-    return any(tokens[i:i + len(seq)] == seq for i in range(len(tokens) - len(seq) + 1))
+def _find(tokens: list[str], seq: list[str]) -> int | None:
+    """Where `seq` first stands in `tokens` as a run of items, or None."""
+    return next((i for i in range(len(tokens) - len(seq) + 1) if tokens[i:i + len(seq)] == seq), None)
 
 
 def _flag_levers(rec: RunRecord, flag_levers: dict[str, list[str]]) -> tuple[str, frozenset[str]]:
@@ -345,12 +346,10 @@ def _flag_levers(rec: RunRecord, flag_levers: dict[str, list[str]]) -> tuple[str
     lever's flags join the launcher's default, a plain run passes them without EXTRA_ARGS and runs with it."""
     ex = (rec.config.extra_args or "").split()
     argv = [str(a) for a in rec.intent.argv] if rec.intent and rec.intent.argv else ex
-    on = frozenset(n for n, flags in flag_levers.items() if _contains(argv, flags))
+    on = frozenset(n for n, flags in flag_levers.items() if _find(argv, flags) is not None)
     for n in on:
-        flags = flag_levers[n]
-        at = next((i for i in range(len(ex) - len(flags) + 1) if ex[i:i + len(flags)] == flags), None)
-        if at is not None:
-            ex = ex[:at] + ex[at + len(flags):]
+        if (at := _find(ex, flag_levers[n])) is not None:
+            ex = ex[:at] + ex[at + len(flag_levers[n]):]
     return " ".join(ex), on
 
 

@@ -279,17 +279,13 @@ def other_hosts(c: Claim, records: Mapping[str, RunRecord], root: Path = ROOT) -
 
 
 def machine_groups(root: Path, setup) -> dict[str, dict[str, RunRecord]]:
-    """provenance.comparable_key (one machine, one code) -> the newest usable record per target among
-    that key's runs in ROOT/results/runs, with its repeats (`runs`), as load_records gives the newest
-    overall. A run of today's code and defaults is also in its own commit's group: runs of one commit on
-    one machine stay comparable after a new default makes some of them older (a graphed row) and leaves
-    others current (a row without the graph)."""
+    """provenance.comparable_keys (one machine, one code; a run of today's code also in its commit's group)
+    -> the newest usable record per target among that key's runs in ROOT/results/runs, with its repeats
+    (`runs`), as load_records gives the newest overall."""
     groups: dict[str, list[RunRecord]] = {}
     for r in read_records(root / "results" / "runs", "megalab check"):
-        if r.status in USABLE and (key := provenance.comparable_key(r, root)) is not None:
+        for key in provenance.comparable_keys(r, root) if r.status in USABLE else ():
             groups.setdefault(key, []).append(r)
-            if key.endswith(" @ today"):
-                groups.setdefault(f"{key.removesuffix(' @ today')} @ {r.versions.megalab_commit}", []).append(r)
     out: dict[str, dict[str, RunRecord]] = {}
     for key, recs in groups.items():
         newest: dict[str, RunRecord] = {}
