@@ -40,6 +40,7 @@ CODE_PATHS = ("megalab/runtime",)
 FEATURE_FILES = {
     "megalab/runtime/cp_attention.py": lambda cfg: (cfg.cp or 1) > 1,
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
+    "megalab/runtime/norm.py": lambda cfg: bool({"compiled_norm", "all"} & set((cfg.fastpath or "").split(","))),
 }
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
 

@@ -1,0 +1,70 @@
+"""Microbenchmark behind compiled_norm (megalab/runtime/norm.py), on one GPU: one norm's forward and backward
+(input, weight and bias gradients) at the shapes of the catalog's one-GPU rows, torch's kernels against the
+kernels torch.compile generates for the same math.
+
+  GPT-2 XL, row 111 : LayerNorm over [1024, 15, 1600] bf16 (97 norms a micro-batch);
+  GPT-2 1.2B, 221   : LayerNorm over [1024, 20, 1536];
+  GPT-2 XL, row 101 : LayerNorm over [1024, 1, 1600];
+  Llama-style, 600  : RMSNorm over [2048, 1, 2048] (33 a micro-batch); 8 x 2560 (not a catalog row): [2048, 2, 2560].
+
+Run: python results/bench/mb-norm.py > results/bench/norm-microbench.txt
+"""
+import time
+
+import torch
+import torch.nn.functional as F
+
+from megalab.runtime import norm
+
+SHAPES = [  # (what, [s, b, h], RMSNorm?)
+    ("GPT-2 XL LayerNorm, row 111 (15 x 1024 tokens)", (1024, 15, 1600), False),
+    ("GPT-2 1.2B LayerNorm, row 221 (20 x 1024 tokens)", (1024, 20, 1536), False),
+    ("GPT-2 XL LayerNorm, row 101 (1 x 1024 tokens)", (1024, 1, 1600), False),
+    ("Llama-style RMSNorm, row 600 (1 x 2048 tokens)", (2048, 1, 2048), True),
+    ("Llama-style RMSNorm, 8 x 2560 (2 x 2048 tokens)", (2048, 2, 2560), True),
+]
+
+
+def timed(fn, reps=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps * 1e3
+
+
+def main():
+    props = torch.cuda.get_device_properties(0)
+    print(torch.cuda.get_device_name(), getattr(props, "uuid", ""))
+    for what, shape, rms in SHAPES:
+        h = shape[-1]
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.rand(h, device="cuda") + 0.5).to(torch.bfloat16).requires_grad_()
+        b = None if rms else (torch.randn(h, device="cuda") * 0.1).to(torch.bfloat16).requires_grad_()
+        dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+        def eager():
+            return F.rms_norm(x, (h,), w, 1e-5) if rms else F.layer_norm(x, (h,), w, b, 1e-5)
+
+        def compiled():
+            return norm.compiled(x, w, b, 1e-5, rms, False)
+
+        row = []
+        for fn in (eager, compiled):
+            fwd = timed(lambda: fn())
+            both = timed(lambda: fn().backward(dy))
+            row.append((fwd, both))
+        ye, yc = eager(), compiled()
+        diff = (ye.float() - yc.float()).abs().max().item()
+        gb = 2 * x.numel() * 2 / 1e9  # read x, write y (bf16)
+        print(f"{what}: forward torch {row[0][0] * 1e3:6.0f} us, compiled {row[1][0] * 1e3:6.0f} us; forward+backward "
+              f"torch {row[0][1] * 1e3:6.0f} us, compiled {row[1][1] * 1e3:6.0f} us ({row[0][1] / row[1][1]:.2f}x); "
+              f"forward at {gb / row[1][0]:.0f} GB/s compiled; largest output difference {diff:.3g}")
+    print(f"torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
