@@ -7,6 +7,10 @@ kernels torch.compile generates for the same math.
   GPT-2 XL, row 101 : LayerNorm over [1024, 1, 1600];
   Llama-style, 600  : RMSNorm over [2048, 1, 2048] (33 a micro-batch); 8 x 2560 (not a catalog row): [2048, 2, 2560].
 
+Two times per way: the GPU's (the kernels' own time, summed by torch.profiler) and the wall time per call in a
+loop without syncs, which is the host's time where the host is slower than the kernels (torch.compile's wrapper
+adds host work per call; a CUDA graph or a GPU-bound step hides it).
+
 Run: python results/bench/mb-norm.py > results/bench/norm-microbench.txt
 """
 import time
@@ -36,6 +40,21 @@ def timed(fn, reps=50, warmup=5):
     return (time.perf_counter() - t) / reps * 1e3
 
 
+def gpu_us(fn, reps=20, warmup=5):
+    """The GPU time of fn's kernels per call, in microseconds (torch.profiler's kernel records)."""
+    from torch.autograd import DeviceType
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in kernels) / reps, len(kernels) / reps
+
+
 def main():
     props = torch.cuda.get_device_properties(0)
     print(torch.cuda.get_device_name(), getattr(props, "uuid", ""))
@@ -60,15 +79,19 @@ def main():
 
         row = []
         for fn in (eager, compiled):
-            fwd = timed(lambda: fn())
-            both = timed(lambda: step(fn))
-            row.append((fwd, both))
+            row.append((gpu_us(lambda: fn()), gpu_us(lambda: step(fn)), timed(lambda: fn()) * 1e3,
+                        timed(lambda: step(fn)) * 1e3))
         ye, yc = eager(), compiled()
         diff = (ye.float() - yc.float()).abs().max().item()
-        gb = 2 * x.numel() * 2 / 1e9  # read x, write y (bf16)
-        print(f"{what}: forward torch {row[0][0] * 1e3:6.0f} us, compiled {row[1][0] * 1e3:6.0f} us; forward+backward "
-              f"torch {row[0][1] * 1e3:6.0f} us, compiled {row[1][1] * 1e3:6.0f} us ({row[0][1] / row[1][1]:.2f}x); "
-              f"forward at {gb / row[1][0]:.0f} GB/s compiled; largest output difference {diff:.3g}")
+        (tf, tb, tfw, tbw), (cf, cb, cfw, cbw) = row
+        print(f"{what}:")
+        print(f"  GPU time  forward torch {tf[0]:5.0f} us ({tf[1]:.0f} kernels), compiled {cf[0]:5.0f} us ({cf[1]:.0f}); "
+              f"forward+backward torch {tb[0]:5.0f} us ({tb[1]:.0f}), compiled {cb[0]:5.0f} us ({cb[1]:.0f}): "
+              f"{tb[0] / cb[0]:.2f}x")
+        print(f"  wall/call forward torch {tfw:5.0f} us, compiled {cfw:5.0f} us; forward+backward torch {tbw:5.0f} us, "
+              f"compiled {cbw:5.0f} us")
+        print(f"  forward reads and writes {4 * x.numel() / 1e6:.0f} MB: {4 * x.numel() / cf[0] / 1e6:.2f} TB/s "
+              f"compiled, {4 * x.numel() / tf[0] / 1e6:.2f} TB/s torch; largest output difference {diff:.3g}")
     print(f"torch {torch.__version__}")
 
 
