@@ -160,16 +160,21 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     a side or one base, one machine); beyond the catalog GPT-2 36 x 1280 at one micro-batch (36-39 vs 42-45 ms)
 #     and Llama-style 8 x 2560 at 4 micro-batches (182 vs 189-190 ms). Its microbenchmark on GPT-2 XL: 15.8 vs
 #     23.9 ms a step with the clip on (results/bench/flat-adam-microbench.txt).
+#   - device_norm (H100s, 2026-11-26, fourth to seventh sessions), every preset (the clip's own): it removes the
+#     host sync on the clip's norm. Over the default with no_rerun: beyond the catalog GPT-2 24 x 2048 at one
+#     micro-batch (41.3-41.4 vs 41.8-43.8 ms) and Llama-style 8 x 2560 at 4 micro-batches (183 vs 184-185 ms);
+#     101 within noise (56.3-57.4 vs 57.3-59.0). Over the fourth session's default it paid on 101 (59.3-59.7 vs
+#     60.2-64.4) and Llama-style 8 x 2560 (181-182 vs 183-184); slower nowhere it was tried.
 # Tried and left opt-in: sdpa_gqa (one H100, 2026-11-26) pays on 600 on two machines (288-289 vs 292-293 ms,
 # 289-290 vs 294-296) and at sequence 4096 (289 vs 292), but beyond the catalog it passed the rule by 0.3 ms at
 # Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
-# Tried and left opt-in: device_norm (two H100s, 2026-11-26, fourth session) removes the host sync on the clip's
-# norm. It paid on 101 (59.3-59.7 vs 60.2-64.4 ms, three a side) and on Llama-style 8 x 2560 at 4 micro-batches
-# (181-182 vs 183-184, two a side); elsewhere the runs overlapped: 600 (282-286 vs 284-285), GPT-2 36 x 1280 at
-# one micro-batch (35-40 ms both ways, on each of two machines) and 600 at GBS 1 (53-55 both ways, two
-# machines): one configuration beyond the catalog, where the rule asks for two.
+# Tried and left opt-in: compiled_norm (one H100, 2026-11-26, seventh session): the compiled norm's kernels take
+# 8% less GPU time at row 111's shape (results/bench/norm-microbench.txt), but each call costs the host about
+# 1.6 ms forward and backward against 0.2 ms: level on 111, which runs without the CUDA graph (361-365 vs 365-367
+# ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267).
 # plan.py and provenance.py read it here.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam")
+DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
+                "device_norm")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
