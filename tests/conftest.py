@@ -162,6 +162,8 @@ CAMPAIGN_COMMIT = "735e7c7d6314afacd5f098c8e1368e7c4add5e2b"
 ROUND_COMMIT = "9fb5a1825b13a9742b506e536d9b075e46195678"
 # The sixth session's default (no_rerun with the CUDA graph): the graphed one-GPU rows re-measured at this commit.
 NO_RERUN_COMMIT = "542a644e59625408815762655805ec0645c76d68"
+# The seventh session's default (device_norm in): every one-GPU row and the two-GPU tour re-measured at this commit.
+DEVICE_NORM_COMMIT = "5d31ca8dc6ffad7bca5e655b34f7ec4e59a10806"
 
 
 @pytest.fixture
@@ -185,5 +187,5 @@ def pin_code(monkeypatch):
 
 @pytest.fixture
 def pin_campaign_code(pin_code):
-    """Records of CAMPAIGN_COMMIT count as today's code."""
-    return pin_code(CAMPAIGN_COMMIT)
+    """Records of the newest campaign's commit (DEVICE_NORM_COMMIT) and of CAMPAIGN_COMMIT count as today's code."""
+    return pin_code(DEVICE_NORM_COMMIT, CAMPAIGN_COMMIT)

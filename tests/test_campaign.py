@@ -129,23 +129,23 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed runs of today's code and defaults (H100s, 2026-11-26): three ok runs each of 111, 112 and
-    600 on one machine and five of 101 (600's and 101's of the sixth session, no_rerun in the default), one of 300,
-    301's out-of-memory run; the two-GPU tour's rows without the CUDA graph (005, 006) one run each on 2x H200;
-    its graphed rows (002-004) and all of 212's are older (other defaults or code) and do not count."""
+    """The committed runs of today's code and defaults (the seventh session of 2026-11-26, device_norm in the
+    default): three ok runs each of 101, 111 and 112 and four of 600 on one H100 (101, 111 and 600 three more on a
+    second), one of 300, 301's out-of-memory run; the two-GPU tour one run each on 2x H200; all of 212's are older
+    (other defaults or code) and do not count."""
     today = campaign.todays_runs()
     assert today[catalog.get("111").id] == (3, False)
-    assert today[catalog.get("101").id] == (5, False)
-    assert today[catalog.get("600").id] == (3, False)
+    assert today[catalog.get("101").id] == (3, False)
+    assert today[catalog.get("600").id] == (4, False)
     assert today[catalog.get("112").id] == (3, False)
     assert today[catalog.get("300").id] == (1, False)
     assert today[catalog.get("301").id] == (0, True)
-    for tour in ("005", "006"):
+    for tour in ("002", "003", "004", "005", "006"):
         assert today[catalog.get(tour).id] == (1, False)
-    assert catalog.get("002").id not in today and catalog.get("212").id not in today
+    assert catalog.get("212").id not in today
 
 
-H100_RUN_BY_THE_CAMPAIGN = "GPU-aa08dba3-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+H100_RUN_BY_THE_CAMPAIGN = "GPU-1633b835-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
 def _on_machine(monkeypatch, uuid: str) -> None:
@@ -164,7 +164,7 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
-    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-aa08dba3-)" in out
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-1633b835-)" in out
     assert "113-gpt2xl-dp1-gbs15-zero2 (1 GPU(s))" in out  # 1 run of today's code: short of 3
     assert "112-gpt2xl-dp1-fit-80GB-GA4" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out

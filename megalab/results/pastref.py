@@ -16,7 +16,7 @@ import statistics
 from megalab.core import catalog, markdown, provenance, variables
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
-from megalab.results import chapter, defaults
+from megalab.results import chapter, checks, defaults
 
 
 def _tokens(exp) -> int:
@@ -27,11 +27,12 @@ def _tok_s(exp, ms: float) -> float:
     return _tokens(exp) / (ms / 1000) / exp.gpus
 
 
-def _today(exp, recs: dict[str, list], root) -> list[RunRecord]:
-    """Today's default runs of a target on one machine and code: where it has the most launches (a goal
-    counts several), the newest on a tie. Where no run has today's code: the runs with today's defaults whose
-    run code alone has changed since, at the newest such code (a refactor after the measurements leaves them
-    readable, marked older)."""
+def _today(exp, recs: dict[str, list], root, min_runs: int = 1) -> list[list[RunRecord]]:
+    """Today's default runs of a target, one list per machine and code: every machine with min_runs launches or
+    more (a goal counts several; machines of one kind differ by a few percent, so each is judged on its own),
+    oldest first; where none has that many, the one with the most, the newest on a tie. Where no run has today's
+    code: the runs with today's defaults whose run code alone has changed since, at the newest such code (a
+    refactor after the measurements leaves them readable, marked older)."""
     mine = [(r, provenance.of(r, root)) for r in recs.get(exp.id, []) if defaults.like_reference(r, exp) and r.gpu_name]
     now = [r for r, p in mine if p.state == provenance.CURRENT]
     if not now:
@@ -43,13 +44,14 @@ def _today(exp, recs: dict[str, list], root) -> list[RunRecord]:
         groups.setdefault(provenance.setup_key(r, root), []).append(r)
     if not groups:
         return []
-    return max(groups.values(), key=lambda rs: (len(rs), max(r.started or "" for r in rs)))
+    enough = sorted((rs for rs in groups.values() if len(rs) >= min_runs), key=lambda rs: min(r.started or "" for r in rs))
+    return enough or [max(groups.values(), key=lambda rs: (len(rs), max(r.started or "" for r in rs)))]
 
 
-def _todays(block: dict, root) -> dict[str, list[RunRecord]]:
+def _todays(block: dict, root) -> dict[str, list[list[RunRecord]]]:
     """_today of every goal's target, from one read of the records."""
     recs = defaults.ok_records(root)
-    return {g["target"]: _today(catalog.get(g["target"]), recs, root) for g in block["goals"]}
+    return {g["target"]: _today(catalog.get(g["target"]), recs, root, block["min_runs"]) for g in block["goals"]}
 
 
 def _ms(runs: list[RunRecord]) -> float:
@@ -87,21 +89,21 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
         te = f"{ref[0]:.0f} ms, {_tok_s(exp, ref[0]) / 1000:.1f}K tok/s" if ref and not math.isnan(ref[0]) else "-"
         bar = bars.get(goal.get("bar", ""), None)
         best = f"{bar['tokens_per_s'] / 1000:.1f}K tok/s ({_tokens(exp) / bar['tokens_per_s'] * 1000:.0f} ms)" if bar else "-"
-        runs = todays[goal["target"]]
-        if not runs:
+        if not todays[goal["target"]]:
             rows.append([exp.id, ", ".join(limit), "not run with today's defaults", "", "", "", te, best, "not run"])
             continue
-        ms, mfu = _ms(runs), _mfu(runs)
-        gib = max(max(r.mem_peak_gib or [math.nan]) for r in runs)
-        met = ((not goal.get("ms_max") or ms <= goal["ms_max"]) and (not goal.get("gib_max") or gib <= goal["gib_max"])
-               and (not goal.get("mfu_min") or (mfu is not None and mfu >= goal["mfu_min"])))
-        verdict = ("met" if met else "missed") if len(runs) >= block["min_runs"] else \
-            f"no verdict: {len(runs)} launch{'es' if len(runs) > 1 else ''}, the goal counts {block['min_runs']} or more"
-        state = provenance.of(runs[0], root)
-        older = "" if state.state == provenance.CURRENT else f"; {state.cell}"
-        rows.append([exp.id, ", ".join(limit), spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
-                     f"{mfu:.1%}" if mfu is not None else "-", te, best,
-                     f"{verdict} ({defaults.hardware(runs[0])}{older})"])
+        for runs in todays[goal["target"]]:
+            ms, mfu = _ms(runs), _mfu(runs)
+            gib = max(max(r.mem_peak_gib or [math.nan]) for r in runs)
+            met = ((not goal.get("ms_max") or ms <= goal["ms_max"]) and (not goal.get("gib_max") or gib <= goal["gib_max"])
+                   and (not goal.get("mfu_min") or (mfu is not None and mfu >= goal["mfu_min"])))
+            verdict = ("met" if met else "missed") if len(runs) >= block["min_runs"] else \
+                f"no verdict: {len(runs)} launch{'es' if len(runs) > 1 else ''}, the goal counts {block['min_runs']} or more"
+            state = provenance.of(runs[0], root)
+            older = "" if state.state == provenance.CURRENT else f"; {state.cell}"
+            rows.append([exp.id, ", ".join(limit), spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
+                         f"{mfu:.1%}" if mfu is not None else "-", te, best,
+                         f"{verdict} ({checks.machine_label(runs[0])}{older})"])
     return rows
 
 
@@ -118,11 +120,8 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
             for r in read_records(d, "megalab bench-report")]
     out = []
     todays = _todays(block, root) if todays is None else todays
-    for goal in block["goals"]:
+    for goal, today in ((g, rs) for g in block["goals"] for rs in todays[g["target"]]):
         exp = catalog.get(goal["target"])
-        today = todays[goal["target"]]
-        if not today:
-            continue
         base = base_fast(block, exp)
         host, code = provenance.host_key(today[0]), provenance.code_key(today[0], root)
         groups: dict[str, list] = {}
@@ -139,7 +138,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
         base_ms = _ms(groups[""])
         for added, rs in sorted(groups.items(), key=lambda kv: (kv[0] != "", -_ms(kv[1]))):
             ms, mfu = _ms(rs), _mfu(rs)
-            out.append([exp.id, " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", spread(rs),
+            out.append([exp.id, checks.machine_label(today[0]), " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", spread(rs),
                         f"{base_ms / ms:.3f}x" if added else "", f"{_tok_s(exp, ms) / 1000:.1f}K",
                         f"{mfu:.1%}" if mfu is not None else "-"])
     return out
@@ -154,7 +153,9 @@ def section(cfg: dict, root=ROOT) -> list[str]:
     todays = _todays(block, root)  # both tables judge the same runs
     return ["## One GPU, past the reference", "",
             "Issue 32's goals for plain `make <target>` on one GPU with today's defaults: the median of the "
-            f"launches on one machine and code (a goal counts {block['min_runs']} launches or more), tokens/s/GPU "
+            f"launches on one machine and code (a goal counts {block['min_runs']} launches or more), one row for "
+            "each machine with that many (two cards of one kind differ by a few percent, so each is judged on its "
+            "own and the machine is named: GPU count, model and first GPU's UUID), tokens/s/GPU "
             "(GBS x sequence / step) and MFU (Megatron's FLOPs over the datasheet peak) beside the Transformer "
             f"Engine reference's row and the best public implementation. {bars}. Comparable only where the "
             "hardware matches: the reference rows and the bar were measured on H100s. Where no launch has today's "
@@ -167,5 +168,5 @@ def section(cfg: dict, root=ROOT) -> list[str]:
             "joined it; the verdicts "
             "by the two-a-side rule are in \"Levers tried against the default\"; a goal whose machine and code has no base run "
             "has no row):", "",
-            *(markdown.table(["target", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"], rows)
+            *(markdown.table(["target", "machine", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"], rows)
               if (rows := lever_rows(cfg, root, todays)) else ["No base run on the machine and code of any row above."]), ""]
