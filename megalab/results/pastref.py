@@ -2,8 +2,9 @@
 the Transformer Engine reference and the best public implementation, and what each lever added.
 
 Read from configs/bench.yaml's `past_reference` block and the records: a target's row is today's default
-(provenance `today`) as the median of its launches on one machine and code, with the launch count; a goal
-needs `min_runs` launches or more before it is called met or missed. The lever steps below it are the
+(provenance `today`) as the median of its launches on one machine and code, with the launch count, one row
+per machine that has enough of them (the machine named); a goal needs `min_runs` launches or more before it
+is called met or missed. The lever steps below it are the
 same target's runs with the fast paths the trials compared (one machine and code), so each lever's gain
 sits beside tokens/s/GPU and MFU. Nothing here is typed by hand: every figure is a record's, except the
 published bars (the TE reference's rows and `bars`, each with its source).
@@ -16,7 +17,7 @@ import statistics
 from megalab.core import catalog, markdown, provenance, variables
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
-from megalab.results import chapter, checks, defaults
+from megalab.results import chapter, defaults
 
 
 def _tokens(exp) -> int:
@@ -103,7 +104,7 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
             older = "" if state.state == provenance.CURRENT else f"; {state.cell}"
             rows.append([exp.id, ", ".join(limit), spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
                          f"{mfu:.1%}" if mfu is not None else "-", te, best,
-                         f"{verdict} ({checks.machine_label(runs[0])}{older})"])
+                         f"{verdict} ({defaults.hardware(runs[0])}{older})"])
     return rows
 
 
@@ -138,7 +139,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
         base_ms = _ms(groups[""])
         for added, rs in sorted(groups.items(), key=lambda kv: (kv[0] != "", -_ms(kv[1]))):
             ms, mfu = _ms(rs), _mfu(rs)
-            out.append([exp.id, checks.machine_label(today[0]), " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", spread(rs),
+            out.append([exp.id, defaults.hardware(today[0]), " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", spread(rs),
                         f"{base_ms / ms:.3f}x" if added else "", f"{_tok_s(exp, ms) / 1000:.1f}K",
                         f"{mfu:.1%}" if mfu is not None else "-"])
     return out
