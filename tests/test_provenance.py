@@ -363,6 +363,18 @@ def test_older_commits_with_the_same_run_code_are_one_code(repo):
     assert provenance.code_key(RunRecord.of(_rec(commit=_git(repo, "rev-parse", "HEAD"))), repo) == provenance.CURRENT
 
 
+def test_the_compiled_norm_file_counts_only_for_runs_with_the_lever():
+    """megalab/runtime/norm.py runs only under FAST=...,compiled_norm (or all): a change to it leaves other runs'
+    code as it was, and does not for a run that used it."""
+    def unused(fast):
+        return provenance.unused_files(RunRecord.of(_rec(config={"fastpath": fast})).config)
+
+    norm = "megalab/runtime/norm.py"
+    assert norm in unused("fused_adam,device_norm") and norm in unused(None)
+    assert norm not in unused("fused_adam,compiled_norm") and norm not in unused("all")
+    assert norm in unused("compiled_norms")  # a name, not a prefix
+
+
 def test_a_machine_without_a_gpu_uuid_is_also_known_by_its_gpu_count():
     """Every rig machine is called `vm`: without a UUID, a 2x and an 8x H200 host would be one machine."""
     two = RunRecord.of(_rec(hostname="vm", gpus_on_node=2, num_gpus=2))
