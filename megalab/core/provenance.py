@@ -260,6 +260,12 @@ def machine_of(r: RunRecord) -> str | None:
     return f"{host} x{r.gpus_on_node or r.num_gpus or '?'}"
 
 
+def card(r: RunRecord) -> str | None:
+    """The card a record ran on, by its first GPU's UUID ('GPU-177d0ba1'): how the pages name a machine, as
+    two cards of one kind differ by a few percent (None where the record has no UUID)."""
+    return r.gpu_uuids[0][:12] if r.gpu_uuids else None
+
+
 def host_key(r: RunRecord) -> str | None:
     """Which machine a record ran on (None without a host name)."""
     return machine_key(r.hostname, r.gpu_name, r.gpu_uuids)

@@ -98,7 +98,7 @@ def machine_label(r: RunRecord) -> str:
     UUID, the GPU count and model only (every rig machine is called `vm`: possibly several machines)."""
     n = r.gpus_on_node or r.num_gpus
     gpus = f"{n}x {short_gpu_name(r.gpu_name)}" if n else short_gpu_name(r.gpu_name)
-    return f"{gpus} {r.gpu_uuids[0][:12]}" if r.gpu_uuids else f"{gpus} (no GPU UUID)"
+    return f"{gpus} {provenance.card(r) or '(no GPU UUID)'}"
 
 
 def basis(targets: tuple[str, ...], records: Mapping[str, RunRecord], root: Path = ROOT) -> Basis:

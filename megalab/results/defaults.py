@@ -107,8 +107,9 @@ def spread(n: RunRecord) -> str:
 def hardware(n: RunRecord) -> str:
     """'1x H100 80GB GPU-177d0ba1', or '2x H200 GPU-88308c2d, capped 80 GB': the machine named by its first GPU's
     UUID where the record has one (two cards of one kind differ by a few percent: a figure is that machine's)."""
-    uuid = f" {n.gpu_uuids[0][:12]}" if n.gpu_uuids else ""
-    return f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}{uuid}" + (fmt_cap(n.gpu_mem_cap) if n.gpu_mem_cap else "")
+    card = provenance.card(n)
+    return f"{n.num_gpus}x {short_gpu_name(n.gpu_name)}" + (f" {card}" if card else "") + (
+        fmt_cap(n.gpu_mem_cap) if n.gpu_mem_cap else "")
 
 
 HEADER = ["row", "target", "ref ms", "ref GiB", "ours before ms", "ours now ms", "now GiB", "now / ref",
