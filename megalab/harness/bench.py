@@ -73,7 +73,7 @@ def matmul_tflops(n: int = 8192, iters: int = 50, warmup: int = 10) -> dict:
             "gpu_name": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
-def _ms_per_call(fn, reps: int, warmup: int, cuda: bool = True) -> float:
+def ms_per_call(fn, reps: int, warmup: int, cuda: bool = True) -> float:
     """Milliseconds per call of fn: `warmup` calls first, then `reps` timed ones (synchronised on CUDA)."""
     import torch
 
@@ -116,7 +116,7 @@ def wgrad_accum(target: str, reps: int = 20) -> list[dict]:
     tokens, shapes = wgrad_shapes(target)
 
     def timed(fn) -> float:
-        return _ms_per_call(fn, reps, warmup=3)
+        return ms_per_call(fn, reps, warmup=3)
 
     out = []
     for name, o, i, count in shapes:
@@ -181,7 +181,7 @@ def cp_compute(target: str, cps: tuple[int, ...] = (1, 2, 4, 8), reps: int = 10,
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
     def timed(fn) -> float:
-        return _ms_per_call(fn, reps, warmup=2, cuda=device == "cuda")
+        return ms_per_call(fn, reps, warmup=2, cuda=device == "cuda")
 
     def leaf(s: int):
         return [torch.randn(b, n, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]

@@ -13,11 +13,10 @@ adds host work per call; a CUDA graph or a GPU-bound step hides it).
 
 Run: python results/bench/mb-norm.py > results/bench/norm-microbench.txt
 """
-import time
-
 import torch
 import torch.nn.functional as F
 
+from megalab.harness.bench import ms_per_call
 from megalab.runtime import norm
 
 SHAPES = [  # (what, [s, b, h], RMSNorm?)
@@ -27,17 +26,6 @@ SHAPES = [  # (what, [s, b, h], RMSNorm?)
     ("Llama-style RMSNorm, row 600 (1 x 2048 tokens)", (2048, 1, 2048), True),
     ("Llama-style RMSNorm, 8 x 2560 (2 x 2048 tokens)", (2048, 2, 2560), True),
 ]
-
-
-def timed(fn, reps=50, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / reps * 1e3
 
 
 def gpu_us(fn, reps=20, warmup=5):
@@ -79,8 +67,8 @@ def main():
 
         row = []
         for fn in (eager, compiled):
-            row.append((gpu_us(lambda: fn()), gpu_us(lambda: step(fn)), timed(lambda: fn()) * 1e3,
-                        timed(lambda: step(fn)) * 1e3))
+            row.append((gpu_us(lambda: fn()), gpu_us(lambda: step(fn)), ms_per_call(lambda: fn(), 50, 5) * 1e3,
+                        ms_per_call(lambda: step(fn), 50, 5) * 1e3))
         ye, yc = eager(), compiled()
         diff = (ye.float() - yc.float()).abs().max().item()
         (tf, tb, tfw, tbw), (cf, cb, cfw, cbw) = row
