@@ -3,7 +3,8 @@ records only, by a rule written down here: what results/estimate-vs-measured.md 
 tests/test_estimate.py holds the committed constants to.
 
 An allowance is what the formulas cannot see: memory outside PyTorch's allocator (the CUDA context,
-NCCL's buffers), the allocator's slack, ring attention's stranded K/V chunks, the CUDA graph's pool. The
+NCCL's buffers), the allocator's slack, ring attention's stranded K/V chunks, the CUDA graph's pool, and
+the room CUDA_GRAPH=auto keeps for the graph (megalab/core/graphs.py's margin, the one policy constant here). The
 run records measure each of them (NVML's peak less Megatron's max reserved is the memory outside the
 allocator; max reserved over max allocated is the slack), so each constant is the calibration set's
 figure, rounded by its rule. The held-out and out-of-catalog records never enter: their memory errors
@@ -20,6 +21,7 @@ import statistics
 from typing import Any, Callable
 
 from megalab.core import estimate as E
+from megalab.core import graphs
 
 MIB = 2**20
 GIB = 2**30
@@ -79,6 +81,18 @@ def graph_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
     return out
 
 
+# Where the graph's room decides anything: runs whose measured peak used this share of their GPU or more.
+NEAR_CAPACITY = 0.85
+
+
+def graph_room(row: dict[str, Any]) -> float | None:
+    """The room a CUDA-graph run near its GPU's capacity needed, as CUDA_GRAPH=auto counts it: its measured
+    peak over the estimator's peak without the graph, less 1 (None for other runs)."""
+    if not row["graph"] or row["status"] != "ok" or row["meas_gib"] < NEAR_CAPACITY * row["capacity_gib"]:
+        return None
+    return row["meas_gib"] / row["est"].peak_without_graph_gib - 1
+
+
 def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
     """{allowance: (the calibration set's figure, what it is)} from calibration rows (validation_rows,
     status ok); the rules in RULES round each figure into the constant. A figure no calibration run
@@ -102,6 +116,7 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
     dp, tp = nccl(lambda e: dense(e) and e.tp == 1), nccl(lambda e: dense(e) and e.tp > 1)
     ring = [x for r in rows if (x := ring_chunks(r)) is not None]
     pairs = graph_pairs(rows)
+    rooms = [x for r in rows if (x := graph_room(r)) is not None]
     out = {
         "CUDA_CONTEXT_MIB": (med(outside_mib(r) for r in one),
                              f"median memory outside the allocator, {len(one)} 1-GPU runs (MiB)"),
@@ -119,6 +134,10 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
         "GRAPH_MEMORY_SHARE": (med(p[1] for p in pairs),
                                "median over graph on/off pairs: " + ", ".join(f"{t.split('-')[0]} {s:+.1%}" for t, s, _ in pairs)),
         "GRAPH_MEMORY_MIN_GIB": (min((p[2] for p in pairs), default=None), "the smallest extra of those pairs (GiB)"),
+        "GRAPH_MARGIN_SHARE": (max(rooms, default=None),
+                               f"CUDA_GRAPH=auto's room: the most any of {len(rooms)} graph runs at "
+                               f"{NEAR_CAPACITY:.0%} of their GPU or more needed (measured peak over the peak "
+                               "predicted without the graph)"),
     }
     return out
 
@@ -141,7 +160,8 @@ def _up(x: float, step: float) -> float:
 
 # The constant from its calibration figure: the context to 100 MiB; NCCL's totals up to 512 MiB steps
 # (an allowance errs on the busy side; the pipeline's and CP's are what they add to NCCL_MIB); the
-# shares to 1%; the ring's chunks to 0.5; the graph's floor to 0.1 GiB.
+# shares to 1%; the ring's chunks to 0.5; the graph's floor to 0.1 GiB; auto's room for the graph up to 1% (a wrong
+# "on" costs an out-of-memory run).
 RULES: dict[str, tuple[str, Callable[[float, dict], float]]] = {
     "CUDA_CONTEXT_MIB": ("to 100", lambda x, g: round(x / 100) * 100),
     "NCCL_MIB": ("up to 512", lambda x, g: _up(x, 512)),
@@ -151,7 +171,10 @@ RULES: dict[str, tuple[str, Callable[[float, dict], float]]] = {
     "RING_STRANDED_CHUNKS_PER_STEP": ("to 0.5", lambda x, g: round(x * 2) / 2),
     "GRAPH_MEMORY_SHARE": ("to 1%", lambda x, g: round(x, 2)),
     "GRAPH_MEMORY_MIN_GIB": ("to 0.1", lambda x, g: round(x, 1)),
+    "GRAPH_MARGIN_SHARE": ("up to 1%", lambda x, g: round(_up(x, 0.01), 2)),
 }
+# Where each constant lives: the estimator's, except auto's room, which is the graph policy's.
+HOME = {"GRAPH_MARGIN_SHARE": graphs}
 
 
 def check(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str, str, float, float]]:
@@ -162,4 +185,4 @@ def check(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str, str, float,
     def ruled(k: str, x: float | None) -> float | None:
         needs = ("NCCL_MIB",) if k in ("NCCL_PP_MIB", "NCCL_CP_MIB") else ()
         return None if x is None or any(got[n][0] is None for n in needs) else RULES[k][1](x, got)
-    return {k: (x, what, RULES[k][0], ruled(k, x), getattr(E, k)) for k, (x, what) in got.items()}
+    return {k: (x, what, RULES[k][0], ruled(k, x), getattr(HOME.get(k, E), k)) for k, (x, what) in got.items()}
