@@ -129,10 +129,11 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
 
 
 def test_todays_runs_count_the_committed_campaign():
-    """The committed runs of today's code and defaults (the seventh session of 2026-11-26, device_norm in the
-    default): three ok runs each of 101, 111 and 112 and four of 600 on one H100 (101, 111 and 600 three more on a
-    second), one of 300, 301's out-of-memory run; the two-GPU tour one run each on 2x H200; all of 212's are older
-    (other defaults or code) and do not count."""
+    """The committed runs of today's code and defaults: the seventh session of 2026-11-26 (device_norm in the
+    default) ran three ok runs of 101 and four of 600 on one H100 (three more of each on a second), one of 300,
+    301's out-of-memory run, and the two-GPU tour one run each on 2x H200; the eighth, after CUDA_GRAPH=auto gave
+    111, 112 and 113 the graph, three of 111 and 112 and one of 113 on another H100, and the two- and four-GPU
+    rows once each on 4x H100 (285 out of memory). 8-GPU rows never ran with today's code."""
     today = campaign.todays_runs()
     assert today[catalog.get("111").id] == (3, False)
     assert today[catalog.get("101").id] == (3, False)
@@ -140,12 +141,13 @@ def test_todays_runs_count_the_committed_campaign():
     assert today[catalog.get("112").id] == (3, False)
     assert today[catalog.get("300").id] == (1, False)
     assert today[catalog.get("301").id] == (0, True)
-    for tour in ("002", "003", "004", "005", "006"):
-        assert today[catalog.get(tour).id] == (1, False)
-    assert catalog.get("212").id not in today
+    assert today[catalog.get("285").id] == (0, True)
+    for row in ("002", "003", "004", "005", "006", "212", "214", "304"):
+        assert today[catalog.get(row).id] == (1, False)
+    assert catalog.get("118").id not in today
 
 
-H100_RUN_BY_THE_CAMPAIGN = "GPU-1633b835-0000-0000-0000-000000000000"  # the first 13 characters name the machine
+H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
 def _on_machine(monkeypatch, uuid: str) -> None:
@@ -161,10 +163,10 @@ def _on_machine(monkeypatch, uuid: str) -> None:
 
 
 def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, capsys):
-    _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran the committed campaign
+    _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran chapter 1's one-GPU rows last
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
-    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-1633b835-)" in out
+    assert "on this machine (vm NVIDIA H100 80GB HBM3/GPU-c9a753b8-)" in out
     assert "113-gpt2xl-dp1-gbs15-zero2 (1 GPU(s))" in out  # 1 run of today's code: short of 3
     assert "112-gpt2xl-dp1-fit-80GB-GA4" not in out  # 3 runs: done, neither run nor named as skipped
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
@@ -172,14 +174,14 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
 
 def test_stale_counts_the_runs_of_this_machine(monkeypatch, capsys):
     """Another H100: the chapter's rows are re-run here, so that its speedups and checks compare runs of one
-    machine; today's out-of-memory row (301) stays done: memory does not depend on the machine's speed."""
+    machine; today's out-of-memory rows (301, 285) stay done: memory does not depend on the machine's speed."""
     _on_machine(monkeypatch, "GPU-11111111-2222-3333-4444-555555555555")
     assert campaign.cli([], environ={"STALE": "1", "IDS": "111 112 301"}) == 0
     out = capsys.readouterr().out
     assert "2 of 3 target(s) short of 3" in out and "on this machine (vm NVIDIA H100 80GB HBM3/GPU-11111111-)" in out
     assert "111-gpt2xl-dp1-fit-80GB (1 GPU(s))" in out and "301-" not in out
     assert campaign.todays_runs(machine="vm NVIDIA H100 80GB HBM3/GPU-11111111-") == {
-        catalog.get("301").id: (0, True)}
+        catalog.get("301").id: (0, True), catalog.get("285").id: (0, True)}
 
 
 def test_chapter_0_is_a_chapter(monkeypatch, capsys):

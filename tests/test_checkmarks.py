@@ -132,7 +132,7 @@ def test_a_record_that_makes_a_taught_claim_false_is_reported_and_strict_fails(c
     _slow_down(copy, "113-gpt2xl-dp1-gbs15-zero2", 1.3)
     assert main(["check", "--root", str(copy)]) == 0
     out = capsys.readouterr()
-    line = "tutorials/01-dp-zero2.md:37: `ch1-zero2-step-time-flat-dp1` is FAIL and the sentence does not say so"
+    line = "tutorials/01-dp-zero2.md:38: `ch1-zero2-step-time-flat-dp1` is FAIL and the sentence does not say so"
     assert line in out.out
     assert "`ch1-zero2-step-time-flat-dp1` FAILs" in out.out  # and no page explains it
     page = (copy / "tutorials" / "01-dp-zero2.md").read_text()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog, git
+from megalab.core import catalog, git, graphs
 from megalab.__main__ import main
 from megalab.core import estimate as E, gpus, steptime
 from megalab.results import allowances, freeze, validation as V
@@ -338,6 +338,16 @@ def test_allowances_come_from_the_calibration_set(rows):
         assert derived == pytest.approx(committed), f"{name}: calibration gives {figure:.4g} -> {derived} ({rule}), committed {committed}"
     # the one allowance without calibration evidence changes no validated prediction: no CP run with the graph
     assert not any(r["est"].cp > 1 and r["graph"] for r in rows)
+
+
+def test_auto_graph_room_holds_on_runs_it_was_not_derived_from(rows):
+    """CUDA_GRAPH=auto's room (graphs.GRAPH_MARGIN_SHARE) comes from the calibration runs near their GPU's
+    capacity; every held-out and out-of-catalog graph run near capacity needed no more (the check can fail:
+    such a run that needed more would have been a wrong "on", an out-of-memory launch)."""
+    rooms = {r["run"]: x for r in rows if r["set"] != V.CALIBRATION and (x := allowances.graph_room(r)) is not None}
+    assert len(rooms) >= 3
+    over = {run: f"{x:+.1%}" for run, x in rooms.items() if x > graphs.GRAPH_MARGIN_SHARE}
+    assert not over, f"needed more room than auto keeps ({graphs.GRAPH_MARGIN_SHARE:.0%}): {over}"
 
 
 def test_out_of_catalog_runs_are_judged_against_constants_frozen_before_them(steps):

@@ -21,13 +21,13 @@ def _by_target(rows):
 def test_goal_rows_come_from_todays_runs_one_row_per_machine(pin_code):
     pin_code(DEVICE_NORM_COMMIT)
     rows = _by_target(pastref.goal_rows(_cfg()))
-    # the seventh session's launches, device_norm in the default, on two H100s: each machine with 3 launches or
-    # more is a row of its own, named, and judged on its own
-    (a111, b111), (r112,) = rows["111-gpt2xl-dp1-fit-80GB"], rows["112-gpt2xl-dp1-fit-80GB-GA4"]
-    assert a111[2].startswith("377 (3 runs") and a111[-1] == "missed (1x H100 80GB GPU-1633b835)"
-    assert b111[2].startswith("370 (3 runs") and b111[-1] == "missed (1x H100 80GB GPU-177d0ba1)"
+    # the seventh session's launches, device_norm in the default, on two H100s, and the eighth's of 111 and 112
+    # with the CUDA graph (CUDA_GRAPH=auto's new room) on a third: each machine with 3 launches or more is a row
+    # of its own, named, and judged on its own; 111's and 112's launches without the graph are older now
+    (a111,), (r112,) = rows["111-gpt2xl-dp1-fit-80GB"], rows["112-gpt2xl-dp1-fit-80GB-GA4"]
+    assert a111[2].startswith("348 (3 runs") and a111[-1] == "missed (1x H100 80GB GPU-c9a753b8)"  # not 330
     assert a111[7] == "46.8K tok/s (328 ms)"  # llm.c's bar at 111's 15 x 1024 tokens
-    assert r112[2].startswith("1406 (3 runs") and r112[-1].startswith("missed")  # 43.3% MFU, not 48%
+    assert r112[2].startswith("1339 (3 runs") and r112[-1].startswith("missed")  # 45.5% MFU, not 48%
     # 600's 45% MFU: missed on the slower card (44.1%), met on the other (45.1%): the check can go either way
     (a600, b600) = rows["600-llama1b-1gpu-gbs8"]
     assert a600[2].startswith("294 (4 runs") and a600[-1].startswith("missed (1x H100 80GB GPU-1633b835")
@@ -79,8 +79,8 @@ def test_lever_rows_show_each_step_over_the_base_on_one_machine(pin_code):
     assert float(mine[1][4].rstrip("x")) > 1  # its step faster than the base
     # the second machine's launches have no base run beside them: no lever rows there
     assert not [r for r in rows if "GPU-177d0ba1" in r[1]]
-    assert {r[0] for r in rows} == {"101-gpt2xl-dp1-gbs1-bf16", "111-gpt2xl-dp1-fit-80GB", "600-llama1b-1gpu-gbs8",
-                                    "112-gpt2xl-dp1-fit-80GB-GA4"}
+    # 111's and 112's goal machine (the eighth session's, with the graph) ran no launch without device_norm
+    assert {r[0] for r in rows} == {"101-gpt2xl-dp1-gbs1-bf16", "600-llama1b-1gpu-gbs8"}
 
 
 def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
@@ -122,6 +122,21 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
                 e["extra_args"] += " --seed 7"  # no run had these flags: nothing to compare
     lines = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
     assert len(lines) == 25 and all(ln.rstrip(" |").endswith("not run") for ln in lines)
+
+
+def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph():
+    """The full-iteration graph tried against CUDA_GRAPH=0 (the eighth session, one H100): the two sides differ
+    in the run's CUDA graph, which otherwise both sides of a trial share; on 111 two launches a side, all with
+    the graph faster (348-350 against 365-368 ms), on 112 one a side: no verdict."""
+    rows = {ln.split("|")[2].strip(): ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR)
+            if ln.startswith("| `cuda_graph` + `no_rerun` |")}
+    assert rows["111-gpt2xl-dp1-fit-80GB"].rstrip(" |").endswith("| PASS | pays")
+    assert "| 366 (2 runs, 365–368) | 349 (2 runs, 348–350) |" in rows["111-gpt2xl-dp1-fit-80GB"]
+    assert rows["112-gpt2xl-dp1-fit-80GB-GA4"].rstrip(" |").endswith("no verdict: one run on a side")
+    cfg = copy.deepcopy(_cfg())
+    cfg["levers"]["cuda_graph"] = {"about": "as a setting both sides share"}  # not a lever: no pairs across it
+    rows = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if ln.startswith("| `cuda_graph` + `no_rerun` |")]
+    assert all("pays" not in ln for ln in rows)
 
 
 def test_todays_runs_come_before_older_code(pin_campaign_code):

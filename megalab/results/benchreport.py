@@ -370,6 +370,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
         # default once they joined it); `base` names FAST patches and, where the base had them, flag levers
         added = {cfg["levers"][n]["fast"] for n in names if cfg["levers"][n].get("fast")}
         added_flags = frozenset(n for n in names if cfg["levers"][n].get("args"))
+        # the CUDA graph as a lever: its side is the run's CUDA_GRAPH, not a setting both sides share
+        graph = any(cfg["levers"][n].get("cuda_graph") for n in names)
         asked = set(trial.get("base", variables.DEFAULT_FAST))
         base_flags = frozenset(n for n in asked if cfg["levers"].get(n, {}).get("args"))
         base = asked - base_flags - added
@@ -384,14 +386,15 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 ex, flagged = _flag_levers(r, flag_levers)
                 if ex != extra or not base_flags <= flagged:
                     continue
-                if fast == base | added and added_flags <= flagged:
+                with_graph = bool(r.config.cuda_graph)
+                if fast == base | added and added_flags <= flagged and (with_graph or not graph):
                     side = True
-                elif fast == base and not added_flags & flagged:
+                elif fast == base and not added_flags & flagged and not (graph and with_graph):
                     side = False
                 else:
                     continue
                 # both sides share the flag levers beside the trial's (one the default took since is in every run)
-                key = (provenance.host_key(r), provenance.code_key(r, root), bool(r.config.cuda_graph),
+                key = (provenance.host_key(r), provenance.code_key(r, root), None if graph else with_graph,
                        flagged - added_flags)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]
