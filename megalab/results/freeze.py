@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "ca2609d9b4926afcb2863793e70a71c42db024f9"
-FROZEN_TIME = "2026-11-26T10:39:38+00:00"
+FROZEN_AT = "99a7b919256abf74733fd4e4e27331341d1f6cf8"
+FROZEN_TIME = "2026-11-26T12:08:44+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
