@@ -551,8 +551,9 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                    else " The trace itself was not kept (summarised on the rig, then deleted).")
                 + (f" Every kernel of the two steps: [kernels.txt](runs/{d.parent.name}/kernels.txt)."
                    if (d.parent / "kernels.txt").exists() else "")
-                + (f" Where the GPU waited for the host, gap by gap (`python -m megalab bench gaps`): "
-                   f"[gaps.txt](runs/{d.parent.name}/gaps.txt)." if (d.parent / "gaps.txt").exists() else ""), "",
+                + "".join(f" Where the GPU waited for the host, gap by gap (`python -m megalab bench gaps`"
+                          f"{', gzipped' if name.endswith('.gz') else ''}): [{name}](runs/{d.parent.name}/{name})."
+                          for name in ("gaps.txt", "gaps.txt.gz") if (d.parent / name).exists()), "",
                 "The two profiled steps by the GPU kernels they ran (the summary the rig wrote; kinds by "
                 "`bench.KERNEL_KINDS`). GPU-busy well below wall time means the host (Python, launches) leads; "
                 "`elementwise / other` is what fusions remove (TE fuses bias+GeLU, bias+dropout+add and the "
