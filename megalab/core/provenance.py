@@ -26,6 +26,7 @@ from megalab.core import git, variables
 from megalab.core.records import RunRecord, settings
 from megalab.core.schema import Config
 from megalab.core import catalog, plan
+from megalab.runtime import levers
 from megalab.core.catalog import CatalogError
 from megalab.core.variables import LaunchError, Options
 
@@ -40,8 +41,18 @@ CODE_PATHS = ("megalab/runtime",)
 FEATURE_FILES = {
     "megalab/runtime/cp_attention.py": lambda cfg: (cfg.cp or 1) > 1,
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
-    "megalab/runtime/norm.py": lambda cfg: bool({"compiled_norm", "all"} & set((cfg.fastpath or "").split(","))),
+    "megalab/runtime/norm.py": lambda cfg: _asks(cfg, levers.COMPILED_NORM),
 }
+
+
+def _asks(cfg: Config, lever: str) -> bool:
+    """Whether a record's fast path named LEVER, read by the launcher's own parser (`all` counts; a name is
+    matched whole). A fast path the parser refuses (a name it does not know) asks for nothing: the launcher
+    would not have started that run."""
+    try:
+        return lever in levers.requested({"MEGALAB_FAST": cfg.fastpath or ""})
+    except ValueError:
+        return False
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
