@@ -145,6 +145,7 @@ class PastReference(_Strict):
     """Issue 32's one-GPU goals (megalab/results/pastref.py)."""
     min_runs: Count
     round: list[str]  # the levers this round tried: a target's base is its default fast path without them
+    round_when: str  # which session's round, as the page names it
     goals: Annotated[list[PastGoal], Field(min_length=1)]
     bars: dict[str, Bar] = {}
 

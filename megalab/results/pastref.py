@@ -164,7 +164,8 @@ def section(cfg: dict, root=ROOT) -> list[str]:
             "",
             *markdown.table(["target", "goal", "default ms", "GiB", "tok/s/GPU", "MFU", "TE reference",
                              "best public (llm.c)", "verdict (hardware)"], goal_rows(cfg, root, todays)), "",
-            f"What each lever this round tried ({', '.join(f'`{n}`' for n in block['round'])}) added, run against run "
+            "What each lever of the last round measured beside the goals added "
+            f"({', '.join(f'`{n}`' for n in block['round'])}, {block['round_when']}), run against run "
             "on the machine and code of the rows above (base: each target's default, less those levers where they "
             "joined it; the verdicts "
             "by the two-a-side rule are in \"Levers tried against the default\"; a goal whose machine and code has no base run "
