@@ -53,6 +53,8 @@ def _asks(cfg: Config, lever: str) -> bool:
         return lever in levers.requested({"MEGALAB_FAST": cfg.fastpath or ""})
     except ValueError:
         return False
+
+
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
 
 MARK = {CURRENT: "today", OLDER: "older", UNKNOWN: "unknown"}
