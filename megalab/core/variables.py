@@ -170,8 +170,9 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
 # Tried and left opt-in: compiled_norm (one H100, 2026-11-26, seventh session): the compiled norm's kernels take
 # 8% less GPU time at row 111's shape (results/bench/norm-microbench.txt), but each call costs the host about
-# 1.6 ms forward and backward against 0.2 ms: slower on 111, which runs without the CUDA graph (365-367 vs 361-365
-# ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267).
+# 1.6 ms forward and backward against 0.2 ms: slower on 111, which then ran without the CUDA graph (365-367 vs
+# 361-365 ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267). 111 has had the graph by default since
+# the eighth session (CUDA_GRAPH=auto's room): there the host's cost is gone, so it is the first lever to try again.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm")
