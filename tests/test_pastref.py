@@ -139,6 +139,21 @@ def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph():
     assert all("pays" not in ln for ln in rows)
 
 
+def test_a_round_that_tried_the_cuda_graph_runs_its_base_without_it():
+    """With `cuda_graph` in the round, a target's base is its default launched with CUDA_GRAPH=0 and the graph
+    a step over it: on 111's second machine of the eighth session (two launches a side, goals counting 2),
+    365-368 ms without the graph and 348-350 with it."""
+    cfg = copy.deepcopy(_cfg())
+    cfg["past_reference"]["round"], cfg["past_reference"]["min_runs"] = ["cuda_graph"], 2
+    rows = [r for r in pastref.lever_rows(cfg) if r[0] == "111-gpt2xl-dp1-fit-80GB"]
+    assert [r[1:4] for r in rows] == [["1x H100 80GB GPU-56d5749e", "base", "366 (2 runs, 365–368)"],
+                                      ["1x H100 80GB GPU-56d5749e", "`cuda_graph`", "349 (2 runs, 348–350)"]]
+    assert rows[1][4] == "1.050x"
+    # without the graph in the round, runs with and without it are one group: there is no base/lever split
+    cfg["past_reference"]["round"] = ["device_norm"]
+    assert not [r for r in pastref.lever_rows(cfg) if "`cuda_graph`" in r[2]]
+
+
 def test_todays_runs_come_before_older_code(pin_campaign_code):
     """Where launches of today's run code exist, they are the row, with no older mark."""
     rows = _by_target(pastref.goal_rows(_cfg()))

@@ -108,9 +108,23 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
     return rows
 
 
+# The one round lever that is not a fast-path patch: Megatron's full-iteration CUDA graph (the run's CUDA_GRAPH).
+GRAPH = "cuda_graph"
+
+
 def base_fast(block: dict, exp) -> set[str]:
     """A target's fast path before the round: its launcher default without the round's levers."""
     return set(variables.default_fast(exp.num_experts, exp.model_cfg)) - set(block["round"])
+
+
+def _added(r, base: set[str], block: dict) -> str | None:
+    """The round's levers a run has over the base ('' for the base itself), or None where it is neither: its fast
+    path beyond the base, and the CUDA graph where the round tried it (the base then runs without it)."""
+    fast = set((r.config.fastpath or "").split(","))
+    if not base <= fast:
+        return None
+    added = sorted(fast - base) + ([GRAPH] if GRAPH in block["round"] and r.config.cuda_graph else [])
+    return ",".join(added)
 
 
 def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
@@ -131,9 +145,8 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
                     or r.config.spec != "megalab" or provenance.host_key(r) != host
                     or provenance.code_key(r, root) != code):
                 continue
-            fast = set((r.config.fastpath or "").split(","))
-            if base <= fast:
-                groups.setdefault(",".join(sorted(fast - base)), []).append(r)
+            if (added := _added(r, base, block)) is not None:
+                groups.setdefault(added, []).append(r)
         if "" not in groups:
             continue
         base_ms = _ms(groups[""])
