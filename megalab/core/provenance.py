@@ -25,7 +25,7 @@ from megalab.core.paths import ROOT
 from megalab.core import git, variables
 from megalab.core.records import RunRecord, settings
 from megalab.core.schema import Config
-from megalab.core import catalog, plan
+from megalab.core import catalog, plan, ports
 from megalab.runtime import levers
 from megalab.core.catalog import CatalogError
 from megalab.core.variables import LaunchError, Options
@@ -172,7 +172,7 @@ def _decisions(argv: list[str], run_dir: str | None) -> list[str]:
 def _port(intent) -> int | None:
     """The port as the record's launch met: none where torchrun --standalone picked it (since
     2026-11-26 on one node), else its own, else the old fixed 6000."""
-    return None if "--standalone" in intent.argv else intent.master_port or 6000
+    return None if "--standalone" in intent.argv else intent.master_port or ports.DEFAULT_PORT
 
 
 def replan_differs(r: RunRecord) -> str | None:

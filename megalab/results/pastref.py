@@ -108,23 +108,19 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
     return rows
 
 
-# The one round lever that is not a fast-path patch: Megatron's full-iteration CUDA graph (the run's CUDA_GRAPH).
-GRAPH = "cuda_graph"
-
-
 def base_fast(block: dict, exp) -> set[str]:
     """A target's fast path before the round: its launcher default without the round's levers."""
     return set(variables.default_fast(exp.num_experts, exp.model_cfg)) - set(block["round"])
 
 
-def _added(r, base: set[str], block: dict) -> str | None:
+def _added(r, base: set[str], graph: list[str]) -> str | None:
     """The round's levers a run has over the base ('' for the base itself), or None where it is neither: its fast
-    path beyond the base, and the CUDA graph where the round tried it (the base then runs without it)."""
+    path beyond the base, and `graph` (the round's CUDA-graph lever, where it tried one: the base then runs
+    without the graph) where the run had the graph."""
     fast = set((r.config.fastpath or "").split(","))
     if not base <= fast:
         return None
-    added = sorted(fast - base) + ([GRAPH] if GRAPH in block["round"] and r.config.cuda_graph else [])
-    return ",".join(added)
+    return ",".join(sorted(fast - base) + (graph if r.config.cuda_graph else []))
 
 
 def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
@@ -133,6 +129,8 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
     block = cfg["past_reference"]
     runs = [r for d in (root / "results" / "runs", root / "results" / "bench" / "runs")
             for r in read_records(d, "megalab bench-report")]
+    # the round's CUDA-graph lever, known as the trials know it (a lever with `cuda_graph: true`)
+    graph = [n for n in block["round"] if cfg["levers"].get(n, {}).get("cuda_graph")]
     out = []
     todays = _todays(block, root) if todays is None else todays
     for goal, today in ((g, rs) for g in block["goals"] for rs in todays[g["target"]]):
@@ -145,7 +143,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
                     or r.config.spec != "megalab" or provenance.host_key(r) != host
                     or provenance.code_key(r, root) != code):
                 continue
-            if (added := _added(r, base, block)) is not None:
+            if (added := _added(r, base, graph)) is not None:
                 groups.setdefault(added, []).append(r)
         if "" not in groups:
             continue
