@@ -83,7 +83,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
-                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "sdpa_gqa"]
+                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
     from megalab.runtime import clip as folded
@@ -103,8 +103,8 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
-    """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's and compiled_norm's
-    installs after the test."""
+    """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's and
+    triton_norm's installs after the test."""
     from megatron.core import tensor_parallel
     from megatron.core.optimizer import optimizer as optmod
 
@@ -123,9 +123,10 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
     from megalab.runtime import spec
 
     monkeypatch.setattr(spec, "NATIVE_GQA", spec.NATIVE_GQA)
-    from megalab.runtime import norm
+    from megalab.runtime import norm, triton_norm
 
     monkeypatch.setattr(norm, "ON", norm.ON)
+    monkeypatch.setattr(triton_norm, "ON", triton_norm.ON)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

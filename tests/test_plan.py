@@ -343,3 +343,13 @@ def test_one_file_knows_megatrons_flags():
     out = subprocess.run(["grep", "-rl", "--", "--micro-batch-size", "megalab", "scripts", "Makefile"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.stdout.split() == ["megalab/core/flags.py"]
+
+
+def test_two_levers_that_replace_the_norm_are_refused_together():
+    """compiled_norm and triton_norm both swap the norm's kernels: named together, the launch stops with one
+    line naming both and the fix; FAST=all keeps both (the spec's Norm takes triton_norm's)."""
+    both = "fused_adam,compiled_norm,triton_norm"
+    with pytest.raises(variables.LaunchError, match=r"compiled_norm and triton_norm both replace.*fix: keep one"):
+        plan.build(catalog.get("111"), _opts(fast=both))
+    assert {"compiled_norm", "triton_norm"} <= set(plan.build(catalog.get("111"), _opts(fast="all")).fast)
+    assert plan.build(catalog.get("111"), _opts(fast="fused_adam,triton_norm")).fast == ("fused_adam", "triton_norm")

@@ -136,6 +136,9 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
         if lever in names and "fused_adam" not in names:
             raise LaunchError(f"FAST={value}: {lever} {what}, and fused_adam is not in the list; fix: add "
                               f"fused_adam to FAST, or drop {lever}")
+    if levers.COMPILED_NORM in names and levers.TRITON_NORM in names and value.strip() != "all":  # all: triton's
+        raise LaunchError(f"FAST={value}: {levers.COMPILED_NORM} and {levers.TRITON_NORM} both replace the norm's "
+                          f"kernels; fix: keep one of the two in FAST")
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
         names = [n for n in names if n not in levers.SPEC_LEVERS]
     if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers

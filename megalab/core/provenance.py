@@ -42,6 +42,7 @@ FEATURE_FILES = {
     "megalab/runtime/cp_attention.py": lambda cfg: (cfg.cp or 1) > 1,
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
     "megalab/runtime/norm.py": lambda cfg: _asks(cfg, levers.COMPILED_NORM),
+    "megalab/runtime/triton_norm.py": lambda cfg: _asks(cfg, levers.TRITON_NORM),
 }
 
 

@@ -30,7 +30,8 @@ master-to-weight copy goes (megalab/runtime/flat_adam.py). A fourteenth, `device
 the tensor-scale kernel it looks for in TE (multi_tensor_scale_tensor), so the clip's norm stays on the GPU:
 Megatron otherwise reads it to the host (`.item()`), and the GPU waits idle while Python prepares the
 optimizer's launch. A fifteenth, `compiled_norm`, runs megalab's LayerNorm/RMSNorm as the kernels torch.compile
-generates, forward and backward (megalab/runtime/norm.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+generates, forward and backward (megalab/runtime/norm.py); a sixteenth, `triton_norm`, runs them as megalab's
+own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton_norm.py). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -298,6 +299,12 @@ def apply(names: list[str]) -> list[str]:
 
         norm.ON = True  # megalab's Norm reads it (megalab/runtime/spec.py)
         applied.append("compiled_norm")
+    if "triton_norm" in names:
+        from megalab.runtime import triton_norm
+
+        if triton_norm.triton is not None:
+            triton_norm.ON = True  # megalab's Norm reads it (megalab/runtime/spec.py)
+            applied.append("triton_norm")
     if "sdpa_gqa" in names:
         from megalab.runtime import spec
 

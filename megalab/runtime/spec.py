@@ -38,7 +38,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab.runtime import cp_attention, grouped_experts, norm  # noqa: E402
+from megalab.runtime import cp_attention, grouped_experts, norm, triton_norm  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -276,7 +276,8 @@ class Norm(torch.nn.Module):
     `finalize_model_grads` (`_allreduce_non_tensor_model_parallel_grads`) then all-reduces (sums)
     the gradients of every parameter so marked across the tensor-parallel group. This class does
     the same. The forward is plain `F.layer_norm` / `F.rms_norm`, or with the compiled_norm lever the same
-    math compiled by torch.compile (megalab/runtime/norm.py).
+    math compiled by torch.compile (megalab/runtime/norm.py), or with triton_norm megalab's own Triton
+    kernels (megalab/runtime/triton_norm.py).
 
     Parameters are `weight` (and `bias` for LayerNorm), named as in torch.nn.LayerNorm/RMSNorm, so
     checkpoints match the local spec's norms. With `layernorm_zero_centered_gamma` the weight is
@@ -324,6 +325,9 @@ class Norm(torch.nn.Module):
                 self.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
+        if triton_norm.ON and x.is_cuda and triton_norm.fits(x):  # the triton_norm lever (its file)
+            return triton_norm.norm(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
+                                    self.zero_centered_gamma)
         if norm.ON and x.is_cuda:  # the compiled_norm lever (megalab/runtime/norm.py)
             return norm.compiled(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
                                  self.zero_centered_gamma)
