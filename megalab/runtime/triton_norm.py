@@ -34,6 +34,7 @@ except ImportError:  # pragma: no cover
 ON = False  # set by megalab/runtime/fastpath.py for the triton_norm lever, before the model runs
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
 PROGRAMS_PER_SM = 4  # backward: enough programs to fill the GPU, few enough that the partial table stays small
+MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
 
 
 def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
@@ -126,7 +127,7 @@ def _sms(device: torch.device) -> int:
 
 
 def _programs(x: torch.Tensor, rows: int) -> int:
-    return max(1, min(rows, _sms(x.device) * PROGRAMS_PER_SM))
+    return max(1, min(-(-rows // MIN_ROWS), _sms(x.device) * PROGRAMS_PER_SM))
 
 
 class _Norm(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """Microbenchmark behind triton_norm (megalab/runtime/triton_norm.py), on one GPU: one norm's forward and
 backward (input, weight and bias gradients) at the shapes of the catalog's one-GPU rows and two that are not
 catalog rows, three ways: torch's kernels, torch.compile's (compiled_norm) and megalab's Triton kernels, the
-last at several backward grid sizes (programs per SM).
+last at several backward grid sizes (programs per SM, and rows a program takes at least).
 
 Two times per way: the GPU's (the kernels' own time, summed by torch.profiler) and the wall time per call in a
 loop without syncs (the host's time where it is slower than the kernels; a CUDA graph or a GPU-bound step
@@ -24,7 +24,7 @@ SHAPES = [  # (what, [s, b, h], RMSNorm?)
     ("GPT-2 24 x 2048 LayerNorm (not a catalog row; 15 x 1024 tokens)", (1024, 15, 2048), False),
     ("Llama-style RMSNorm, 8 x 2560 (not a catalog row; 2 x 2048 tokens)", (2048, 2, 2560), True),
 ]
-GRIDS = (2, 4, 8, 16)  # triton_norm.PROGRAMS_PER_SM values tried
+GRIDS = ((2, 8), (4, 1), (4, 8), (4, 16), (8, 8), (16, 8))  # (triton_norm.PROGRAMS_PER_SM, MIN_ROWS) tried
 
 
 def gpu_us(fn, reps=20, warmup=5):
@@ -75,13 +75,13 @@ def main():
             grids = GRIDS if name == "triton" else (None,)
             for grid in grids:
                 if grid is not None:
-                    triton_norm.PROGRAMS_PER_SM = grid
+                    triton_norm.PROGRAMS_PER_SM, triton_norm.MIN_ROWS = grid
                 f, fb = gpu_us(fn), gpu_us(lambda: step(fn))
                 fw, fbw = ms_per_call(fn, 50, 5) * 1e3, ms_per_call(lambda: step(fn), 50, 5) * 1e3
                 dy_ = (fn().float() - want_y).abs().max().item()
                 dg = [(a - c).abs().max().item() for a, c in zip(grads(fn), want_g)]
-                label = name if grid is None else f"{name} ({grid}/SM)"
-                print(f"  {label:16s} GPU forward {f[0]:6.0f} us ({f[1]:.0f} kernels), forward+backward {fb[0]:6.0f} us "
+                label = name if grid is None else f"{name} ({grid[0]}/SM, >={grid[1]} rows)"
+                print(f"  {label:26s} GPU forward {f[0]:6.0f} us ({f[1]:.0f} kernels), forward+backward {fb[0]:6.0f} us "
                       f"({fb[1]:.0f}); wall/call {fw:5.0f} / {fbw:5.0f} us; largest difference from torch: y {dy_:.3g}, "
                       f"grads {', '.join(f'{d:.3g}' for d in dg)}")
     print(f"torch {torch.__version__}")
