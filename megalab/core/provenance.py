@@ -213,12 +213,13 @@ def of(r: RunRecord, root: Path = ROOT) -> Provenance:
     return Provenance(state, why)
 
 
-def code_key(r: RunRecord, root: Path = ROOT) -> str:
+def code_key(r: RunRecord, root: Path = ROOT, unused: frozenset[str] | None = None) -> str:
     """Which code a record ran: 'current' for any commit with today's code, else the content of
-    CODE_PATHS at its commit (the run's unused feature files aside), so that two older commits with the
-    same run code are one code; the commit itself where git cannot read it."""
+    CODE_PATHS at its commit (the run's unused feature files aside, or the `unused` given: a trial keys
+    both its sides by the files neither used), so that two older commits with the same run code are one
+    code; the commit itself where git cannot read it."""
     commit = r.versions.megalab_commit
-    unused = unused_files(r.config)
+    unused = unused_files(r.config) if unused is None else unused
     if code_state(commit, Path(root), unused)[0] == CURRENT:
         return CURRENT
     return _code_content(str(commit), Path(root), unused) or str(commit)

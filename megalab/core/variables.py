@@ -168,14 +168,18 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # Tried and left opt-in: sdpa_gqa (one H100, 2026-11-26) pays on 600 on two machines (288-289 vs 292-293 ms,
 # 289-290 vs 294-296) and at sequence 4096 (289 vs 292), but beyond the catalog it passed the rule by 0.3 ms at
 # Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
+#   - triton_norm (one H100 per call, 2026-11-26, ninth session), every preset (megalab's Norm): its kernels take
+#     122 against torch's 189 us a LayerNorm at 111's shape (results/bench/triton-norm-microbench.txt). 111
+#     346-347 vs 350-351 ms (two a side, one machine), 600 289-290 vs 290-292; beyond the catalog GPT-2
+#     24 x 2048 at 111's batch and 101 at micro-batch 14 (results/bench, "Levers tried against the default").
 # Tried and left opt-in: compiled_norm (one H100, 2026-11-26, seventh session): the compiled norm's kernels take
 # 8% less GPU time at row 111's shape (results/bench/norm-microbench.txt), but each call costs the host about
 # 1.6 ms forward and backward against 0.2 ms: slower on 111, which then ran without the CUDA graph (365-367 vs
-# 361-365 ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267). 111 has had the graph by default since
-# the eighth session (CUDA_GRAPH=auto's room): there the host's cost is gone, so it is the first lever to try again.
+# 361-365 ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267). Tried again in the ninth session with
+# the graph that hides the host's cost: 111 within noise (348-349 vs 349-353). triton_norm replaced it.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
-                "device_norm")
+                "device_norm", "triton_norm")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
