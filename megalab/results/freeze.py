@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "99a7b919256abf74733fd4e4e27331341d1f6cf8"
-FROZEN_TIME = "2026-11-26T12:08:44+00:00"
+FROZEN_AT = "a8442097f5729b334c1056aa832a9e540f46032c"
+FROZEN_TIME = "2026-11-26T13:47:56+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
