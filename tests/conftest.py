@@ -164,6 +164,13 @@ ROUND_COMMIT = "9fb5a1825b13a9742b506e536d9b075e46195678"
 NO_RERUN_COMMIT = "542a644e59625408815762655805ec0645c76d68"
 # The seventh session's default (device_norm in): every one-GPU row and the two-GPU tour re-measured at this commit.
 DEVICE_NORM_COMMIT = "5d31ca8dc6ffad7bca5e655b34f7ec4e59a10806"
+# The eighth session's run code (CUDA_GRAPH=auto's room rule): 111 and 112 graphed by default, the 4x H100 rows.
+GRAPH_ROOM_COMMITS = ("1c266dac672fc0242c30ebc4bf8619ce0f78b21e", "8ce1249db2cdaafc583ff4e5a6dc8d84e978d5d7")
+# The ninth session's default (triton_norm in): the goals' launches and their bases without it, on one H100.
+TRITON_NORM_COMMITS = ("6f7efc0b0b77f2af9aa80e4b594f1ad123438046", "bd4b70664834035ff881ee68aaaad2ad793be3d4")
+# The launcher's default fast path before triton_norm joined it.
+BEFORE_TRITON_NORM = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam",
+                      "flat_adam", "device_norm")
 
 
 @pytest.fixture
@@ -183,6 +190,16 @@ def pin_code(monkeypatch):
         monkeypatch.setattr(provenance, "_code_state", pinned)
         return commits[0]
     return pin
+
+
+@pytest.fixture
+def before_triton_norm(pin_code, monkeypatch):
+    """The committed records as they were read before the ninth session: the default without triton_norm, and
+    the seventh and eighth sessions' run code counted as today's (their pages' state, kept testable)."""
+    from megalab.core import variables
+
+    monkeypatch.setattr(variables, "DEFAULT_FAST", BEFORE_TRITON_NORM)
+    return pin_code(DEVICE_NORM_COMMIT, *GRAPH_ROOM_COMMITS)
 
 
 @pytest.fixture

@@ -128,7 +128,7 @@ def test_stale_keeps_the_rows_short_of_repeats_todays_runs():
     assert [e.id[:3] for e in campaign.stale([a, b, c, d], 2, today)] == ["121"]
 
 
-def test_todays_runs_count_the_committed_campaign():
+def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     """The committed runs of today's code and defaults: the seventh session of 2026-11-26 (device_norm in the
     default) ran three ok runs of 101 and four of 600 on one H100 (three more of each on a second), one of 300,
     301's out-of-memory run, and the two-GPU tour one run each on 2x H200; the eighth, after CUDA_GRAPH=auto gave
@@ -147,6 +147,18 @@ def test_todays_runs_count_the_committed_campaign():
     assert catalog.get("118").id not in today
 
 
+def test_todays_runs_since_triton_norm_are_the_goals_launches(pin_code):
+    """With triton_norm in the default (the ninth session), today's runs are the goals' plain launches on one
+    H100, three each of 111, 112, 101 and 600; every other row waits for a campaign (its runs are older)."""
+    from tests.conftest import TRITON_NORM_COMMITS
+
+    pin_code(*TRITON_NORM_COMMITS)
+    today = campaign.todays_runs()
+    for row in ("111", "112", "101", "600"):
+        assert today[catalog.get(row).id] == (3, False)
+    assert all(catalog.get(row).id not in today for row in ("113", "300", "301", "285", "002", "212"))
+
+
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
@@ -162,7 +174,7 @@ def _on_machine(monkeypatch, uuid: str) -> None:
     monkeypatch.setenv("OUTDIR", "/nonexistent/outdir")  # only the committed runs count
 
 
-def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, capsys):
+def test_stale_selects_across_the_catalog_before_the_gpu_count(before_triton_norm, monkeypatch, capsys):
     _on_machine(monkeypatch, H100_RUN_BY_THE_CAMPAIGN)  # the H100 that ran chapter 1's one-GPU rows last
     assert campaign.cli([], environ={"STALE": "1", "CHAPTER": "1"}) == 0
     out = capsys.readouterr().out
@@ -172,7 +184,7 @@ def test_stale_selects_across_the_catalog_before_the_gpu_count(monkeypatch, caps
     assert "122-gpt2xl-dp2-gbs32-zero2: skipped (needs 2 GPUs, 1 here)" in out
 
 
-def test_stale_counts_the_runs_of_this_machine(monkeypatch, capsys):
+def test_stale_counts_the_runs_of_this_machine(before_triton_norm, monkeypatch, capsys):
     """Another H100: the chapter's rows are re-run here, so that its speedups and checks compare runs of one
     machine; today's out-of-memory rows (301, 285) stay done: memory does not depend on the machine's speed."""
     _on_machine(monkeypatch, "GPU-11111111-2222-3333-4444-555555555555")
@@ -200,7 +212,7 @@ def test_a_dry_run_counts_an_out_of_memory_row_once(monkeypatch, capsys):
     assert "for 4 launches" in out  # 300 three times, 301 once
 
 
-def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(monkeypatch, capsys):
+def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(before_triton_norm, monkeypatch, capsys):
     """DRY_RUN=1 GPUS=N plans for another machine (the rig lends a fresh one each time): every row is short
     there, but today's out-of-memory row stays done."""
     monkeypatch.setenv("DRY_RUN", "1")
@@ -210,7 +222,7 @@ def test_a_dry_run_for_gpus_elsewhere_plans_a_machine_with_no_runs(monkeypatch, 
     assert "101-gpt2xl-dp1-gbs1-bf16 (1 GPU(s))" in out and "301-" not in out
 
 
-def test_stale_counts_the_runs_under_outdir_too(monkeypatch, tmp_path, capsys):
+def test_stale_counts_the_runs_under_outdir_too(before_triton_norm, monkeypatch, tmp_path, capsys):
     """A campaign stopped by BUDGET_S goes on where it stopped: the runs it left under OUTDIR count."""
     import shutil
 

@@ -4,7 +4,7 @@ import copy
 
 from megalab.core import benchruns
 from megalab.results import benchreport, pastref
-from tests.conftest import DEVICE_NORM_COMMIT
+from tests.conftest import TRITON_NORM_COMMITS
 
 
 def _cfg():
@@ -18,8 +18,7 @@ def _by_target(rows):
     return out
 
 
-def test_goal_rows_come_from_todays_runs_one_row_per_machine(pin_code):
-    pin_code(DEVICE_NORM_COMMIT)
+def test_goal_rows_come_from_todays_runs_one_row_per_machine(before_triton_norm):
     rows = _by_target(pastref.goal_rows(_cfg()))
     # the seventh session's launches, device_norm in the default, on two H100s, and the eighth's of 111 and 112
     # with the CUDA graph (CUDA_GRAPH=auto's new room) on a third: each machine with 3 launches or more is a row
@@ -36,10 +35,9 @@ def test_goal_rows_come_from_todays_runs_one_row_per_machine(pin_code):
     assert not any("older" in r[-1] for rs in rows.values() for r in rs)
 
 
-def test_a_machine_short_of_launches_has_no_row_beside_one_with_enough(pin_code):
+def test_a_machine_short_of_launches_has_no_row_beside_one_with_enough(before_triton_norm):
     """111's single launch of the sixth session's code stays out; where no machine has enough, the one with the
     most launches is the row, with no verdict."""
-    pin_code(DEVICE_NORM_COMMIT)
     cfg = copy.deepcopy(_cfg())
     cfg["past_reference"]["min_runs"] = 4
     rows = _by_target(pastref.goal_rows(cfg))
@@ -70,9 +68,10 @@ def test_a_goal_can_be_met_and_needs_its_launches():
     assert rows["111-gpt2xl-dp1-fit-80GB"][-1].startswith("no verdict: 3 launches")
 
 
-def test_lever_rows_show_each_step_over_the_base_on_one_machine(pin_code):
-    pin_code(DEVICE_NORM_COMMIT)
-    rows = pastref.lever_rows(_cfg())
+def test_lever_rows_show_each_step_over_the_base_on_one_machine(before_triton_norm):
+    cfg = copy.deepcopy(_cfg())
+    cfg["past_reference"]["round"] = ["device_norm"]  # the seventh session's round
+    rows = pastref.lever_rows(cfg)
     mine = [r for r in rows if r[0] == "101-gpt2xl-dp1-gbs1-bf16"]
     assert [r[1:3] for r in mine] == [["1x H100 80GB GPU-1633b835", "base"],
                                        ["1x H100 80GB GPU-1633b835", "`device_norm`"]]  # the round's lever
@@ -83,27 +82,50 @@ def test_lever_rows_show_each_step_over_the_base_on_one_machine(pin_code):
     assert {r[0] for r in rows} == {"101-gpt2xl-dp1-gbs1-bf16", "600-llama1b-1gpu-gbs8"}
 
 
+def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_machine(pin_code):
+    """triton_norm joined the default, and the goals' machine (GPU-14b492fb) ran 111, 112 and 600 once without it:
+    each a base row and a triton_norm row; 101 had no launch without it there, so no rows."""
+    pin_code(*TRITON_NORM_COMMITS)
+    rows = pastref.lever_rows(_cfg())
+    by = _by_target(rows)
+    assert set(by) == {"111-gpt2xl-dp1-fit-80GB", "112-gpt2xl-dp1-fit-80GB-GA4", "600-llama1b-1gpu-gbs8"}
+    for target, (base, lever) in by.items():
+        assert base[1] == lever[1] == "1x H100 80GB GPU-14b492fb" and (base[2], lever[2]) == ("base", "`triton_norm`")
+        assert base[3].endswith("(1 run)") and lever[3].startswith(tuple("0123456789")) and "(3 runs" in lever[3]
+    assert by["111-gpt2xl-dp1-fit-80GB"][0][3] == "353 (1 run)" and by["111-gpt2xl-dp1-fit-80GB"][1][4] == "1.014x"
+    assert float(by["112-gpt2xl-dp1-fit-80GB-GA4"][1][4].rstrip("x")) > 1.01  # four micro-batches of norms
+    goals = _by_target(pastref.goal_rows(_cfg()))
+    assert goals["111-gpt2xl-dp1-fit-80GB"][0][-1] == "missed (1x H100 80GB GPU-14b492fb)"  # 348 ms, not 330
+
+
 def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
     lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 25
+    assert len(lines) == 30
     # every one pays but sdpa_gqa on the 24-layer configuration, device_norm on two of its configurations over
-    # the fourth session's default and no_rerun on Llama-style 8 x 2560, where the runs overlap: the check can fail
+    # the fourth session's default, no_rerun on Llama-style 8 x 2560 and triton_norm on GPT-2 24 x 2048 (its
+    # second machine: 263, 263 against 263, 267 ms), where the runs overlap: the check can fail
     noisy = sorted(ln.split("|")[1].strip() + " " + ln.split("|")[2] for ln in lines if "within noise" in ln)
-    assert len(noisy) == 4
+    assert len(noisy) == 5
     assert "`device_norm`" in noisy[0] and "--num-layers 36" in noisy[0]
     assert "`device_norm`" in noisy[1] and "`--global-batch-size 1`" in noisy[1]
     assert "`no_rerun`" in noisy[2] and "--num-layers 8 --hidden-size 2560" in noisy[2]
     assert "`sdpa_gqa`" in noisy[3] and "--num-layers 24" in noisy[3]
-    # where a machine holds one run of a side (the fifth session ran out of device time), no verdict at all
+    assert "`triton_norm`" in noisy[4] and "--num-layers 24 --hidden-size 2048" in noisy[4]
+    # where a machine holds one run of a side (the fifth session ran out of device time; the ninth tried
+    # compiled_norm once a side beyond the catalog), no verdict at all
     lone = [ln for ln in lines if "no verdict" in ln]
-    assert len(lone) == 2 and all("one run on a side" in ln for ln in lone)
-    assert all("`no_rerun` + `device_norm`" in ln for ln in lone)  # the fifth session's single runs
+    assert len(lone) == 4 and all("one run on a side" in ln for ln in lone)
+    assert sorted(ln.split("|")[1].strip() for ln in lone) == ["`compiled_norm`"] * 2 + ["`no_rerun` + `device_norm`"] * 2
+    # triton_norm beyond the catalog: two configurations pay on one machine, two launches a side (101 at
+    # micro-batch 14, GPT-2 1.2B at micro-batch 16), as a lever that joins the default must
+    paid = [ln for ln in lines if ln.startswith("| `triton_norm` |") and ln.rstrip(" |").endswith("pays")]
+    assert len(paid) == 2 and {"--micro-batch-size 14" in ln for ln in paid} == {True, False}
     # device_norm over the sixth session's default on Llama-style 8 x 2560: the seventh session's two a side pay
     (llama,) = [ln for ln in lines if ln.startswith("| `device_norm` |") and "fused_wgrad,`no_rerun` |" in ln
                 and "--hidden-size 2560" in ln]
     assert llama.rstrip(" |").endswith("pays")
     # compiled_norm on GPT-2 24 x 2048 at 111's batch (with the CUDA graph): 264 against 266-267 ms
-    (norm,) = [ln for ln in lines if ln.startswith("| `compiled_norm` |")]
+    (norm,) = [ln for ln in lines if ln.startswith("| `compiled_norm` |") and "device_norm" not in ln]
     assert "--num-layers 24 --hidden-size 2048" in norm and norm.rstrip(" |").endswith("pays")
     # the configuration chosen for no_rerun before any run of it (GPT-2 24 x 2048) ran in the sixth session: it
     # pays, and so does device_norm there over the new default (a base that names the flag lever it had)
@@ -121,7 +143,7 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
             if isinstance(e, dict):
                 e["extra_args"] += " --seed 7"  # no run had these flags: nothing to compare
     lines = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 25 and all(ln.rstrip(" |").endswith("not run") for ln in lines)
+    assert len(lines) == 30 and all(ln.rstrip(" |").endswith("not run") for ln in lines)
 
 
 def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph():
@@ -139,7 +161,7 @@ def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph():
     assert all("pays" not in ln for ln in rows)
 
 
-def test_a_round_that_tried_the_cuda_graph_runs_its_base_without_it():
+def test_a_round_that_tried_the_cuda_graph_runs_its_base_without_it(before_triton_norm):
     """With `cuda_graph` in the round, a target's base is its default launched with CUDA_GRAPH=0 and the graph
     a step over it: on 111's second machine of the eighth session (two launches a side, goals counting 2),
     365-368 ms without the graph and 348-350 with it."""
@@ -154,7 +176,7 @@ def test_a_round_that_tried_the_cuda_graph_runs_its_base_without_it():
     assert not [r for r in pastref.lever_rows(cfg) if "`cuda_graph`" in r[2]]
 
 
-def test_todays_runs_come_before_older_code(pin_campaign_code):
+def test_todays_runs_come_before_older_code(before_triton_norm):
     """Where launches of today's run code exist, they are the row, with no older mark."""
     rows = _by_target(pastref.goal_rows(_cfg()))
     assert [r[-1] for r in rows["600-llama1b-1gpu-gbs8"]] == ["missed (1x H100 80GB GPU-1633b835)",

@@ -409,7 +409,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 rows.append([label, target, shown, *[""] * 6,
                              "not compared: no machine and code with both" if sides else "not run"])
                 continue
-            s = max(both, key=lambda x: (len(x[True]), len(x[False])))
+            # the machine with the most runs on its thinner side: a verdict needs two a side
+            s = max(both, key=lambda x: (min(len(x[True]), len(x[False])), len(x[True]) + len(x[False])))
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
