@@ -88,6 +88,23 @@ def ms_per_call(fn, reps: int, warmup: int, cuda: bool = True) -> float:
     return (time.perf_counter() - t) / reps * 1e3
 
 
+def kernel_us(fn, reps: int = 20, warmup: int = 5) -> tuple[float, float]:
+    """fn's GPU time per call in microseconds (the kernels' own time, summed by torch.profiler) and its
+    kernels per call: what a microbenchmark compares where the host's time must not count."""
+    import torch
+    from torch.autograd import DeviceType
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in kernels) / reps, len(kernels) / reps
+
+
 # --------------------------------------------------------------------------- weight-gradient accumulation
 def wgrad_shapes(target: str) -> tuple[int, list[tuple[str, int, int, int]]]:
     """(tokens per micro-batch, [(name, out, in, how many per step)]): the linear layers of a catalog

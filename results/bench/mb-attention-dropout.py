@@ -13,27 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from megalab.harness.bench import kernel_us
+
 SHAPES = [  # (what, s, b, heads, head dim)
     ("GPT-2 XL, row 111 (15 x 1024 tokens, 25 heads of 64)", 1024, 15, 25, 64),
     ("GPT-2 24 x 2048 (not a catalog row; 15 x 1024 tokens, 16 heads of 128)", 1024, 15, 16, 128),
 ]
 BACKENDS = [("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
             ("memory-efficient", SDPBackend.EFFICIENT_ATTENTION)]
-
-
-def gpu_ms(fn, reps=10, warmup=3):
-    """The GPU time of fn's kernels per call, in milliseconds (torch.profiler's kernel records)."""
-    from torch.autograd import DeviceType
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return sum(e.time_range.elapsed_us() for e in kernels) / reps / 1e3
 
 
 def main():
@@ -55,7 +42,7 @@ def main():
 
                 try:
                     with sdpa_kernel([backend]):
-                        f, fb = gpu_ms(fwd), gpu_ms(both)
+                        f, fb = (kernel_us(g, reps=10, warmup=3)[0] / 1e3 for g in (fwd, both))
                 except RuntimeError as e:
                     print(f"  dropout {p}: {name:17s} not available here ({str(e).splitlines()[0][:80]})")
                     continue

@@ -16,7 +16,7 @@ Run: python results/bench/mb-norm.py > results/bench/norm-microbench.txt
 import torch
 import torch.nn.functional as F
 
-from megalab.harness.bench import ms_per_call
+from megalab.harness.bench import kernel_us as gpu_us, ms_per_call
 from megalab.runtime import norm
 
 SHAPES = [  # (what, [s, b, h], RMSNorm?)
@@ -26,21 +26,6 @@ SHAPES = [  # (what, [s, b, h], RMSNorm?)
     ("Llama-style RMSNorm, row 600 (1 x 2048 tokens)", (2048, 1, 2048), True),
     ("Llama-style RMSNorm, 8 x 2560 (2 x 2048 tokens)", (2048, 2, 2560), True),
 ]
-
-
-def gpu_us(fn, reps=20, warmup=5):
-    """The GPU time of fn's kernels per call, in microseconds (torch.profiler's kernel records)."""
-    from torch.autograd import DeviceType
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return sum(e.time_range.elapsed_us() for e in kernels) / reps, len(kernels) / reps
 
 
 def main():

@@ -13,7 +13,7 @@ Run: python results/bench/mb-triton-norm.py > results/bench/triton-norm-microben
 import torch
 import torch.nn.functional as F
 
-from megalab.harness.bench import ms_per_call
+from megalab.harness.bench import kernel_us as gpu_us, ms_per_call
 from megalab.runtime import norm, triton_norm
 
 SHAPES = [  # (what, [s, b, h], RMSNorm?)
@@ -25,21 +25,6 @@ SHAPES = [  # (what, [s, b, h], RMSNorm?)
     ("Llama-style RMSNorm, 8 x 2560 (not a catalog row; 2 x 2048 tokens)", (2048, 2, 2560), True),
 ]
 GRIDS = ((2, 8), (4, 1), (4, 8), (4, 16), (8, 8), (16, 8))  # (triton_norm.PROGRAMS_PER_SM, MIN_ROWS) tried
-
-
-def gpu_us(fn, reps=20, warmup=5):
-    """The GPU time of fn's kernels per call, in microseconds (torch.profiler's kernel records)."""
-    from torch.autograd import DeviceType
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return sum(e.time_range.elapsed_us() for e in kernels) / reps, len(kernels) / reps
 
 
 def main():
