@@ -170,8 +170,9 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
 #   - triton_norm (one H100 per call, 2026-11-26, ninth session), every preset (megalab's Norm): its kernels take
 #     122 against torch's 189 us a LayerNorm at 111's shape (results/bench/triton-norm-microbench.txt). 111
-#     346-347 vs 350-351 ms (two a side, one machine), 600 289-290 vs 290-292; beyond the catalog GPT-2
-#     24 x 2048 at 111's batch and 101 at micro-batch 14 (results/bench, "Levers tried against the default").
+#     346-347 vs 350-351 ms (two a side, one machine), 600 289-290 vs 290-292; beyond the catalog 101 at
+#     micro-batch 14 (330-331 vs 336-337) and GPT-2 1.2B at micro-batch 16 (284 vs 287-288); GPT-2 24 x 2048
+#     at 111's batch within noise (263, 263 vs 263, 267; results/bench, "Levers tried against the default").
 # Tried and left opt-in: compiled_norm (one H100, 2026-11-26, seventh session): the compiled norm's kernels take
 # 8% less GPU time at row 111's shape (results/bench/norm-microbench.txt), but each call costs the host about
 # 1.6 ms forward and backward against 0.2 ms: slower on 111, which then ran without the CUDA graph (365-367 vs
