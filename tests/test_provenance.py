@@ -363,6 +363,30 @@ def test_older_commits_with_the_same_run_code_are_one_code(repo):
     assert provenance.code_key(RunRecord.of(_rec(commit=_git(repo, "rev-parse", "HEAD"))), repo) == provenance.CURRENT
 
 
+def test_a_lever_and_its_base_at_one_commit_share_one_code_after_the_levers_file_changes(repo):
+    """A trial's two sides ran one commit: once the lever's own file changes, code_key splits them (the base
+    never ran the file), shared_code_key, over the files either side ran, does not; the old and the new
+    version of the file stay two codes."""
+    norm = repo / "megalab" / "runtime" / "norm.py"
+    norm.write_text("v = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "norm")
+    old = _git(repo, "rev-parse", "HEAD")
+    norm.write_text("v = 2\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "norm faster")
+    new = _git(repo, "rev-parse", "HEAD")
+    provenance._code_state.cache_clear()
+    provenance._code_content.cache_clear()
+    base, lever = "fused_adam", "fused_adam,compiled_norm"
+    side = {f: RunRecord.of(_rec(commit=old, config={"fastpath": f})) for f in (base, lever)}
+    assert provenance.code_key(side[base], repo) != provenance.code_key(side[lever], repo)
+    both = {levers.COMPILED_NORM, "fused_adam"}
+    assert provenance.shared_code_key(side[base], both, repo) == provenance.shared_code_key(side[lever], both, repo)
+    today = RunRecord.of(_rec(commit=new, config={"fastpath": lever}))
+    assert provenance.shared_code_key(today, both, repo) != provenance.shared_code_key(side[lever], both, repo)
+
+
 def test_the_compiled_norm_file_counts_only_for_runs_with_the_lever():
     """megalab/runtime/norm.py runs only under FAST=...,compiled_norm (or all): a change to it leaves other runs'
     code as it was, and does not for a run that used it."""

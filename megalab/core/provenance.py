@@ -225,6 +225,13 @@ def code_key(r: RunRecord, root: Path = ROOT, unused: frozenset[str] | None = No
     return _code_content(str(commit), Path(root), unused) or str(commit)
 
 
+def shared_code_key(r: RunRecord, fast, root: Path = ROOT) -> str:
+    """code_key over the files this record ran or a run with the fast path `fast` (lever names) would: the two
+    sides of a comparison at one commit, a lever and its base, are one code though only one ran the lever's file."""
+    other = r.config.model_copy(update={"fastpath": ",".join(sorted(fast))})
+    return code_key(r, root, unused_files(r.config) & unused_files(other))
+
+
 @functools.lru_cache(maxsize=256)
 def _code_content(commit: str, root: Path, unused: frozenset[str]) -> str | None:
     """A digest of the files (path and blob) under CODE_PATHS at `commit`, or None where git cannot say."""

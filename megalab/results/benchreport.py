@@ -5,7 +5,6 @@ test checks the committed page is what the records give.
 """
 from __future__ import annotations
 
-
 import json
 import statistics
 import sys
@@ -396,9 +395,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                     continue
                 # both sides share the flag levers beside the trial's (one the default took since is in every run);
                 # one code: the files either side ran (the lever's own file counts for its base too: one commit)
-                lever_cfg = r.config.model_copy(update={"fastpath": ",".join(sorted(base | added))})
-                unused = provenance.unused_files(r.config) & provenance.unused_files(lever_cfg)
-                key = (provenance.host_key(r), provenance.code_key(r, root, unused), None if graph else with_graph,
+                key = (provenance.host_key(r), provenance.shared_code_key(r, base | added, root), None if graph else with_graph,
                        flagged - added_flags)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [s for s in sides.values() if s[True] and s[False]]

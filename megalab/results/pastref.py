@@ -136,12 +136,14 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
     for goal, today in ((g, rs) for g in block["goals"] for rs in todays[g["target"]]):
         exp = catalog.get(goal["target"])
         base = base_fast(block, exp)
-        host, code = provenance.host_key(today[0]), provenance.code_key(today[0], root)
+        # one code for the round's runs with and without its levers (a lever's own file counts for the base too)
+        fast = variables.default_fast(exp.num_experts, exp.model_cfg)
+        host, code = provenance.host_key(today[0]), provenance.shared_code_key(today[0], fast, root)
         groups: dict[str, list] = {}
         for r in runs:
             if (r.target != exp.id or r.status != "ok" or not r.step_ms_median or r.config.extra_args
                     or r.config.spec != "megalab" or provenance.host_key(r) != host
-                    or provenance.code_key(r, root) != code):
+                    or provenance.shared_code_key(r, fast, root) != code):
                 continue
             if (added := _added(r, base, graph)) is not None:
                 groups.setdefault(added, []).append(r)
