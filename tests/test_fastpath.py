@@ -83,8 +83,13 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
-                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "sdpa_gqa"]
+                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "bias_gelu",
+                       "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
+    from megatron.core.transformer import mlp
+
+    from megalab.runtime import bias_gelu
+    assert mlp.bias_gelu_impl is bias_gelu.bias_gelu_impl
     assert clip.l2_norm_impl is fastpath.foreach_l2_norm
     from megalab.runtime import clip as folded
     assert optmod.clip_grad_by_total_norm_fp32 is folded.clip_grad_by_total_norm_fp32
@@ -103,8 +108,8 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
-    """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's and
-    triton_norm's installs after the test."""
+    """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's,
+    triton_norm's and bias_gelu's installs after the test."""
     from megatron.core import tensor_parallel
     from megatron.core.optimizer import optimizer as optmod
 
@@ -127,6 +132,9 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
 
     monkeypatch.setattr(norm, "ON", norm.ON)
     monkeypatch.setattr(triton_norm, "ON", triton_norm.ON)
+    from megatron.core.transformer import mlp
+
+    monkeypatch.setattr(mlp, "bias_gelu_impl", mlp.bias_gelu_impl)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

@@ -43,6 +43,7 @@ FEATURE_FILES = {
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
     "megalab/runtime/norm.py": lambda cfg: _asks(cfg, levers.COMPILED_NORM),
     "megalab/runtime/triton_norm.py": lambda cfg: _asks(cfg, levers.TRITON_NORM),
+    "megalab/runtime/bias_gelu.py": lambda cfg: _asks(cfg, levers.BIAS_GELU),
 }
 
 

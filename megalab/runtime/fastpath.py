@@ -31,7 +31,9 @@ the tensor-scale kernel it looks for in TE (multi_tensor_scale_tensor), so the c
 Megatron otherwise reads it to the host (`.item()`), and the GPU waits idle while Python prepares the
 optimizer's launch. A fifteenth, `compiled_norm`, runs megalab's LayerNorm/RMSNorm as the kernels torch.compile
 generates, forward and backward (megalab/runtime/norm.py); a sixteenth, `triton_norm`, runs them as megalab's
-own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton_norm.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton_norm.py); a seventeenth,
+`bias_gelu`, runs the MLP's bias-GeLU backward as one Triton kernel that also sums the bias's gradient
+(megalab/runtime/bias_gelu.py). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -305,6 +307,11 @@ def apply(names: list[str]) -> list[str]:
         if triton_norm.triton is not None:
             triton_norm.ON = True  # megalab's Norm reads it (megalab/runtime/spec.py)
             applied.append("triton_norm")
+    if "bias_gelu" in names:
+        from megalab.runtime import bias_gelu
+
+        if bias_gelu.triton is not None and bias_gelu.install():
+            applied.append("bias_gelu")
     if "sdpa_gqa" in names:
         from megalab.runtime import spec
 

@@ -35,6 +35,8 @@ import weakref
 
 import torch
 
+from megalab.runtime import jit
+
 BLOCK = 2048  # elements per program and per chunk of the table (with 8 warps: 2.97 TB/s on an H100)
 MAX_GROUPS = 4  # per-group lr and weight decay travel as scalar kernel arguments
 
@@ -87,15 +89,8 @@ def _sum_of_squares(g_ptr, starts_ptr, counts_ptr, out_ptr, BLOCK: tl.constexpr)
     tl.store(out_ptr + pid, tl.sum(g * g, axis=0))
 
 
-_KERNELS: dict = {}  # (function, TRITON_INTERPRET's value) -> the jitted kernel (CPU tests run the interpreter)
-
-
 def _kernel(fn=None):
-    fn = fn or _adamw_flat
-    key = (fn.__name__, os.environ.get("TRITON_INTERPRET", "0"))
-    if key not in _KERNELS:
-        _KERNELS[key] = triton.jit(fn)
-    return _KERNELS[key]
+    return jit.kernel(fn or _adamw_flat)
 
 
 _SPACES: "weakref.WeakValueDictionary[int, _Space]" = weakref.WeakValueDictionary()  # grad storage -> space

@@ -10,9 +10,10 @@ compiled_norm (torch.compile's kernels for the same math) took 8% off the GPU ti
 What this does. Forward: one program per row, the statistics in fp32, y rounded once to x's dtype (as
 torch's kernels do); the row's mean and 1/std are kept for the backward (8 bytes a row). Backward: a grid of
 a few programs per SM, each walking its block of rows: the row's input gradient, and the weight and bias
-gradients summed over its rows in fp32 registers; the programs' partial sums (a [programs, hidden] fp32
-table, 2 MB at row 111) are then added by torch and rounded to the weight's dtype once. So dy and x are read
-once, and the weight and bias gradients need no pass of their own.
+gradients summed over its rows in fp32 registers; one more kernel adds the programs' partial sums (a
+[programs, hidden] fp32 table, 3 MB at row 111) straight into the fp32 main_grad of Megatron's grad buffer
+(megalab/runtime/param_grad.py). So dy and x are read once, and the weight and bias gradients need no pass of
+their own, no bf16 rounding and no add of Megatron's hook.
 
 Scope. CUDA tensors whose hidden size fits one block (up to 16384 elements), any float dtype; anything else
 goes to torch's functions (megalab/runtime/spec.py keeps that path). Exactness against torch's norms, in the
@@ -21,9 +22,11 @@ Triton interpreter on CPU: tests/test_triton_norm.py.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from megalab.runtime import param_grad
+from megalab.runtime.jit import kernel
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
     import triton
@@ -37,7 +40,7 @@ PROGRAMS_PER_SM = 4  # backward: enough programs to fill the GPU, few enough tha
 MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
 
 
-def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
+def _norm_forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
              RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SHIFTED: tl.constexpr, BLOCK: tl.constexpr):
     """One row: y = (x - mean) / std * gamma + beta (RMS: x / rms * gamma), statistics in fp32."""
     row = tl.program_id(0).to(tl.int64)
@@ -63,7 +66,7 @@ def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
     tl.store(rstd_ptr + row, rstd)
 
 
-def _backward(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n, rows_per_program,
+def _norm_backward(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n, rows_per_program,
               RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SHIFTED: tl.constexpr, BLOCK: tl.constexpr):
     """A block of rows: each row's dx, and this block's sums of dy * xhat (dgamma) and dy (dbeta)."""
     pid = tl.program_id(0)
@@ -101,16 +104,6 @@ def _backward(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, 
         tl.store(db_ptr + pid * n + cols, db, mask=mask)
 
 
-_KERNELS: dict = {}  # (function, TRITON_INTERPRET's value) -> the jitted kernel (CPU tests run the interpreter)
-
-
-def _kernel(fn):
-    key = (fn.__name__, os.environ.get("TRITON_INTERPRET", "0"))
-    if key not in _KERNELS:
-        _KERNELS[key] = triton.jit(fn)
-    return _KERNELS[key]
-
-
 def _block(n: int) -> int:
     return triton.next_power_of_2(n)
 
@@ -142,11 +135,12 @@ class _Norm(torch.autograd.Function):
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         block = _block(n)
-        _kernel(_forward)[(rows,)](x2, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
-                                   RMS=rms, HAS_BIAS=bias is not None, SHIFTED=shifted, BLOCK=block,
-                                   num_warps=_warps(block))
+        kernel(_norm_forward)[(rows,)](x2, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
+                                       RMS=rms, HAS_BIAS=bias is not None, SHIFTED=shifted, BLOCK=block,
+                                       num_warps=_warps(block))
         ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.has_bias, ctx.rms, ctx.shifted, ctx.shape = bias is not None, rms, shifted, x.shape
+        ctx.params = [weight] if bias is None else [weight, bias]  # the Parameters: main_grad lives on them
+        ctx.rms, ctx.shifted, ctx.shape = rms, shifted, x.shape
         return y.view(x.shape)
 
     @staticmethod
@@ -160,15 +154,14 @@ class _Norm(torch.autograd.Function):
         programs = _programs(x2, rows)
         per = triton.cdiv(rows, programs)
         programs = triton.cdiv(rows, per)
-        dw = torch.empty(programs, n, dtype=torch.float32, device=x2.device)
-        db = torch.empty(programs, n, dtype=torch.float32, device=x2.device) if ctx.has_bias else dw
+        parts = param_grad.tables(len(ctx.params), programs, n, x2.device)  # dgamma's, then dbeta's
+        has_bias = len(ctx.params) == 2
         block = _block(n)
-        _kernel(_backward)[(programs,)](x2, weight, dy2, dx, mean, rstd, dw, db, rows, n, per,
-                                        RMS=ctx.rms, HAS_BIAS=ctx.has_bias, SHIFTED=ctx.shifted, BLOCK=block,
-                                        num_warps=_warps(block))
-        dweight = dw.sum(0).to(weight.dtype)
-        dbias = db.sum(0).to(weight.dtype) if ctx.has_bias else None
-        return dx.view(ctx.shape), dweight, dbias, None, None, None
+        kernel(_norm_backward)[(programs,)](x2, weight, dy2, dx, mean, rstd, parts[0], parts[-1], rows, n, per,
+                                            RMS=ctx.rms, HAS_BIAS=has_bias, SHIFTED=ctx.shifted, BLOCK=block,
+                                            num_warps=_warps(block))
+        grads = param_grad.reduce(ctx.params, parts) if any(ctx.needs_input_grad[1:3]) else [None, None]
+        return dx.view(ctx.shape), grads[0], grads[1] if has_bias else None, None, None, None
 
 
 def fits(x: torch.Tensor) -> bool:

@@ -1,0 +1,24 @@
+"""megalab's Triton kernels, jitted once per interpreter mode.
+
+The kernels are plain functions in their modules (flat_adam.py, triton_norm.py, param_grad.py, bias_gelu.py) and
+are jitted here on first use, keyed by TRITON_INTERPRET's value: the CPU tests run them in Triton's interpreter,
+which must be chosen before a kernel is jitted, and a process may use both modes (a test's fresh interpreter).
+"""
+from __future__ import annotations
+
+import os
+
+try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it)
+    import triton
+except ImportError:  # pragma: no cover
+    triton = None
+
+_KERNELS: dict = {}  # (module, function, TRITON_INTERPRET's value) -> the jitted kernel
+
+
+def kernel(fn):
+    """`fn` jitted by Triton, once per interpreter mode."""
+    key = (fn.__module__, fn.__name__, os.environ.get("TRITON_INTERPRET", "0"))
+    if key not in _KERNELS:
+        _KERNELS[key] = triton.jit(fn)
+    return _KERNELS[key]

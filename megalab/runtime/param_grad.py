@@ -1,0 +1,84 @@
+"""A small parameter's gradient from a kernel's table of partial sums, added straight into its fp32 main_grad.
+
+Why. A norm's weight and bias, and a linear layer's bias, get gradients that are sums over every token. megalab's
+Triton kernels (triton_norm.py, bias_gelu.py) sum them in registers while they write the input gradient, one row
+of partial sums per program. Adding that table up with torch, rounding it to bf16 for autograd, and then Megatron's
+DDP hook adding the bf16 gradient into the fp32 main_grad is three kernels a parameter (at row 111 about 580
+small launches a step, results/bench "Where a step goes"). Here one kernel sums the table's rows and adds the
+result, still in fp32, into main_grad, then tells Megatron's hook that the gradient is in (grad_added_to_main_grad),
+as Megatron's own linear layers do under --gradient-accumulation-fusion and embedding_grad.py does for the word
+embedding. Autograd gets an uninitialised stand-in, which the hook needs to fire on and never reads.
+
+Where a parameter has no main_grad (no DDP wrapper: the CPU tests, inference) or Megatron zeroes its gradient
+itself (zero_out_wgrad), the same kernel writes the gradient in the parameter's dtype instead, for autograd.
+Exactness: tests/test_param_grad.py (Triton's interpreter on CPU).
+"""
+from __future__ import annotations
+
+import torch
+
+from megalab.runtime.jit import kernel
+
+try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+BLOCK_ROWS = 64  # rows of the table summed per step of the loop
+BLOCK_COLS = 64  # columns per program: hidden 1600 gives 25 programs a table
+
+
+def _sum_rows(part_ptr, out0_ptr, out1_ptr, rows, n, ADD: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """Columns [pid * BLOCK_C, ...) of table program_id(1): the sum over its rows, added to (ADD) or written
+    into that table's output, in the output's dtype."""
+    pid = tl.program_id(0)
+    table = tl.program_id(1)
+    cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < n
+    base = part_ptr + table.to(tl.int64) * rows * n
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    for r0 in range(0, rows, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        m = (r[:, None] < rows) & cmask[None, :]
+        acc += tl.load(base + r[:, None] * n + cols[None, :], mask=m, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if table == 0:
+        if ADD:
+            total += tl.load(out0_ptr + cols, mask=cmask, other=0.0)
+        tl.store(out0_ptr + cols, total.to(out0_ptr.dtype.element_ty), mask=cmask)
+    else:
+        if ADD:
+            total += tl.load(out1_ptr + cols, mask=cmask, other=0.0)
+        tl.store(out1_ptr + cols, total.to(out1_ptr.dtype.element_ty), mask=cmask)
+
+
+def into_main_grad(param: torch.Tensor) -> bool:
+    """Whether `param`'s gradient can go straight into its fp32 main_grad (Megatron's DDP param with its hook's
+    flag, whose gradient Megatron does not zero itself)."""
+    main = getattr(param, "main_grad", None)
+    return (main is not None and main.dtype == torch.float32 and hasattr(param, "grad_added_to_main_grad")
+            and not getattr(param, "zero_out_wgrad", False) and main.shape == param.shape)
+
+
+def tables(count: int, programs: int, n: int, device) -> torch.Tensor:
+    """The partial-sum tables a kernel fills: [count, programs, n] fp32, one per parameter."""
+    return torch.empty(count, programs, n, dtype=torch.float32, device=device)
+
+
+def reduce(params: list[torch.Tensor], parts: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients autograd gets for `params` (one or two 1-D parameters of size n), whose partial sums are
+    `parts` ([len(params), programs, n] fp32): in each main_grad where every one has it (stand-ins returned),
+    else computed in the parameter's dtype."""
+    count, rows, n = parts.shape
+    into = all(into_main_grad(p) for p in params)
+    outs = [p.main_grad if into else torch.empty(n, dtype=p.dtype, device=parts.device) for p in params]
+    grid = (triton.cdiv(n, BLOCK_COLS), count)
+    kernel(_sum_rows)[grid](parts, outs[0], outs[-1], rows, n, ADD=into, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+                            num_warps=4)
+    if not into:
+        return outs
+    for p in params:
+        p.grad_added_to_main_grad = True  # Megatron's DDP hook skips its add (distributed_data_parallel.py)
+    return [torch.empty(p.shape, dtype=p.dtype, device=p.device) for p in params]
