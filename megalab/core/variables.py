@@ -181,13 +181,10 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
-# Beside it where the preset's MLP is a GeLU with biases (GPT-2's; Megatron's fused bias-GeLU runs there only).
-GELU_BIAS_FAST = (levers.BIAS_GELU,)
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
-    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, bias_gelu where the preset's MLP is a GeLU
-    with biases (Megatron's fused bias-GeLU: not SwiGLU, biases not disabled), then fused_wgrad for a dense model,
+    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then fused_wgrad for a dense model,
     compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
     from the output layer, grouped_gemm where a MoE preset asks for
     moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
@@ -195,9 +192,8 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     cfg = model_cfg or {}
     moe = bool(num_experts)
     rope = cfg.get("position_embedding", "learned_absolute") == "rope"
-    gelu_bias = not cfg.get("swiglu") and not cfg.get("disable_bias_linear")
-    return (DEFAULT_FAST + (GELU_BIAS_FAST if gelu_bias else ()) + (() if moe else (levers.FUSED_WGRAD,))
-            + ((levers.COMPILED_ROPE,) if rope else ()) + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
+    return (DEFAULT_FAST + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
+            + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
             + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ()))
 
 
