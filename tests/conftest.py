@@ -166,8 +166,10 @@ NO_RERUN_COMMIT = "542a644e59625408815762655805ec0645c76d68"
 DEVICE_NORM_COMMIT = "5d31ca8dc6ffad7bca5e655b34f7ec4e59a10806"
 # The eighth session's run code (CUDA_GRAPH=auto's room rule): 111 and 112 graphed by default, the 4x H100 rows.
 GRAPH_ROOM_COMMITS = ("1c266dac672fc0242c30ebc4bf8619ce0f78b21e", "8ce1249db2cdaafc583ff4e5a6dc8d84e978d5d7")
-# The ninth session's default (triton_norm in): the goals' launches and their bases without it, on one H100.
-TRITON_NORM_COMMITS = ("6f7efc0b0b77f2af9aa80e4b594f1ad123438046", "bd4b70664834035ff881ee68aaaad2ad793be3d4")
+# The ninth session's default (triton_norm in): the goals' launches and their bases without it, on one H100, and
+# the other one-GPU rows once each on a second.
+TRITON_NORM_COMMITS = ("6f7efc0b0b77f2af9aa80e4b594f1ad123438046", "bd4b70664834035ff881ee68aaaad2ad793be3d4",
+                       "5b4096e5dd9a536094e58ea98eb95e852b001082")
 # The launcher's default fast path before triton_norm joined it.
 BEFORE_TRITON_NORM = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam",
                       "flat_adam", "device_norm")

@@ -162,6 +162,18 @@ def test_todays_runs_since_triton_norm_are_the_goals_launches(pin_code):
     assert all(catalog.get(row).id not in today for row in ("301", "285", "002", "212"))
 
 
+def test_todays_runs_are_the_tenth_sessions_launches():
+    """After the tenth session's runtime change (param_grad, bias_gelu opt-in), today's runs are its launches on
+    one H100: three each of 111, 112, 101 and 600, once each 221, 211, 231 and 241; the ninth session's other
+    one-GPU rows (113, 121, 001, 300) are older until they run again."""
+    today = campaign.todays_runs()
+    for row in ("111", "112", "101", "600"):
+        assert today[catalog.get(row).id] == (3, False)
+    for row in ("221", "211", "231", "241"):
+        assert today[catalog.get(row).id] == (1, False)
+    assert all(catalog.get(row).id not in today for row in ("113", "121", "001", "300", "301", "002"))
+
+
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine
 
 
