@@ -46,7 +46,8 @@ def _bias_gelu_backward(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < n
     bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)  # summed over its rows once, at the end: no
+    # reduction across the program's warps in the loop
     first = pid_r * rows_per_program
     last = tl.minimum(first + rows_per_program, rows)
     for r0 in range(first, last, BLOCK_R):
@@ -60,8 +61,8 @@ def _bias_gelu_backward(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per
         ff = 0.5 * x * ((1.0 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1.0 + t)
         dx = tl.where(m, ff * g, 0.0)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
-        acc += tl.sum(dx, axis=0)
-    tl.store(part_ptr + pid_r * n + cols, acc, mask=cmask)
+        acc += dx
+    tl.store(part_ptr + pid_r * n + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 @functools.cache

@@ -5,6 +5,10 @@ megalab's Triton backward with the bias's sum in the same kernel, the latter at 
 LayerNorm's forward and backward with triton_norm's weight and bias gradients as autograd takes them against added
 straight into an fp32 main_grad (megalab/runtime/param_grad.py), Megatron's hook's add included on the first side.
 
+Megatron's bias_gelu and bias_gelu_back are torch.compile'd: torch recompiles them for each new shape and, from
+the second, for any shape (slower kernels). A run sees one shape, so each shape here starts from a fresh compile
+cache (torch._dynamo.reset()), as a run does.
+
 GPU time per call: the kernels' own time, summed by torch.profiler (megalab/harness/bench.py kernel_us). The ideal
 is the bytes the backward must move (read the gradient and the saved input, write the input gradient) at the GPU's
 memory speed.
@@ -24,7 +28,7 @@ SHAPES = [  # (what, [s, b, 4h])
     ("GPT-2 24 x 2048 MLP (not a catalog row; 15 x 1024 tokens, 4 x 2048)", (1024, 15, 8192)),
     ("GPT-2 XL MLP at micro-batch 14 (not a catalog row)", (1024, 14, 6400)),
 ]
-TILES = ((32, 128, 4), (16, 128, 4), (32, 256, 8), (64, 128, 8), (16, 256, 4))  # (rows, columns, warps)
+TILES = ((32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 128, 8), (64, 64, 4), (32, 64, 4))  # (rows, cols, warps)
 
 
 def main():
@@ -33,6 +37,7 @@ def main():
     props = torch.cuda.get_device_properties(0)
     print(torch.cuda.get_device_name(), getattr(props, "uuid", ""), f"{props.multi_processor_count} SMs")
     for what, shape in SHAPES:
+        torch._dynamo.reset()  # Megatron's kernels compiled for this shape alone, as in a run
         n = shape[-1]
         y = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         b = (torch.randn(n, device="cuda") * 0.1).to(torch.bfloat16).requires_grad_()
