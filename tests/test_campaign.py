@@ -147,31 +147,17 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     assert catalog.get("118").id not in today
 
 
-def test_todays_runs_since_triton_norm_are_the_goals_launches(pin_code):
-    """With triton_norm in the default (the ninth session), today's runs are the goals' plain launches on one
-    H100, three each of 111, 112, 101 and 600, and the other one-GPU rows once each on a second H100 but 301
-    (the device time ran out); every row of more GPUs waits for a campaign (its runs are older)."""
-    from tests.conftest import TRITON_NORM_COMMITS
-
-    pin_code(*TRITON_NORM_COMMITS)
-    today = campaign.todays_runs()
-    for row in ("111", "112", "101", "600"):
-        assert today[catalog.get(row).id] == (3, False)
-    for row in ("113", "121", "001", "221", "211", "241", "231", "300"):
-        assert today[catalog.get(row).id] == (1, False)
-    assert all(catalog.get(row).id not in today for row in ("301", "285", "002", "212"))
-
-
 def test_todays_runs_are_the_tenth_sessions_launches():
-    """After the tenth session's runtime change (param_grad, bias_gelu opt-in), today's runs are its launches on
-    one H100: three each of 111, 112, 101 and 600, once each 221, 211, 231 and 241; the ninth session's other
-    one-GPU rows (113, 121, 001, 300) are older until they run again."""
+    """After the tenth session's runtime change (param_grad; bias_gelu opt-in), today's runs are its launches on
+    two H100s: three each of 111, 112, 101 and 600 on the first (the machine with the most counts), the other
+    one-GPU rows once each, 301 out of memory; every row of more GPUs waits for a campaign (its runs are older)."""
     today = campaign.todays_runs()
     for row in ("111", "112", "101", "600"):
         assert today[catalog.get(row).id] == (3, False)
-    for row in ("221", "211", "231", "241"):
+    for row in ("221", "211", "231", "241", "113", "121", "001", "300"):
         assert today[catalog.get(row).id] == (1, False)
-    assert all(catalog.get(row).id not in today for row in ("113", "121", "001", "300", "301", "002"))
+    assert today[catalog.get("301").id] == (0, True)
+    assert all(catalog.get(row).id not in today for row in ("285", "002", "212"))
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine

@@ -356,8 +356,8 @@ def _flag_levers(rec: RunRecord, flag_levers: dict[str, list[str]]) -> tuple[str
 def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
     tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
-    added, on the machine, code and CUDA-graph setting where both sides ran (the most runs with the
-    levers). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
+    added, on the machine, code and CUDA-graph setting where both sides ran (today's code where both sides
+    have it, else the most runs on the thinner side). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
     the loss parity of the first pair (the bench's rule)."""
     # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
@@ -398,7 +398,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 key = (provenance.host_key(r), provenance.shared_code_key(r, base | added, root), None if graph else with_graph,
                        flagged - added_flags)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
-            both = [s for s in sides.values() if s[True] and s[False]]
+            both = [(k, s) for k, s in sides.items() if s[True] and s[False]]
             if extra:
                 target = f"{target} + `{extra}` (not a catalog row)"
             shown = ",".join([*sorted(base), *(f"`{n}`" for n in sorted(base_flags))])
@@ -406,8 +406,10 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 rows.append([label, target, shown, *[""] * 6,
                              "not compared: no machine and code with both" if sides else "not run"])
                 continue
-            # the machine with the most runs on its thinner side: a verdict needs two a side
-            s = max(both, key=lambda x: (min(len(x[True]), len(x[False])), len(x[True]) + len(x[False])))
+            # today's code first (a lever whose own file changed since is judged as it is now), then the machine
+            # with the most runs on its thinner side: a verdict needs two a side
+            _, s = max(both, key=lambda ks: (ks[0][1] == provenance.CURRENT, min(len(ks[1][True]), len(ks[1][False])),
+                                             len(ks[1][True]) + len(ks[1][False])))
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
