@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "737ce0e0f4f7e4f4a0bca19feda8155a43bbc66e"
-FROZEN_TIME = "2026-11-26T15:23:31+00:00"
+FROZEN_AT = "8ce72835e6edc870f52db293422a0ab938b439a5"
+FROZEN_TIME = "2026-11-26T15:50:01+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
