@@ -178,6 +178,12 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # 1.6 ms forward and backward against 0.2 ms: slower on 111, which then ran without the CUDA graph (365-367 vs
 # 361-365 ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267). Tried again in the ninth session with
 # the graph that hides the host's cost: 111 within noise (348-349 vs 349-353). triton_norm replaced it.
+# Tried and left opt-in: bias_gelu (one H100 per call, 2026-11-26, tenth session), GPT-2's GeLU MLP: its first kernel
+# was within noise on 111 (345-347 vs 344-346 ms); with its partial sums fixed, 111 342, 342 vs 343, 343 ms, but
+# beyond the catalog GPT-2 24 x 2048 within noise (257, 257 vs 256, 258) and 101 at micro-batch 14 325, 325 vs 324
+# (one base run). Its microbenchmark (results/bench/bias-gelu-microbench.txt) shows why: at 111's shape Megatron's
+# compiled backward and sum take 275 us and the committed tile 293 us; another tile took 221 us there but lost at
+# other shapes, so a tile per shape (autotuning) is its next step.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
