@@ -31,8 +31,10 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-BLOCK_ROWS = 32  # rows a program handles per step of its loop
-BLOCK_COLS = 128  # columns a program owns (its partial sums): 4 x hidden 1600 = 6400 gives 50 column blocks
+# The tile: 64 x 64 with 4 warps was the fastest of six at every shape of the microbenchmark (221 against Megatron's
+# 275 us at 111's, results/bench/bias-gelu-microbench.txt); 32 x 128 lost at 111's.
+BLOCK_ROWS = 64  # rows a program handles per step of its loop
+BLOCK_COLS = 64  # columns a program owns (its partial sums): 4 x hidden 1600 = 6400 gives 100 column blocks
 PROGRAMS_PER_SM = 4  # enough programs to fill the GPU, few enough that the partial table stays small
 WARPS = 4  # per program: 128 threads, 32 values each a tile
 
