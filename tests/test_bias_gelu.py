@@ -41,8 +41,9 @@ def _check(dtype_name: str, wrong: str = ""):
         B._BiasGeLU.backward = (lambda ctx, g, f=B._BiasGeLU.backward: (
             f(_Ctx(ctx, zero_bias=True), g)))
     tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -7}[dtype]
-    # rows: 1, a few, a ragged last block; columns: fewer than a block, not a multiple of one
-    for rows, n in ((1, 7), (5, 130), (3 * B.BLOCK_ROWS + 5, 257)):
+    # rows: 1, a few, a ragged last block; columns: fewer than a block, not a multiple of one; the last case
+    # narrow enough (one column block) that its rows are split between programs (the interpreter counts one SM)
+    for rows, n in ((1, 7), (5, 130), (3 * B.BLOCK_ROWS + 5, 257), (3 * B.BLOCK_ROWS + 5, 40)):
         for into_main_grad in (False, True):
             g = torch.Generator().manual_seed(rows * n + into_main_grad)
             y = (torch.randn(rows, 1, n, generator=g, dtype=torch.float64) * 2).to(dtype).double()
