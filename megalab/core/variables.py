@@ -182,8 +182,10 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # was within noise on 111 (345-347 vs 344-346 ms); with its partial sums fixed, 111 342, 342 vs 343, 343 ms, but
 # beyond the catalog GPT-2 24 x 2048 within noise (257, 257 vs 256, 258) and 101 at micro-batch 14 325, 325 vs 324
 # (one base run). Its microbenchmark (results/bench/bias-gelu-microbench.txt) shows why: at 111's shape Megatron's
-# compiled backward and sum take 275 us and the committed tile 293 us; another tile took 221 us there but lost at
-# other shapes, so a tile per shape (autotuning) is its next step.
+# compiled backward and sum take 275 us and that tile 293 us; 64 x 64 took 221 us there and was the fastest of six
+# at every shape. With it (one H100 each, the device time nearly spent): 111 339, 341 vs 343 ms, 24 x 2048 256 vs
+# 258 and 257, 101 at micro-batch 14 320 vs 322 and 323: ahead everywhere, by 1-2 ms, but one base run a machine,
+# so no verdict yet. Its next step: two launches a side on one machine, then the goals again with it.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
