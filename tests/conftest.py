@@ -208,3 +208,12 @@ def before_triton_norm(pin_code, monkeypatch):
 def pin_campaign_code(pin_code):
     """Records of the newest campaign's commit (DEVICE_NORM_COMMIT) and of CAMPAIGN_COMMIT count as today's code."""
     return pin_code(DEVICE_NORM_COMMIT, CAMPAIGN_COMMIT)
+
+
+def interpreted(call: str, timeout: int = 600):
+    """`call` (Python, e.g. "import test_x as t; t._check()") in a fresh interpreter with Triton's interpreter on:
+    Triton reads TRITON_INTERPRET when it is imported, so megalab's kernels run on CPU only in a new process."""
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    return subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=timeout)

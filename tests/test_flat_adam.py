@@ -253,15 +253,9 @@ def _norm_check():
 def test_the_clips_norm_reads_the_flat_table_and_only_for_exactly_its_gradients():
     """foreach_norm's total over a space's gradients: one kernel over the table (the NaN padding unread),
     equal to the norm in float64; any other set of tensors goes the foreach way."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.conftest import interpreted
 
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{root / 'tests'}")
-    out = subprocess.run([sys.executable, "-c", "import test_flat_adam as t; t._norm_check()"], env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = interpreted("import test_flat_adam as t; t._norm_check()", timeout=300)
     assert out.returncode == 0 and "norm ok" in out.stdout, out.stderr[-3000:]
 
 

@@ -2,12 +2,7 @@
 main_grad, or writes the gradient in the parameter's dtype where it cannot; and triton_norm's weight and bias
 gradients take that path. In Triton's interpreter on CPU, in a fresh interpreter (TRITON_INTERPRET is read when
 Triton is imported)."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import interpreted
 
 
 def _param(n, dtype, main=None, flag=True, zero_out=False):
@@ -79,7 +74,5 @@ def _check():
 def test_param_grad_adds_into_main_grad_or_hands_autograd_the_gradient():
     """Sums over a table's rows added into every main_grad (the hook's flag set), or, where one parameter has no
     flag or is zeroed by Megatron, written for autograd and main_grad left alone; triton_norm's gradients go in."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    out = subprocess.run([sys.executable, "-c", "import test_param_grad as t; t._check()"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = interpreted("import test_param_grad as t; t._check()")
     assert out.returncode == 0 and "param_grad ok" in out.stdout, out.stderr[-3000:]

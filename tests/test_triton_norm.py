@@ -2,14 +2,9 @@
 weight and bias gradients, in Triton's interpreter on CPU (the kernels themselves run, not a copy of their math).
 Triton's reductions are interpreted only where TRITON_INTERPRET was set before Triton was imported, so the
 checks run in a fresh interpreter."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import interpreted
 
 
 def _check(dtype_name: str, wrong: str = ""):
@@ -60,9 +55,7 @@ def _check(dtype_name: str, wrong: str = ""):
 
 
 def _run(*args):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    call = f"import test_triton_norm as t; t._check({', '.join(repr(a) for a in args)})"
-    return subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=600)
+    return interpreted(f"import test_triton_norm as t; t._check({', '.join(repr(a) for a in args)})")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
