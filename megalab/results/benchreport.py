@@ -357,8 +357,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
     tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
     added, on the machine, code and CUDA-graph setting where both sides ran (today's code where both sides
-    have it, else the most runs on the thinner side). Step time as the median of the runs' medians (range, n), peak memory, with / without, and
-    the loss parity of the first pair (the bench's rule)."""
+    have it, else the most runs on the thinner side). Step time as the median of the runs' medians (range,
+    n), peak memory, with / without, and the loss parity of the first pair (the bench's rule)."""
     # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
             for r in read_records(d, "megalab bench-report")]
@@ -395,8 +395,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                     continue
                 # both sides share the flag levers beside the trial's (one the default took since is in every run);
                 # one code: the files either side ran (the lever's own file counts for its base too: one commit)
-                key = (provenance.host_key(r), provenance.shared_code_key(r, base | added, root), None if graph else with_graph,
-                       flagged - added_flags)
+                key = (provenance.host_key(r), provenance.shared_code_key(r, base | added, root),
+                       None if graph else with_graph, flagged - added_flags)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [(k, s) for k, s in sides.items() if s[True] and s[False]]
             if extra:
