@@ -83,8 +83,8 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
-                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "bias_gelu",
-                       "sdpa_gqa"]
+                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "norm_residual",
+                       "bias_gelu", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     from megatron.core.transformer import mlp
 
@@ -109,7 +109,7 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
     """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's,
-    triton_norm's and bias_gelu's installs after the test."""
+    triton_norm's (norm_residual's with it) and bias_gelu's installs after the test."""
     from megatron.core import tensor_parallel
     from megatron.core.optimizer import optimizer as optmod
 
@@ -132,6 +132,7 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
 
     monkeypatch.setattr(norm, "ON", norm.ON)
     monkeypatch.setattr(triton_norm, "ON", triton_norm.ON)
+    monkeypatch.setattr(triton_norm, "RESIDUAL", triton_norm.RESIDUAL)
     from megatron.core.transformer import mlp
 
     monkeypatch.setattr(mlp, "bias_gelu_impl", mlp.bias_gelu_impl)
@@ -271,3 +272,14 @@ def test_install_wgrad_fusion_leaves_apexs_extension_alone(monkeypatch):
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     assert fastpath.install_wgrad_fusion() is False
     assert sys.modules["fused_weight_gradient_mlp_cuda"] is apex_ext
+
+
+def test_norm_residual_needs_triton_norm(monkeypatch):
+    """norm_residual's add is in triton_norm's kernel: without triton_norm nothing is applied (the launcher
+    refuses that FAST itself: tests/test_plan.py)."""
+    from megalab.runtime import triton_norm
+
+    monkeypatch.setattr(triton_norm, "ON", False)
+    monkeypatch.setattr(triton_norm, "RESIDUAL", False)
+    assert fastpath.apply(["norm_residual"]) == []
+    assert not triton_norm.RESIDUAL

@@ -353,3 +353,12 @@ def test_two_levers_that_replace_the_norm_are_refused_together():
         plan.build(catalog.get("111"), _opts(fast=both))
     assert {"compiled_norm", "triton_norm"} <= set(plan.build(catalog.get("111"), _opts(fast="all")).fast)
     assert plan.build(catalog.get("111"), _opts(fast="fused_adam,triton_norm")).fast == ("fused_adam", "triton_norm")
+
+
+def test_norm_residual_without_triton_norm_is_refused():
+    """norm_residual's add lives in triton_norm's backward kernel: named without it, the launch stops with one
+    line naming both and the fix."""
+    with pytest.raises(variables.LaunchError, match=r"norm_residual .*triton_norm is not in the list; fix: add"):
+        plan.build(catalog.get("111"), _opts(fast="fused_adam,norm_residual"))
+    assert plan.build(catalog.get("111"), _opts(fast="triton_norm,norm_residual")).fast == ("triton_norm",
+                                                                                          "norm_residual")

@@ -381,7 +381,7 @@ def test_gpt_matches_megatron_local_spec(megatron_on_cpu, overrides):
     shapes = lambda m: {n: p.shape for n, p in m.named_parameters()}  # noqa: E731
     assert shapes(ours) == shapes(local)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in local.parameters())
-    assert all(type(m) is Norm for m in _norms(ours).values())
+    assert all(isinstance(m, Norm) for m in _norms(ours).values())
     assert "final_layernorm" in " ".join(_norms(ours))
     assert all(type(layer.self_attention.core_attention) is SDPAttention
                for layer in ours.decoder.layers)
@@ -424,7 +424,7 @@ def test_gpt_with_sequence_parallel_config_builds_and_marks_every_norm(megatron_
     norms = _norms(ours_sp)
     assert "decoder.final_layernorm" in norms
     for n, norm in norms.items():
-        assert type(norm) is Norm, n
+        assert isinstance(norm, Norm), n
         assert all(p.sequence_parallel for p in norm.parameters()), n
 
     cfg = _config()
@@ -451,7 +451,7 @@ def test_moe_spec_matches_megatron_local_moe_block(world1):
     shapes = lambda m: {n: p.shape for n, p in m.named_parameters()}  # noqa: E731
     assert shapes(ours) == shapes(local)
     assert [isinstance(layer.mlp, MoELayer) for layer in ours.decoder.layers] == [True, False]
-    assert all(type(m) is Norm for m in _norms(ours).values())
+    assert all(isinstance(m, Norm) for m in _norms(ours).values())
     assert all(type(layer.self_attention.core_attention) is SDPAttention
                for layer in ours.decoder.layers)
 

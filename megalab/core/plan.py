@@ -136,6 +136,10 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
         if lever in names and "fused_adam" not in names:
             raise LaunchError(f"FAST={value}: {lever} {what}, and fused_adam is not in the list; fix: add "
                               f"fused_adam to FAST, or drop {lever}")
+    if levers.NORM_RESIDUAL in names and levers.TRITON_NORM not in names:
+        raise LaunchError(f"FAST={value}: {levers.NORM_RESIDUAL} adds the residual's gradient inside "
+                          f"{levers.TRITON_NORM}'s kernel, and {levers.TRITON_NORM} is not in the list; fix: add "
+                          f"{levers.TRITON_NORM} to FAST, or drop {levers.NORM_RESIDUAL}")
     if levers.COMPILED_NORM in names and levers.TRITON_NORM in names and value.strip() != "all":  # all: triton's
         raise LaunchError(f"FAST={value}: {levers.COMPILED_NORM} and {levers.TRITON_NORM} both replace the norm's "
                           f"kernels; fix: keep one of the two in FAST")

@@ -33,7 +33,9 @@ optimizer's launch. A fifteenth, `compiled_norm`, runs megalab's LayerNorm/RMSNo
 generates, forward and backward (megalab/runtime/norm.py); a sixteenth, `triton_norm`, runs them as megalab's
 own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton_norm.py); a seventeenth,
 `bias_gelu`, runs the MLP's bias-GeLU backward as one Triton kernel that also sums the bias's gradient
-(megalab/runtime/bias_gelu.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+(megalab/runtime/bias_gelu.py); an eighteenth, `norm_residual`, beside triton_norm, lets a transformer layer's
+norms hand Megatron the residual too, so that its gradient is added inside the norm's backward kernel instead of
+in a pass of autograd's own (megalab/runtime/triton_norm.py). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -307,6 +309,12 @@ def apply(names: list[str]) -> list[str]:
         if triton_norm.triton is not None:
             triton_norm.ON = True  # megalab's Norm reads it (megalab/runtime/spec.py)
             applied.append("triton_norm")
+    if "norm_residual" in names:
+        from megalab.runtime import triton_norm
+
+        if triton_norm.ON:  # only beside triton_norm: its backward kernel does the add
+            triton_norm.RESIDUAL = True  # megalab's ResidualNorm reads it (megalab/runtime/spec.py)
+            applied.append("norm_residual")
     if "bias_gelu" in names:
         from megalab.runtime import bias_gelu
 

@@ -316,6 +316,7 @@ class Norm(torch.nn.Module):
         for p in (self.weight, self.bias):
             if p is not None:
                 setattr(p, "sequence_parallel", config.sequence_parallel)
+        self.gives_residual = False  # (output, residual): ResidualNorm (below), a TransformerLayer's two norms
 
     def reset_parameters(self) -> None:
         """Reinitialise: gamma = 1 (stored as 0 when zero-centred), beta = 0."""
@@ -325,7 +326,10 @@ class Norm(torch.nn.Module):
                 self.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
-        if triton_norm.ON and x.is_cuda and triton_norm.fits(x):  # the triton_norm lever (its file)
+        if triton_norm.takes(x):  # the triton_norm lever (its file)
+            if self.gives_residual and triton_norm.RESIDUAL:  # the norm_residual lever: (output, residual)
+                return triton_norm.norm_residual(x, self.weight, self.bias, self.eps,
+                                                 self.normalization == "RMSNorm", self.zero_centered_gamma)
             return triton_norm.norm(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
                                     self.zero_centered_gamma)
         if norm.ON and x.is_cuda:  # the compiled_norm lever (megalab/runtime/norm.py)
@@ -338,6 +342,21 @@ class Norm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalization}, {self.hidden_size}, eps={self.eps}"
+
+
+class ResidualNorm(Norm):
+    """A TransformerLayer's input_layernorm or pre_mlp_layernorm: with the norm_residual lever (and triton_norm)
+    it returns (output, residual), the pair Megatron's layer accepts from its norm (transformer_layer.py takes its
+    residual from it), so the residual branch's gradient comes back into the norm's backward kernel and is added
+    there, not in a pass of autograd's own (megalab/runtime/triton_norm.py, _NormResidual). Where the layer
+    recomputes or offloads its norms, Megatron's wrappers around the norm expect one tensor: it returns one."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs):
+        super().__init__(config, hidden_size, eps, **kwargs)
+        recomputed = (config.recompute_granularity == "selective"
+                      and "layernorm" in (config.recompute_modules or ()))
+        offloaded = bool(getattr(config, "fine_grained_activation_offloading", False))
+        self.gives_residual = not (recomputed or offloaded)
 
 
 def _transformer_config(config) -> TransformerConfig:
@@ -377,7 +396,7 @@ def megalab_transformer_layer_spec(
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=Norm,
+            input_layernorm=ResidualNorm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -390,7 +409,7 @@ def megalab_transformer_layer_spec(
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=Norm,
+            pre_mlp_layernorm=ResidualNorm,
             # Dense MLP or, with num_experts, Megatron's local MoE layer (its router and token
             # dispatcher) with SequentialMLP or, with moe_grouped_gemm, GroupedMLP experts.
             mlp=(

@@ -22,6 +22,7 @@ Triton interpreter on CPU: tests/test_triton_norm.py.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -35,6 +36,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 ON = False  # set by megalab/runtime/fastpath.py for the triton_norm lever, before the model runs
+RESIDUAL = False  # set by fastpath.py for the norm_residual lever (beside triton_norm): see _NormResidual
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
 PROGRAMS_PER_SM = 4  # backward: enough programs to fill the GPU, few enough that the partial table stays small
 MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
@@ -66,9 +68,11 @@ def _norm_forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
     tl.store(rstd_ptr + row, rstd)
 
 
-def _norm_backward(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n, rows_per_program,
-              RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SHIFTED: tl.constexpr, BLOCK: tl.constexpr):
-    """A block of rows: each row's dx, and this block's sums of dy * xhat (dgamma) and dy (dbeta)."""
+def _norm_backward(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n,
+                   rows_per_program, RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SHIFTED: tl.constexpr,
+                   HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    """A block of rows: each row's dx (plus the residual's gradient dr, with HAS_RES), and this block's sums of
+    dy * xhat (dgamma) and dy (dbeta)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -95,6 +99,8 @@ def _norm_backward(x_ptr, w_ptr, dy_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_
         else:
             c2 = tl.sum(wdy, axis=0) / n
             dx = (wdy - (xhat * c1 + c2)) * rstd
+        if HAS_RES:  # x also fed the residual branch: its gradient joins here, before the one rounding
+            dx += tl.load(dr_ptr + off + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + off + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
         if HAS_BIAS:
@@ -123,45 +129,74 @@ def _programs(x: torch.Tensor, rows: int) -> int:
     return max(1, min(-(-rows // MIN_ROWS), _sms(x.device) * PROGRAMS_PER_SM))
 
 
+def _forward(ctx, x, weight, bias, eps, rms, shifted):
+    """The forward kernel over x's rows; saves what _backward needs on ctx."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    y = torch.empty_like(x2)
+    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    block = _block(n)
+    kernel(_norm_forward)[(rows,)](x2, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
+                                   RMS=rms, HAS_BIAS=bias is not None, SHIFTED=shifted, BLOCK=block,
+                                   num_warps=_warps(block))
+    ctx.save_for_backward(x2, weight, mean, rstd)
+    ctx.params = [weight] if bias is None else [weight, bias]  # the Parameters: main_grad lives on them
+    ctx.rms, ctx.shifted, ctx.shape = rms, shifted, x.shape
+    return y.view(x.shape)
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    t = t.reshape(-1, n)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _backward(ctx, dy, dres):
+    """(dx, dweight, dbias, None, None, None): dx plus `dres` (the residual's gradient) where it is given."""
+    x2, weight, mean, rstd = ctx.saved_tensors
+    rows, n = x2.shape
+    dy2 = _rows(dy, n) if dy is not None else torch.zeros_like(x2)
+    dr2 = _rows(dres, n) if dres is not None else dy2
+    dx = torch.empty_like(x2)
+    programs = _programs(x2, rows)
+    per = triton.cdiv(rows, programs)
+    programs = triton.cdiv(rows, per)
+    parts = param_grad.tables(len(ctx.params), programs, n, x2.device)  # dgamma's, then dbeta's
+    has_bias = len(ctx.params) == 2
+    block = _block(n)
+    kernel(_norm_backward)[(programs,)](x2, weight, dy2, dr2, dx, mean, rstd, parts[0], parts[-1], rows, n, per,
+                                        RMS=ctx.rms, HAS_BIAS=has_bias, SHIFTED=ctx.shifted,
+                                        HAS_RES=dres is not None, BLOCK=block, num_warps=_warps(block))
+    grads = param_grad.reduce(ctx.params, parts) if any(ctx.needs_input_grad[1:3]) else [None, None]
+    return dx.view(ctx.shape), grads[0], grads[1] if has_bias else None, None, None, None
+
+
 class _Norm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, rms, shifted):
-        n = x.shape[-1]
-        x2 = x.reshape(-1, n)
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
-        rows = x2.shape[0]
-        y = torch.empty_like(x2)
-        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        block = _block(n)
-        kernel(_norm_forward)[(rows,)](x2, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
-                                       RMS=rms, HAS_BIAS=bias is not None, SHIFTED=shifted, BLOCK=block,
-                                       num_warps=_warps(block))
-        ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.params = [weight] if bias is None else [weight, bias]  # the Parameters: main_grad lives on them
-        ctx.rms, ctx.shifted, ctx.shape = rms, shifted, x.shape
-        return y.view(x.shape)
+        return _forward(ctx, x, weight, bias, eps, rms, shifted)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, mean, rstd = ctx.saved_tensors
-        rows, n = x2.shape
-        dy2 = dy.reshape(-1, n)
-        if not dy2.is_contiguous():
-            dy2 = dy2.contiguous()
-        dx = torch.empty_like(x2)
-        programs = _programs(x2, rows)
-        per = triton.cdiv(rows, programs)
-        programs = triton.cdiv(rows, per)
-        parts = param_grad.tables(len(ctx.params), programs, n, x2.device)  # dgamma's, then dbeta's
-        has_bias = len(ctx.params) == 2
-        block = _block(n)
-        kernel(_norm_backward)[(programs,)](x2, weight, dy2, dx, mean, rstd, parts[0], parts[-1], rows, n, per,
-                                            RMS=ctx.rms, HAS_BIAS=has_bias, SHIFTED=ctx.shifted, BLOCK=block,
-                                            num_warps=_warps(block))
-        grads = param_grad.reduce(ctx.params, parts) if any(ctx.needs_input_grad[1:3]) else [None, None]
-        return dx.view(ctx.shape), grads[0], grads[1] if has_bias else None, None, None, None
+        return _backward(ctx, dy, None)
+
+
+class _NormResidual(torch.autograd.Function):
+    """The norm, and x itself as a second output for the residual branch (the norm_residual lever): autograd
+    then hands that branch's gradient to this backward, whose kernel adds it to dx, instead of adding the two
+    gradients of x in a pass of its own (a read of two [tokens, hidden] tensors and a write of one)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, rms, shifted):
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros to read
+        return _forward(ctx, x, weight, bias, eps, rms, shifted), x
+
+    @staticmethod
+    def backward(ctx, dy, dres):
+        return _backward(ctx, dy, dres)
 
 
 def fits(x: torch.Tensor) -> bool:
@@ -169,7 +204,19 @@ def fits(x: torch.Tensor) -> bool:
     return triton is not None and x.shape[-1] <= MAX_HIDDEN and x.numel() > 0
 
 
+def takes(x: torch.Tensor) -> bool:
+    """Whether megalab's Norm runs these kernels on `x`: the lever is on, x fits, and x is on the GPU (or Triton's
+    interpreter runs, which takes CPU tensors: the CPU tests of the layers around them)."""
+    return ON and fits(x) and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
 def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,
          shifted: bool) -> torch.Tensor:
     """LayerNorm (RMSNorm with `rms`) of x over its last dimension; `shifted`: weight stored as gamma - 1."""
     return _Norm.apply(x, weight, bias, eps, rms, shifted)
+
+
+def norm_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,
+                  shifted: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x), x): x as the residual whose gradient the norm's backward adds (_NormResidual)."""
+    return _NormResidual.apply(x, weight, bias, eps, rms, shifted)
