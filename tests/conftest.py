@@ -199,8 +199,12 @@ def before_triton_norm(pin_code, monkeypatch):
     """The committed records as they were read before the ninth session: the default without triton_norm, and
     the seventh and eighth sessions' run code counted as today's (their pages' state, kept testable)."""
     from megalab.core import variables
+    from megalab.runtime import levers
 
     monkeypatch.setattr(variables, "DEFAULT_FAST", BEFORE_TRITON_NORM)
+    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL)  # the eleventh session's, for GPT-2's layer
+    real = variables.default_fast
+    monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
     return pin_code(DEVICE_NORM_COMMIT, *GRAPH_ROOM_COMMITS)
 
 

@@ -293,4 +293,5 @@ def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
     # FAST=all asks for every lever, this one included; a dense model has nothing to group
     assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath.split(",")
     assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath.split(",")
-    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST + ",fused_wgrad"  # dense: fused wgrad too
+    # dense GPT-2: its layer's levers and the fused wgrad too
+    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST + ",bias_gelu,norm_residual,fused_wgrad"

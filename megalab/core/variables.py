@@ -178,21 +178,22 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 # 1.6 ms forward and backward against 0.2 ms: slower on 111, which then ran without the CUDA graph (365-367 vs
 # 361-365 ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267). Tried again in the ninth session with
 # the graph that hides the host's cost: 111 within noise (348-349 vs 349-353). triton_norm replaced it.
-# Tried and left opt-in: bias_gelu (one H100 per call, 2026-11-26, tenth session), GPT-2's GeLU MLP: its first kernel
-# was within noise on 111 (345-347 vs 344-346 ms); with its partial sums fixed, 111 342, 342 vs 343, 343 ms, but
-# beyond the catalog GPT-2 24 x 2048 within noise (257, 257 vs 256, 258) and 101 at micro-batch 14 325, 325 vs 324
-# (one base run). Its microbenchmark (results/bench/bias-gelu-microbench.txt) shows why: at 111's shape Megatron's
-# compiled backward and sum take 275 us and that tile 293 us; 64 x 64 took 221 us there and was the fastest of six
-# at every shape. With it (one H100 each, the device time nearly spent): 111 339, 341 vs 343 ms, 24 x 2048 256 vs
-# 258 and 257, 101 at micro-batch 14 320 vs 322 and 323: ahead everywhere, by 1-2 ms, but one base run a machine,
-# so no verdict yet. Its next step: two launches a side on one machine, then the goals again with it.
+#   - bias_gelu and norm_residual (one H100, GPU-3c735536, 2026-11-26, eleventh session; two launches a side,
+#     alternating), for a dense preset whose MLP is GeLU with biases (bias_gelu) and whose norm is LayerNorm
+#     (norm_residual): the two levers' kernels are only called there. bias_gelu (its 64 x 64 tile, the fastest of six
+#     at every shape in results/bench/bias-gelu-microbench.txt) over the default: 111 348, 348 vs 349, 351 ms; beyond
+#     the catalog GPT-2 24 x 2048 at 111's batch 263, 263 vs 264, 264 and 101 at micro-batch 14 327, 328 vs 329, 330.
+#     norm_residual over that: 111 344, 345 ms; 24 x 2048 261, 262; 101 at micro-batch 14 326, 326. On 600 (RMSNorm,
+#     Llama-style) one launch with norm_residual took 291 against 290, 290 without: not shown to pay there, so it
+#     stays off for RMSNorm presets. (The tenth session's first bias_gelu tiles were within noise beyond the catalog.)
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
-    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then fused_wgrad for a dense model,
+    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then bias_gelu for a dense GeLU MLP with biases
+    and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
     compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
     from the output layer, grouped_gemm where a MoE preset asks for
     moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
@@ -200,7 +201,11 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     cfg = model_cfg or {}
     moe = bool(num_experts)
     rope = cfg.get("position_embedding", "learned_absolute") == "rope"
-    return (DEFAULT_FAST + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
+    # GPT-2's layer: a GeLU MLP with biases and LayerNorm (where bias_gelu and norm_residual were measured to pay)
+    gelu_bias = not moe and not cfg.get("swiglu") and not cfg.get("disable_bias_linear")
+    layernorm = not moe and cfg.get("normalization", "LayerNorm") == "LayerNorm"
+    return (DEFAULT_FAST + ((levers.BIAS_GELU,) if gelu_bias else ()) + ((levers.NORM_RESIDUAL,) if layernorm else ())
+            + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
             + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
             + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ()))
 
