@@ -170,6 +170,10 @@ GRAPH_ROOM_COMMITS = ("1c266dac672fc0242c30ebc4bf8619ce0f78b21e", "8ce1249db2cda
 # the other one-GPU rows once each on a second.
 TRITON_NORM_COMMITS = ("6f7efc0b0b77f2af9aa80e4b594f1ad123438046", "bd4b70664834035ff881ee68aaaad2ad793be3d4",
                        "5b4096e5dd9a536094e58ea98eb95e852b001082")
+# The tenth session's runs (param_grad; before bias_gelu and norm_residual joined GPT-2's default): every one-GPU
+# row once or more, 113 and 121 among them.
+PARAM_GRAD_COMMITS = ("a4943fd733d605320039c5ea8ee99b501cf0fdf8", "93a96f01339d71b7bfb9912ff70d376a55a8dce4",
+                      "cfd4ea3ed4ef11285f2a766ea431a40d64b7cc8e")
 # The launcher's default fast path before triton_norm joined it.
 BEFORE_TRITON_NORM = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam",
                       "flat_adam", "device_norm")
@@ -195,16 +199,24 @@ def pin_code(monkeypatch):
 
 
 @pytest.fixture
-def before_triton_norm(pin_code, monkeypatch):
-    """The committed records as they were read before the ninth session: the default without triton_norm, and
-    the seventh and eighth sessions' run code counted as today's (their pages' state, kept testable)."""
+def before_layer_levers(monkeypatch):
+    """The default as it was before the eleventh session: without bias_gelu and norm_residual for GPT-2's layer."""
     from megalab.core import variables
     from megalab.runtime import levers
 
-    monkeypatch.setattr(variables, "DEFAULT_FAST", BEFORE_TRITON_NORM)
-    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL)  # the eleventh session's, for GPT-2's layer
+    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL)
     real = variables.default_fast
     monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
+
+
+@pytest.fixture
+def before_triton_norm(pin_code, before_layer_levers, monkeypatch):
+    """The committed records as they were read before the ninth session: the default without triton_norm (nor the
+    eleventh session's levers), and the seventh and eighth sessions' run code counted as today's (their pages'
+    state, kept testable)."""
+    from megalab.core import variables
+
+    monkeypatch.setattr(variables, "DEFAULT_FAST", BEFORE_TRITON_NORM)
     return pin_code(DEVICE_NORM_COMMIT, *GRAPH_ROOM_COMMITS)
 
 

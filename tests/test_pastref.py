@@ -82,11 +82,14 @@ def test_lever_rows_show_each_step_over_the_base_on_one_machine(before_triton_no
     assert {r[0] for r in rows} == {"101-gpt2xl-dp1-gbs1-bf16", "600-llama1b-1gpu-gbs8"}
 
 
-def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_machine(pin_code):
+def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_machine(pin_code,
+                                                                                     before_layer_levers):
     """triton_norm joined the default, and the goals' machine (GPU-14b492fb) ran 111, 112 and 600 once without it:
     each a base row and a triton_norm row; 101 had no launch without it there, so no rows."""
     pin_code(*TRITON_NORM_COMMITS)
-    rows = pastref.lever_rows(_cfg())
+    cfg = _cfg()
+    cfg["past_reference"]["round"] = ["triton_norm"]  # that session's round
+    rows = pastref.lever_rows(cfg)
     by = _by_target(rows)
     assert set(by) == {"111-gpt2xl-dp1-fit-80GB", "112-gpt2xl-dp1-fit-80GB-GA4", "600-llama1b-1gpu-gbs8"}
     for target, (base, lever) in by.items():
@@ -100,7 +103,7 @@ def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_m
 
 def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
     lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 32
+    assert len(lines) == 34
     # every one pays but sdpa_gqa on the 24-layer configuration, device_norm on two of its configurations over
     # the fourth session's default, no_rerun on Llama-style 8 x 2560 and triton_norm on GPT-2 24 x 2048 (its
     # second machine: 263, 263 against 263, 267 ms), where the runs overlap: the check can fail
@@ -112,12 +115,15 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
     assert "`sdpa_gqa`" in noisy[3] and "--num-layers 24" in noisy[3]
     assert "`triton_norm`" in noisy[4] and "--num-layers 24 --hidden-size 2048" in noisy[4]
     # where a machine holds one run of a side (the fifth session ran out of device time; the ninth tried
-    # compiled_norm once a side beyond the catalog; the tenth's device time ran out with bias_gelu's 64 x 64 tile
-    # at one base run a machine: its rows are judged on today's code, its first tiles' runs aside), no verdict at all
+    # compiled_norm once a side beyond the catalog), no verdict at all; bias_gelu's tenth-session lone runs are on
+    # older code, and the eleventh's two a side on today's decide its rows
     lone = [ln for ln in lines if "no verdict" in ln]
-    assert len(lone) == 6 and all("one run on a side" in ln for ln in lone)
-    assert sorted(ln.split("|")[1].strip() for ln in lone) == (["`bias_gelu`"] * 2 + ["`compiled_norm`"] * 2
-                                                                + ["`no_rerun` + `device_norm`"] * 2)
+    assert len(lone) == 4 and all("one run on a side" in ln for ln in lone)
+    assert sorted(ln.split("|")[1].strip() for ln in lone) == ["`compiled_norm`"] * 2 + ["`no_rerun` + `device_norm`"] * 2
+    # the eleventh session's levers beyond the catalog, two launches a side on one machine: both pay on both
+    for lever in ("bias_gelu", "norm_residual"):
+        rows = [ln for ln in lines if ln.startswith(f"| `{lever}` |")]
+        assert len(rows) == 2 and all(ln.rstrip(" |").endswith("pays") for ln in rows), rows
     # triton_norm beyond the catalog: two configurations pay on one machine, two launches a side (101 at
     # micro-batch 14, GPT-2 1.2B at micro-batch 16), as a lever that joins the default must
     paid = [ln for ln in lines if ln.startswith("| `triton_norm` |") and ln.rstrip(" |").endswith("pays")]
@@ -145,7 +151,7 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
             if isinstance(e, dict):
                 e["extra_args"] += " --seed 7"  # no run had these flags: nothing to compare
     lines = [ln for ln in benchreport.trials_section(cfg, benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 32 and all(ln.rstrip(" |").endswith("not run") for ln in lines)
+    assert len(lines) == 34 and all(ln.rstrip(" |").endswith("not run") for ln in lines)
 
 
 def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph():

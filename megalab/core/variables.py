@@ -186,6 +186,9 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     norm_residual over that: 111 344, 345 ms; 24 x 2048 261, 262; 101 at micro-batch 14 326, 326. On 600 (RMSNorm,
 #     Llama-style) one launch with norm_residual took 291 against 290, 290 without: not shown to pay there, so it
 #     stays off for RMSNorm presets. (The tenth session's first bias_gelu tiles were within noise beyond the catalog.)
+#     Loss: the first five steps within 2e-4 of the base's everywhere; the bench's median-over-100-steps rule fails on
+#     24 x 2048 and on 600, where two base launches of one code differ more (median 0.09 and 0.025): their early
+#     training amplifies rounding, so that rule cannot tell a lever there.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
