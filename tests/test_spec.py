@@ -599,3 +599,18 @@ def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_pat
                 "params": {n: p.detach().clone() for n, p in ref.named_parameters()},
                 "grads": {n: p.grad.detach().clone() for n, p in ref.named_parameters()}}, path)
     start_ranks(_tp_sp_gpt_worker, 2, _free_port(), 2, str(path), levers)
+
+
+def test_residual_norm_hands_megatron_one_tensor_where_the_layer_wraps_its_norm(world1):
+    """norm_residual's pair (output, residual) goes only where Megatron's layer calls its norm plainly: a layer that
+    recomputes its norms (selective `layernorm`) or offloads activations wraps the call and expects one tensor."""
+    from megalab.runtime.spec import ResidualNorm
+
+    assert ResidualNorm(_config(), 32).gives_residual
+    assert not Norm(_config(), 32).gives_residual  # the final and q/k norms: always one tensor
+    recompute = _config(recompute_granularity="selective", recompute_modules=["layernorm"])
+    assert not ResidualNorm(recompute, 32).gives_residual
+    assert ResidualNorm(_config(recompute_granularity="selective", recompute_modules=["core_attn"]), 32).gives_residual
+    offload = _config()
+    offload.fine_grained_activation_offloading = True
+    assert not ResidualNorm(offload, 32).gives_residual
