@@ -217,3 +217,16 @@ def test_a_flag_lever_counts_by_the_command_a_run_passed(monkeypatch):
     after = row([*real, adopted])
     assert after[3] == "61 (2 runs, 61–61)"  # the base side is as it was
     assert after[4].startswith("59 (3 runs")  # the plain run that passed the flags sits with the lever
+
+
+def test_a_parity_fail_says_where_two_base_runs_fail_it_too():
+    """The median rule over 100 steps: norm_residual's pairs at GPT-2 24 x 2048 and 600 fail it, as two base runs
+    of one code do against each other there (their early training amplifies rounding), and the cell says so;
+    layer_graphs, whose first steps are already 2% apart, stays a plain FAIL: the check can fail."""
+    rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if ln.startswith("| `")]
+    cell = {(r[1].strip(), r[2].strip()): r[-3].strip() for r in rows}
+    wide = "111-gpt2xl-dp1-fit-80GB + `--num-layers 24 --hidden-size 2048 --num-attention-heads 16` (not a catalog row)"
+    assert cell[("`norm_residual`", "600-llama1b-1gpu-gbs8")] == benchreport.BASE_FAILS_TOO
+    assert cell[("`norm_residual`", wide)] == benchreport.BASE_FAILS_TOO
+    assert cell[("`norm_residual`", "111-gpt2xl-dp1-fit-80GB")] == "PASS"
+    assert cell[("`layer_graphs`", "111-gpt2xl-dp1-fit-80GB")] == "FAIL"
