@@ -11,8 +11,8 @@ from tests.conftest import interpreted
 def _check(normalization: str, wrong: str = ""):
     """In the fresh interpreter: one GPT, three ways (torch's norms; triton_norm; triton_norm + norm_residual)."""
     import os
-    import socket
 
+    from conftest import free_port
     from megalab._compat import ensure_typing_override
 
     ensure_typing_override()
@@ -24,10 +24,7 @@ def _check(normalization: str, wrong: str = ""):
 
     from megalab.runtime import spec, triton_norm as T
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     assert os.environ.get("TRITON_INTERPRET") == "1"
     if wrong == "no-residual":  # a backward that drops the residual's gradient must fail the check below
