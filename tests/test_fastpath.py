@@ -84,8 +84,10 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
                        "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "norm_residual",
-                       "bias_gelu", "sdpa_gqa"]
+                       "bias_gelu", "dropout_add", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
+    from megalab.runtime import dropout_add
+    assert dropout_add.get_bias_dropout_add(True, True) is dropout_add.bias_dropout_add_train
     from megatron.core.transformer import mlp
 
     from megalab.runtime import bias_gelu
@@ -109,7 +111,7 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
     """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's,
-    triton_norm's (norm_residual's with it) and bias_gelu's installs after the test."""
+    triton_norm's (norm_residual's with it), bias_gelu's and dropout_add's installs after the test."""
     from megatron.core import tensor_parallel
     from megatron.core.optimizer import optimizer as optmod
 
@@ -136,6 +138,9 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
     from megatron.core.transformer import mlp
 
     monkeypatch.setattr(mlp, "bias_gelu_impl", mlp.bias_gelu_impl)
+    from megalab.runtime import dropout_add
+
+    monkeypatch.setattr(dropout_add, "ON", dropout_add.ON)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

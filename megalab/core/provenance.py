@@ -44,6 +44,7 @@ FEATURE_FILES = {
     "megalab/runtime/norm.py": lambda cfg: _asks(cfg, levers.COMPILED_NORM),
     "megalab/runtime/triton_norm.py": lambda cfg: _asks(cfg, levers.TRITON_NORM),
     "megalab/runtime/bias_gelu.py": lambda cfg: _asks(cfg, levers.BIAS_GELU),
+    "megalab/runtime/dropout_add.py": lambda cfg: _asks(cfg, levers.DROPOUT_ADD),
 }
 
 

@@ -35,7 +35,9 @@ own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton
 `bias_gelu`, runs the MLP's bias-GeLU backward as one Triton kernel that also sums the bias's gradient
 (megalab/runtime/bias_gelu.py); an eighteenth, `norm_residual`, beside triton_norm, lets a transformer layer's
 norms hand Megatron the residual too, so that its gradient is added inside the norm's backward kernel instead of
-in a pass of autograd's own (megalab/runtime/triton_norm.py). Each is named in MEGALAB_FAST (FAST=... or all); the
+in a pass of autograd's own (megalab/runtime/triton_norm.py); a nineteenth, `dropout_add`, runs Megatron's
+bias-dropout-add as one Triton kernel each way whose backward draws the dropout mask again instead of reading a
+saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.py). Each is named in MEGALAB_FAST (FAST=... or all); the
 launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -320,6 +322,12 @@ def apply(names: list[str]) -> list[str]:
 
         if bias_gelu.triton is not None and bias_gelu.install():
             applied.append("bias_gelu")
+    if "dropout_add" in names:
+        from megalab.runtime import dropout_add
+
+        if dropout_add.triton is not None:
+            dropout_add.ON = True  # megalab's layer spec asks dropout_add.get_bias_dropout_add at every call
+            applied.append("dropout_add")
     if "sdpa_gqa" in names:
         from megalab.runtime import spec
 

@@ -23,6 +23,8 @@ checkpoints match) and swaps in:
 * `GroupedMLP` MoE experts (megalab/runtime/grouped_experts.py) when the `grouped_gemm` fast-path lever
   is on (or Megatron's --moe-grouped-gemm): SequentialMLP's parameters, computed with
   `torch._grouped_mm` instead of a loop over the experts. Megatron's grouped experts need TE.
+* The bias-dropout-adds: Megatron's own, or with the dropout_add lever megalab's Triton kernels
+  (megalab/runtime/dropout_add.py), asked at every call.
 
 Use it with `--transformer-impl local --spec megalab.runtime.spec megalab_layer_spec`, and keep
 `--attention-backend` off `local` (Megatron then swaps its own attention back in).
@@ -38,14 +40,13 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab.runtime import cp_attention, grouped_experts, norm, triton_norm  # noqa: E402
+from megalab.runtime import cp_attention, dropout_add, grouped_experts, norm, triton_norm  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
-from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add  # noqa: E402
 from megatron.core.models.backends import LocalSpecProvider  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec  # noqa: E402
 from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend  # noqa: E402
@@ -408,7 +409,7 @@ def megalab_transformer_layer_spec(
                     k_layernorm=qk_norm,
                 ),
             ),
-            self_attn_bda=get_bias_dropout_add,
+            self_attn_bda=dropout_add.get_bias_dropout_add,
             pre_mlp_layernorm=ResidualNorm,
             # Dense MLP or, with num_experts, Megatron's local MoE layer (its router and token
             # dispatcher) with SequentialMLP or, with moe_grouped_gemm, GroupedMLP experts.
@@ -419,7 +420,7 @@ def megalab_transformer_layer_spec(
                 if num_experts is not None and moe_grouped_gemm
                 else get_mlp_module_spec(use_te=False, num_experts=num_experts)
             ),
-            mlp_bda=get_bias_dropout_add,
+            mlp_bda=dropout_add.get_bias_dropout_add,
             # Same key remapping as the local spec, so distributed checkpoints are interchangeable.
             sharded_state_dict_keys_map={
                 "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
