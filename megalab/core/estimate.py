@@ -235,7 +235,8 @@ def total_params(sh: Shape, tp: int = 1) -> int:
 # --------------------------------------------------------------------------- activations
 
 def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: bool,
-                         seq: int | None = None, etp: int = 1, cp: int = 1, cp_comm: str | None = None) -> float:
+                         seq: int | None = None, etp: int = 1, cp: int = 1, cp_comm: str | None = None,
+                         dropout_add: bool = False) -> float:
     """Bytes one layer stores for backward, in units of s*b*h (Korthikanti et al., Table 2).
 
     34 = attention 11 (QKV input 2, Q K 4, V 2, proj input 2, dropout mask 1) + MLP 19 (fc1 input
@@ -253,13 +254,14 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     (8E bytes per token). Expert TP does not split them: Megatron's all-to-all dispatcher gathers the
     tokens of the whole ETP group onto every rank (token_dispatcher.py, `gather_from_sequence_parallel_
     region` over the expert-TP group), so each rank holds ETP x the h-wide tensors and ETP x tokens
-    times f/ETP of the f-wide ones."""
+    times f/ETP of the f-wide ones.
+    dropout_add (megalab/runtime/dropout_add.py): the two bias-dropout-adds keep a seed, not their byte masks."""
     h, a, t = sh.h, sh.heads, tp
     seq = sh.seq if seq is None else seq
     ff = 6 if sh.swiglu else 4  # bytes per f-wide unit kept by the MLP (GeLU/SwiGLU input + fc2 input)
     qkv = 2 * (1 + 2 * sh.groups / a)  # Q, K, V kept for QK^T and attention over V
     inside = qkv + 2  # + linear-projection input
-    outside = 4 + 2 + 2 + 2  # norms, QKV input, fc1 input (the MLP's norm output), 2 dropout masks
+    outside = 4 + 2 + 2 + (0 if dropout_add else 2)  # norms, QKV input, fc1 input (the MLP's norm output), 2 dropout masks
     if sh.num_experts:
         experts = sh.topk * ((2 + 2) * etp + ff * sh.moe_ffn / h) + 8 * sh.num_experts / h
         per = ((outside + inside) / t if sp else outside + inside / t) + experts
@@ -429,7 +431,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
              grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False,
              addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False,
-             clip_in_adam: bool = False, embed_wgrad: bool = False, sdpa_gqa: bool = False) -> Estimate:
+             clip_in_adam: bool = False, embed_wgrad: bool = False, sdpa_gqa: bool = False,
+             dropout_add: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -456,7 +459,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     sp_div = t if e.sp else 1
     per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec,
                                          selective=(parse_recompute(e.recompute)[0] == "selective"),
-                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm)
+                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm, dropout_add=dropout_add)
     layer_bytes = per_layer_sbh * sbh
     ckpt_bytes = 2 * sbh / sp_div  # a checkpointed layer input
 
@@ -732,7 +735,7 @@ def render(est: Estimate) -> str:
 
 # The fast-path levers estimate() has a term for (its keyword arguments of the same names).
 LEVER_ARGS = ("fused_adam", "grouped_gemm", "bf16_ce", "addmm_bias", "fused_wgrad", "compiled_rope", "clip_in_adam",
-              "embed_wgrad", "sdpa_gqa")
+              "embed_wgrad", "sdpa_gqa", "dropout_add")
 
 
 def lever_flags(fast) -> dict[str, bool]:

@@ -23,7 +23,6 @@ the same mask applied in float64, and the mask's rate: tests/test_dropout_add.py
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -38,9 +37,9 @@ except ImportError:  # pragma: no cover
     triton = None
 
 ON = False  # set by megalab/runtime/fastpath.py for the dropout_add lever; read by get_bias_dropout_add
-ROW_GROUPS = 16  # rows per quarter-tile: a program's tile is 4 x 16 rows (one Philox draw for four of them)
+ROW_GROUPS = 8  # rows per quarter-tile: a program's tile is 4 x 8 rows (one Philox draw for four of them)
 BLOCK_COLS = 128  # columns a program owns
-PROGRAMS_PER_SM = 4  # backward: programs that walk blocks of rows, each keeping its columns' bias sums
+TILES_PER_PROGRAM = 2  # backward: tiles a program walks, keeping its columns' bias sums (one table row a program)
 WARPS = 4
 
 
@@ -94,19 +93,11 @@ def _bda_backward(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_p
         tl.store(part_ptr + pid_r * n + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter: a few programs, so the tests see blocks of several rows and a ragged last one
-
-
-def _grid_rows(rows: int, col_blocks: int, device: torch.device) -> tuple[int, int]:
-    """Backward: (programs along the rows, row groups each walks), a few programs per SM in all."""
-    groups = triton.cdiv(rows, 4)
-    programs = max(1, min(triton.cdiv(groups, ROW_GROUPS), triton.cdiv(_sms(device) * PROGRAMS_PER_SM, col_blocks)))
-    per = triton.cdiv(triton.cdiv(groups, programs), ROW_GROUPS) * ROW_GROUPS  # whole tiles a program
-    return triton.cdiv(groups, per), per
+def _grid_rows(rows: int) -> tuple[int, int]:
+    """Backward: (programs along the rows, row groups each takes): TILES_PER_PROGRAM tiles a program, so that the
+    GPU is full (a few programs an SM left it waiting on memory) and the partial table stays small."""
+    per = ROW_GROUPS * TILES_PER_PROGRAM
+    return triton.cdiv(triton.cdiv(rows, 4), per), per
 
 
 class _BiasDropoutAdd(torch.autograd.Function):
@@ -133,7 +124,7 @@ class _BiasDropoutAdd(torch.autograd.Function):
         g = grad_out if grad_out.is_contiguous() else grad_out.contiguous()
         has_bias = ctx.bias is not None and ctx.needs_input_grad[1]
         col_blocks = triton.cdiv(n, BLOCK_COLS)
-        programs, per = _grid_rows(ctx.rows, col_blocks, g.device)
+        programs, per = _grid_rows(ctx.rows)
         dx = torch.empty(ctx.shape, dtype=g.dtype, device=g.device)
         parts = param_grad.tables(1, programs, n, g.device) if has_bias else dx
         kernel(_bda_backward)[(programs, col_blocks)](g, dx, seed, parts, ctx.rows, n, ctx.prob,

@@ -24,7 +24,8 @@ SHAPES = [  # (what, [s, b, h])
     ("GPT-2 24 x 2048 (not a catalog row; 15 x 1024 tokens, hidden 2048)", (1024, 15, 2048)),
     ("GPT-2 XL at micro-batch 14 (not a catalog row)", (1024, 14, 1600)),
 ]
-TILES = ((16, 128, 4), (8, 128, 4), (32, 64, 4), (16, 256, 8), (8, 256, 4), (32, 128, 8))  # (row groups, cols, warps)
+# (row groups of 4 rows, columns, warps, backward tiles a program)
+TILES = ((8, 128, 4, 2), (8, 128, 4, 1), (8, 128, 4, 4), (16, 128, 4, 2), (8, 64, 4, 2))
 P = 0.1
 
 
@@ -65,15 +66,16 @@ def main():
         ways += [("triton", dropout_add.bias_dropout_add_train, t) for t in TILES]
         for name, fn, tile in ways:
             if tile is not None:
-                dropout_add.ROW_GROUPS, dropout_add.BLOCK_COLS, dropout_add.WARPS = tile
+                (dropout_add.ROW_GROUPS, dropout_add.BLOCK_COLS, dropout_add.WARPS,
+                 dropout_add.TILES_PER_PROGRAM) = tile
             f, fb = gpu_us(lambda: fn((x, b), r, P)), gpu_us(lambda: step(fn))
             with torch.no_grad():
                 kept = (fn((torch.ones_like(x), None), torch.zeros_like(r), P) != 0).float().mean().item()
-            label = name if tile is None else f"{name} ({4 * tile[0]} x {tile[1]}, {tile[2]} warps)"
-            print(f"  {label:28s} GPU forward {f[0]:6.0f} us, forward+backward {fb[0]:6.0f} us ({fb[1]:.0f} kernels), "
+            label = name if tile is None else f"{name} ({4 * tile[0]} x {tile[1]}, {tile[2]} warps, {tile[3]} a program)"
+            print(f"  {label:40s} GPU forward {f[0]:6.0f} us, forward+backward {fb[0]:6.0f} us ({fb[1]:.0f} kernels), "
                   f"backward ~{fb[0] - f[0]:6.0f} us; kept {kept:.4f}; saved for backward "
                   f"{saved_bytes(fn, x, b, r) / 1e6:.1f} MB")
-    dropout_add.ROW_GROUPS, dropout_add.BLOCK_COLS, dropout_add.WARPS = TILES[0]
+    dropout_add.ROW_GROUPS, dropout_add.BLOCK_COLS, dropout_add.WARPS, dropout_add.TILES_PER_PROGRAM = TILES[0]
     print(f"torch {torch.__version__}")
 
 
