@@ -200,11 +200,12 @@ def pin_code(monkeypatch):
 
 @pytest.fixture
 def before_layer_levers(monkeypatch):
-    """The default as it was before the eleventh session: without bias_gelu and norm_residual for GPT-2's layer."""
+    """The default as it was before the eleventh session: without bias_gelu and norm_residual for GPT-2's layer (nor the
+    twelfth session's dropout_add)."""
     from megalab.core import variables
     from megalab.runtime import levers
 
-    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL)
+    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL, levers.DROPOUT_ADD)
     real = variables.default_fast
     monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
 

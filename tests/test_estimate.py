@@ -382,7 +382,7 @@ def test_lever_terms_follow_the_levers():
                                                                 "bf16_ce": True, "addmm_bias": True,
                                                                 "fused_wgrad": False, "compiled_rope": False,
                                                                 "clip_in_adam": False, "embed_wgrad": False,
-                                                                "sdpa_gqa": False}
+                                                                "sdpa_gqa": False, "dropout_add": False}
     # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
     gpt, llama = catalog.get("112"), catalog.get("600")
     g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
@@ -398,6 +398,11 @@ def test_lever_terms_follow_the_levers():
     assert E.estimate(gpt, embed_wgrad=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # GPT-2's table is tied
     assert E.estimate(llama, sdpa_gqa=True, **g).step_ms < E.estimate(llama, **g).step_ms
     assert E.estimate(gpt, sdpa_gqa=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no GQA in GPT-2
+    # dropout_add keeps a seed, not the two byte masks a layer: 2 s*b*h bytes less a layer, nothing else
+    big = catalog.get("111")
+    off, on = E.estimate(big), E.estimate(big, dropout_add=True)
+    assert off.per_layer_sbh - on.per_layer_sbh == 2
+    assert off.stages[0].activations_bytes - on.stages[0].activations_bytes == 2 * 48 * 15 * 1024 * 1600
 
 
 def test_lever_flags_name_every_lever_argument_of_estimate():

@@ -103,7 +103,7 @@ def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_m
 
 def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
     lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if "(not a catalog row)" in ln]
-    assert len(lines) == 34
+    assert len(lines) == 36
     # every one pays but sdpa_gqa on the 24-layer configuration, device_norm on two of its configurations over
     # the fourth session's default, no_rerun on Llama-style 8 x 2560 and triton_norm on GPT-2 24 x 2048 (its
     # second machine: 263, 263 against 263, 267 ms), where the runs overlap: the check can fail
@@ -120,8 +120,9 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
     lone = [ln for ln in lines if "no verdict" in ln]
     assert len(lone) == 4 and all("one run on a side" in ln for ln in lone)
     assert sorted(ln.split("|")[1].strip() for ln in lone) == ["`compiled_norm`"] * 2 + ["`no_rerun` + `device_norm`"] * 2
-    # the eleventh session's levers beyond the catalog, two launches a side on one machine: both pay on both
-    for lever in ("bias_gelu", "norm_residual"):
+    # the eleventh and twelfth sessions' levers beyond the catalog, two launches a side on one machine: each pays on
+    # both
+    for lever in ("bias_gelu", "norm_residual", "dropout_add"):
         rows = [ln for ln in lines if ln.startswith(f"| `{lever}` |")]
         assert len(rows) == 2 and all(ln.rstrip(" |").endswith("pays") for ln in rows), rows
     # triton_norm beyond the catalog: two configurations pay on one machine, two launches a side (101 at
@@ -230,3 +231,24 @@ def test_a_parity_fail_says_where_two_base_runs_fail_it_too():
     assert cell[("`norm_residual`", wide)] == benchreport.BASE_FAILS_TOO
     assert cell[("`norm_residual`", "111-gpt2xl-dp1-fit-80GB")] == "PASS"
     assert cell[("`layer_graphs`", "111-gpt2xl-dp1-fit-80GB")] == "FAIL"
+
+
+def test_a_lever_with_its_own_masks_is_judged_by_the_median_rule(monkeypatch):
+    """dropout_add draws dropout masks of its own, so its pairs' first losses differ by the masks (1.7e-3 at 111,
+    1.1e-2 at 101 with micro-batch 14: the first-steps rule would FAIL them): the median rule alone judges them and
+    the cell says so. That rule can fail too: with a median bound below the pairs' medians they FAIL."""
+    def cells():
+        rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR)
+                if ln.startswith("| `dropout_add`")]
+        return {r[2].strip().split(" + ")[0] + (" M" if "micro-batch" in r[2] else " W" if "hidden-size" in r[2] else ""):
+                (float(r[-4]), r[-3].strip()) for r in rows}
+
+    got = cells()
+    own = benchreport.OWN_MASKS
+    assert got["111-gpt2xl-dp1-fit-80GB"][1] == f"PASS {own}"
+    assert got["101-gpt2xl-dp1-gbs1-bf16 M"][1] == f"PASS {own}"
+    assert got["111-gpt2xl-dp1-fit-80GB"][0] > benchreport.PARITY_EARLY_MAX_REL  # the first steps' rule would fail
+    assert got["111-gpt2xl-dp1-fit-80GB W"][1] == f"{benchreport.BASE_FAILS_TOO} {own}"
+    monkeypatch.setattr(benchreport, "PARITY_MEDIAN_REL", 1e-5)
+    failed = cells()["111-gpt2xl-dp1-fit-80GB"][1]
+    assert failed.startswith("FAIL") and failed.endswith(own), failed

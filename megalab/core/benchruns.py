@@ -48,6 +48,7 @@ class Lever(_Strict):
     fast: str | None = None  # a MEGALAB_FAST lever name (megalab/runtime/levers.py)
     args: str | None = None  # Megatron flags
     cuda_graph: bool | None = None
+    own_masks: bool = False  # it draws dropout masks of its own: a trial's parity is the median rule alone
 
 
 class SpecEntry(_Strict):

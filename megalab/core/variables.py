@@ -189,6 +189,16 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     Loss: the first five steps within 2e-4 of the base's everywhere; the bench's median-over-100-steps rule fails on
 #     24 x 2048 and on 600, where two base launches of one code differ more (median 0.09 and 0.025): their early
 #     training amplifies rounding, so that rule cannot tell a lever there.
+#   - dropout_add (one H100, GPU-20bfaef5, 2026-11-26, twelfth session; alternating), for the GPT-2 layer bias_gelu
+#     serves (the lever runs wherever hidden dropout is on; only that layer was measured): its kernels take 60 against
+#     Megatron's 92 us forward, 158 against 182 forward and backward, at 111's shape, and keep no byte mask (24.6 MB a
+#     call; results/bench/dropout-add-microbench.txt). Over the default: 111 336.6, 336.9, 337.5 vs 339.6, 341.5 ms
+#     (69.2 vs 71.6 GiB); beyond the catalog GPT-2 24 x 2048 at 111's batch 253.9, 253.6 vs 256.2, 255.6 and 101 at
+#     micro-batch 14 316.2, 317.2 vs 318.3, 319.1. Loss: its masks are its own, so its first steps differ from the
+#     base's by the masks (1.7e-3 at 111, 1.1e-2 at 101 x 14) and the bench judges it by the median over 100 steps
+#     (0.5% and 0.3%, within the rule); tests/test_dropout_add.py checks the function with the same masks. Its first
+#     backward (eacc376: a few programs an SM walking many rows) lost to Megatron's and gave 111 343.3, 344.2 vs
+#     345.0, 346.1 on GPU-fc38cf1f.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
