@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "d88704c09434254e356e513e1c1232b3870cd15e"
-FROZEN_TIME = "2026-11-26T18:46:10+00:00"
+FROZEN_AT = "180510244180f95bcd5dd79302cafd3a50a4cbc1"
+FROZEN_TIME = "2026-11-26T21:02:29+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
