@@ -51,13 +51,13 @@ import math
 from typing import Any, Iterable
 
 # ---- fitted on the calibration set (results/validation.py fit_steptime; tests/test_estimate.py re-fits and compares)
-GEMM_EFF_MAX = 0.655  # the efficiency a large bf16 GEMM reaches, of the dense peak
-GEMM_HALF_MNK = 3.69e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
-LAUNCH_US = 107.0  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
+GEMM_EFF_MAX = 0.6  # the efficiency a large bf16 GEMM reaches, of the dense peak
+GEMM_HALF_MNK = 3.52e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
+LAUNCH_US = 74.5  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
 COMM_CALL_US = 100.0  # the host's time per collective or p2p call outside a CUDA graph, beside its bytes
-MOE_LAYER_MS = 24.9  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
-STEP_OVERHEAD_MS = 11.2  # per step, besides the optimizer's memory traffic
-ELEMENTWISE_BYTES = 208.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
+MOE_LAYER_MS = 24.8  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
+STEP_OVERHEAD_MS = 10.1  # per step, besides the optimizer's memory traffic
+ELEMENTWISE_BYTES = 217.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
 
 # ---- hand-derived (not fitted)
 # Kernels one layer launches per micro-batch on megalab's TE-free spec, forward + backward: about 22 in
