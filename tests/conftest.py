@@ -205,9 +205,16 @@ def before_layer_levers(monkeypatch):
     from megalab.core import variables
     from megalab.runtime import levers
 
+    from megalab.results import predicted
+
     later = (levers.BIAS_GELU, levers.NORM_RESIDUAL, levers.DROPOUT_ADD)
     real = variables.default_fast
     monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
+    # the pages' predictions are planned once per process with the default's levers (dropout_add moves the memory
+    # estimate): none made under this default may outlive the test
+    predicted._predicted.cache_clear()
+    yield
+    predicted._predicted.cache_clear()
 
 
 @pytest.fixture
