@@ -362,7 +362,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
     """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
     tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
     added, on the machine, code and CUDA-graph setting where both sides ran (today's code where both sides
-    have it, else the most runs on the thinner side). Step time as the median of the runs' medians (range,
+    have it, else the newest with two runs a side, else the most runs on the thinner side). Step time as the median of the runs' medians (range,
     n), peak memory, with / without, and the loss parity of the first pair (the bench's rule)."""
     # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
@@ -441,8 +441,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             "A lever, or a set of them, added to a base fast path (the default when it was tried) against that base, "
             "per target: plain `make <target>` launches with FAST set (a lever of Megatron flags: with EXTRA_ARGS; "
             "the flags in a run's Megatron command decide its side; a base names in `backticks` the flag levers it "
-            "had), on one machine with one code (a table row's "
-            "records count on the side whose levers they ran with). ms: the median of the runs' median steps "
+            "had), on one machine with one code (today's where both sides ran it, else the newest with two runs a side; "
+            "a table row's records count on the side whose levers they ran with). ms: the median of the runs' median steps "
             "(runs, lowest–highest). Parity: the first "
             f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}, and the "
             f"median over every step within {PARITY_MEDIAN_REL:.1%}); `{BASE_FAILS_TOO}`: two runs without the lever "
