@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -91,6 +92,64 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tiny_gpt(**config):
+    """For a fresh interpreter (the Triton-interpreter tests of megalab's kernels inside Megatron's layers): a
+    one-process gloo group, Megatron's model-parallel state and Megatron's own GPT with megalab's layer spec (2 layers,
+    hidden 40, 4 heads, vocab 64, sequence 16, on CPU; CONFIG overrides the TransformerConfig). Yields (model, run):
+    run() is the mean loss on one fixed batch, after torch.manual_seed(1), and every parameter's gradient (None where
+    it has none)."""
+    from megalab._compat import ensure_typing_override
+
+    ensure_typing_override()
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megalab.runtime import spec
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    cfg = TransformerConfig(**{"num_layers": 2, "hidden_size": 40, "num_attention_heads": 4,
+                               "use_cpu_initialization": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                               "masked_softmax_fusion": False, "gradient_accumulation_fusion": False,
+                               "persist_layer_norm": False, **config})
+    torch.manual_seed(0)
+    model = GPTModel(config=cfg, transformer_layer_spec=spec.megalab_layer_spec(cfg), vocab_size=64,
+                     max_sequence_length=16)
+    b, s = 2, 16
+    ids = torch.randint(0, 64, (b, s))
+    pos = torch.arange(s).expand(b, s)
+    labels = torch.randint(0, 64, (b, s))
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)[None, None]
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout draws each time
+        loss = model(ids, pos, mask, labels=labels).mean()
+        loss.backward()
+        return loss.detach(), {n: None if q.grad is None else q.grad.clone() for n, q in model.named_parameters()}
+
+    try:
+        yield model, run
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def assert_same_run(got, want):
+    """Two of tiny_gpt's run() results: the losses, and every parameter's gradient (each there), within fp32's
+    rounding."""
+    import torch
+
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-4)
+    for n, g in got[1].items():
+        assert g is not None and want[1][n] is not None, f"{n}: no gradient"
+        torch.testing.assert_close(g, want[1][n], atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
 
 
 @pytest.fixture(scope="module")

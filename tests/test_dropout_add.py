@@ -35,8 +35,7 @@ def _check(dtype_name: str, wrong: str = ""):
             b = torch.randn(n, generator=g, dtype=torch.float64).to(dtype).double()
             dout = torch.randn(rows, 1, n, generator=g, dtype=torch.float64).to(dtype).double()
             torch.manual_seed(7)  # the seed the kernel's call draws: the same for the mask's read-back
-            kept = D._BiasDropoutAdd.apply(torch.ones(rows, 1, n, dtype=dtype), None,
-                                           torch.zeros(rows, 1, n, dtype=dtype), p).double()
+            kept = _mask(D, x.to(dtype), p).double()
             assert ((kept == 0) | ((kept * (1 - p) - 1).abs() < tol)).all(), kept.unique()
             mask = (kept > 0).double()
 
@@ -78,9 +77,8 @@ def _rate():
 
     rows, n = 4 * D.ROW_GROUPS * 2, 300
     for p in (0.1, 0.5):
-        ones, zeros = torch.ones(rows, 1, n), torch.zeros(rows, 1, n)
-        a = D._BiasDropoutAdd.apply(ones, None, zeros, p) > 0
-        b = D._BiasDropoutAdd.apply(ones, None, zeros, p) > 0
+        like = torch.empty(rows, 1, n)
+        a, b = _mask(D, like, p) > 0, _mask(D, like, p) > 0
         kept = a.float().mean().item()
         sigma = (p * (1 - p) / a.numel()) ** 0.5
         assert abs(kept - (1 - p)) < 5 * sigma, (p, kept)
@@ -89,6 +87,14 @@ def _rate():
         assert abs(same - (p * p + (1 - p) ** 2)) < 0.05, (p, same)
         assert (a != b).any(), "two calls drew one mask"
     print("dropout_add rate ok")
+
+
+def _mask(D, like, p):
+    """The lever's kernel on ones over zeros: its output over 1 / (1 - p) where it keeps, 0 where it drops (the mask
+    of the seed the call draws from torch's generator)."""
+    import torch
+
+    return D._BiasDropoutAdd.apply(torch.ones_like(like), None, torch.zeros_like(like), p)
 
 
 class _Ctx:
@@ -104,20 +110,12 @@ def _gpt(wrong: str = ""):
     """In the fresh interpreter: Megatron's GPT with megalab's spec and hidden dropout, its bias-dropout-adds run by
     the lever's kernels against the same masks applied by torch's ops (read back as above): the layers hand the
     kernels the right tensors, and the loss and every gradient agree."""
-    from conftest import free_port
-    from megalab._compat import ensure_typing_override
+    from conftest import assert_same_run, tiny_gpt
 
-    ensure_typing_override()
     import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from megalab.runtime import dropout_add as D, spec
+    from megalab.runtime import dropout_add as D
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
     p = 0.3
     calls = []
     kernels = D.bias_dropout_add_train
@@ -129,41 +127,18 @@ def _gpt(wrong: str = ""):
     def by_torch(x_with_bias, residual, prob):
         x, bias = x_with_bias
         with torch.no_grad():  # the seed the kernel would draw, and its mask
-            mask = D._BiasDropoutAdd.apply(torch.ones_like(x), None, torch.zeros_like(x), prob) != 0
+            mask = _mask(D, x, prob) != 0
         if wrong == "no-bias":
             bias = None
         return residual + mask * (x + (0 if bias is None else bias)) / (1 - prob)
 
-    cfg = TransformerConfig(num_layers=2, hidden_size=40, num_attention_heads=4, use_cpu_initialization=True,
-                            hidden_dropout=p, attention_dropout=0.0, masked_softmax_fusion=False,
-                            gradient_accumulation_fusion=False, persist_layer_norm=False, bias_dropout_fusion=True)
-    torch.manual_seed(0)
-    model = GPTModel(config=cfg, transformer_layer_spec=spec.megalab_layer_spec(cfg), vocab_size=64,
-                     max_sequence_length=16)
-    b, s = 2, 16
-    ids = torch.randint(0, 64, (b, s))
-    pos = torch.arange(s).expand(b, s)
-    labels = torch.randint(0, 64, (b, s))
-    mask = torch.ones(s, s, dtype=torch.bool).triu(1)[None, None]
-    D.ON = True
-
-    def run(fn):
-        D.bias_dropout_add_train = fn
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(1)
-        loss = model(ids, pos, mask, labels=labels).mean()
-        loss.backward()
-        return loss.detach(), {n: torch.zeros_like(q) if q.grad is None else q.grad.clone()
-                              for n, q in model.named_parameters()}
-
-    ours_loss, ours_grads = run(ours)
-    assert calls == [p] * 2 * cfg.num_layers, calls  # each layer's two bias-dropout-adds
-    ref_loss, ref_grads = run(by_torch)
-    torch.testing.assert_close(ours_loss, ref_loss, atol=1e-5, rtol=1e-4)
-    for n, g in ours_grads.items():
-        torch.testing.assert_close(g, ref_grads[n], atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
+    with tiny_gpt(hidden_dropout=p, bias_dropout_fusion=True) as (model, run):
+        D.ON = True
+        D.bias_dropout_add_train = ours
+        ours = run()
+        assert calls == [p] * 2 * model.config.num_layers, calls  # each layer's two bias-dropout-adds
+        D.bias_dropout_add_train = by_torch
+        assert_same_run(ours, run())
     print("dropout_add gpt ok")
 
 

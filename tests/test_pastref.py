@@ -220,15 +220,23 @@ def test_a_flag_lever_counts_by_the_command_a_run_passed(monkeypatch):
     assert after[4].startswith("59 (3 runs")  # the plain run that passed the flags sits with the lever
 
 
+WIDE = "111-gpt2xl-dp1-fit-80GB + `--num-layers 24 --hidden-size 2048 --num-attention-heads 16` (not a catalog row)"
+MB14 = "101-gpt2xl-dp1-gbs1-bf16 + `--micro-batch-size 14 --global-batch-size 14` (not a catalog row)"
+
+
+def _parity_cells() -> dict[tuple[str, str], tuple[str, str]]:
+    """The levers-tried table's parity columns: (lever, target) -> (first steps' largest difference, parity cell)."""
+    rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if ln.startswith("| `")]
+    return {(r[1].strip(), r[2].strip()): (r[-4].strip(), r[-3].strip()) for r in rows}
+
+
 def test_a_parity_fail_says_where_two_base_runs_fail_it_too():
     """The median rule over 100 steps: norm_residual's pairs at GPT-2 24 x 2048 and 600 fail it, as two base runs
     of one code do against each other there (their early training amplifies rounding), and the cell says so;
     layer_graphs, whose first steps are already 2% apart, stays a plain FAIL: the check can fail."""
-    rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if ln.startswith("| `")]
-    cell = {(r[1].strip(), r[2].strip()): r[-3].strip() for r in rows}
-    wide = "111-gpt2xl-dp1-fit-80GB + `--num-layers 24 --hidden-size 2048 --num-attention-heads 16` (not a catalog row)"
+    cell = {key: parity for key, (_, parity) in _parity_cells().items()}
     assert cell[("`norm_residual`", "600-llama1b-1gpu-gbs8")] == benchreport.BASE_FAILS_TOO
-    assert cell[("`norm_residual`", wide)] == benchreport.BASE_FAILS_TOO
+    assert cell[("`norm_residual`", WIDE)] == benchreport.BASE_FAILS_TOO
     assert cell[("`norm_residual`", "111-gpt2xl-dp1-fit-80GB")] == "PASS"
     assert cell[("`layer_graphs`", "111-gpt2xl-dp1-fit-80GB")] == "FAIL"
 
@@ -237,18 +245,14 @@ def test_a_lever_with_its_own_masks_is_judged_by_the_median_rule(monkeypatch):
     """dropout_add draws dropout masks of its own, so its pairs' first losses differ by the masks (1.7e-3 at 111,
     1.1e-2 at 101 with micro-batch 14: the first-steps rule would FAIL them): the median rule alone judges them and
     the cell says so. That rule can fail too: with a median bound below the pairs' medians they FAIL."""
-    def cells():
-        rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR)
-                if ln.startswith("| `dropout_add`")]
-        return {r[2].strip().split(" + ")[0] + (" M" if "micro-batch" in r[2] else " W" if "hidden-size" in r[2] else ""):
-                (float(r[-4]), r[-3].strip()) for r in rows}
+    def cell(target):
+        return _parity_cells()[("`dropout_add`", target)]
 
-    got = cells()
     own = benchreport.OWN_MASKS
-    assert got["111-gpt2xl-dp1-fit-80GB"][1] == f"PASS {own}"
-    assert got["101-gpt2xl-dp1-gbs1-bf16 M"][1] == f"PASS {own}"
-    assert got["111-gpt2xl-dp1-fit-80GB"][0] > benchreport.PARITY_EARLY_MAX_REL  # the first steps' rule would fail
-    assert got["111-gpt2xl-dp1-fit-80GB W"][1] == f"{benchreport.BASE_FAILS_TOO} {own}"
+    assert cell("111-gpt2xl-dp1-fit-80GB")[1] == f"PASS {own}"
+    assert cell(MB14)[1] == f"PASS {own}"
+    assert float(cell("111-gpt2xl-dp1-fit-80GB")[0]) > benchreport.PARITY_EARLY_MAX_REL  # the first steps' rule would fail
+    assert cell(WIDE)[1] == f"{benchreport.BASE_FAILS_TOO} {own}"
     monkeypatch.setattr(benchreport, "PARITY_MEDIAN_REL", 1e-5)
-    failed = cells()["111-gpt2xl-dp1-fit-80GB"][1]
+    failed = cell("111-gpt2xl-dp1-fit-80GB")[1]
     assert failed.startswith("FAIL") and failed.endswith(own), failed
