@@ -33,34 +33,39 @@ PROGRAMS_PER_SM = 4
 
 
 @triton.jit
-def _pack(a_ptr, b_ptr, c_ptr, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program,
-          a_s, a_b, a_h, b_s, b_b, b_h, c_s, c_b, c_h,
-          WA: tl.constexpr, WB: tl.constexpr, WC: tl.constexpr, SUMS: tl.constexpr, BLOCK_T: tl.constexpr):
+def _pack(src, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, s_s, s_b, s_h, width, W, off,
+          SUMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One piece (query, key or value) of the packed gradient: this program's tokens of one head, copied into
+    columns [off, off + width) of that head's W, and their sums per column (the bias's partial gradient)."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
-    W: tl.constexpr = WA + WB + WC
+    cols = tl.arange(0, BLOCK_W)
+    cmask = cols < width
     first = pid_t * tokens_per_program
     last = tl.minimum(first + tokens_per_program, tokens)
-    for piece in tl.static_range(3):
-        if piece == 0:
-            src, ss, sb, sh, width, off = a_ptr, a_s, a_b, a_h, WA, 0
-        elif piece == 1:
-            src, ss, sb, sh, width, off = b_ptr, b_s, b_b, b_h, WB, WA
-        else:
-            src, ss, sb, sh, width, off = c_ptr, c_s, c_b, c_h, WC, WA + WB
-        cols = tl.arange(0, width)
-        acc = tl.zeros((BLOCK_T, width), dtype=tl.float32)
-        for t0 in range(first, last, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            m = (t < last)[:, None]
-            s = (t // batch).to(tl.int64)
-            b = (t % batch).to(tl.int64)
-            x = tl.load(src + (s * ss + b * sb + head * sh)[:, None] + cols[None, :], mask=m, other=0.0)
-            tl.store(out_ptr + (t.to(tl.int64) * heads * W + head * W + off)[:, None] + cols[None, :], x, mask=m)
-            if SUMS:
-                acc += x.to(tl.float32)
+    acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
+    for t0 in range(first, last, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        m = (t < last)[:, None] & cmask[None, :]
+        s = (t // batch).to(tl.int64)
+        b = (t % batch).to(tl.int64)
+        x = tl.load(src + (s * s_s + b * s_b + head * s_h)[:, None] + cols[None, :], mask=m, other=0.0)
+        tl.store(out_ptr + (t.to(tl.int64) * heads * W + head * W + off)[:, None] + cols[None, :], x, mask=m)
         if SUMS:
-            tl.store(part_ptr + pid_t * heads * W + head * W + off + cols, tl.sum(acc, axis=0))
+            acc += x.to(tl.float32)
+    if SUMS:
+        tl.store(part_ptr + pid_t * heads * W + head * W + off + cols, tl.sum(acc, axis=0), mask=cmask)
+
+
+def pack_into(pieces, packed, parts, tokens, batch, heads, row_programs, per, sums, block_t, warps):
+    W = packed.shape[-1]
+    off = 0
+    for g in pieces:
+        w = g.shape[-1]
+        _pack[(row_programs, heads)](g, packed, parts, tokens, batch, heads, per, g.stride(0), g.stride(1),
+                                     g.stride(2), w, W, off, SUMS=sums, BLOCK_T=block_t,
+                                     BLOCK_W=triton.next_power_of_2(w), num_warps=warps)
+        off += w
 
 
 def main():
@@ -95,11 +100,7 @@ def main():
             bias = torch.empty(heads * 3 * hn, device="cuda", dtype=torch.bfloat16)
 
             def pack(sums=True):
-                _pack[(row_programs, heads)](dq, dk, dv, packed, parts, tokens, b, heads, per,
-                                             dq.stride(0), dq.stride(1), dq.stride(2),
-                                             dk.stride(0), dk.stride(1), dk.stride(2),
-                                             dv.stride(0), dv.stride(1), dv.stride(2),
-                                             WA=hn, WB=hn, WC=hn, SUMS=sums, BLOCK_T=block_t, num_warps=warps)
+                pack_into((dq, dk, dv), packed, parts, tokens, b, heads, row_programs, per, sums, block_t, warps)
                 if sums:
                     return param_grad.reduce([bias], parts)[0]
 
