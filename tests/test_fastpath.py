@@ -84,11 +84,14 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
                        "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "norm_residual",
-                       "bias_gelu", "dropout_add", "sdpa_gqa"]
+                       "bias_gelu", "dropout_add", "qkv_pack", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     from megalab.runtime import dropout_add
     assert dropout_add.get_bias_dropout_add(True, True) is dropout_add.bias_dropout_add_train
-    from megatron.core.transformer import mlp
+    from megatron.core.transformer import attention, mlp
+
+    from megalab.runtime import qkv_split
+    assert attention.SplitAlongDim is qkv_split.split_along_dim and qkv_split.ON
 
     from megalab.runtime import bias_gelu
     assert mlp.bias_gelu_impl is bias_gelu.bias_gelu_impl
@@ -111,7 +114,7 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
     """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's,
-    triton_norm's (norm_residual's with it), bias_gelu's and dropout_add's installs after the test."""
+    triton_norm's (norm_residual's with it), bias_gelu's, dropout_add's and qkv_pack's installs after the test."""
     from megatron.core import tensor_parallel
     from megatron.core.optimizer import optimizer as optmod
 
@@ -141,6 +144,12 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
     from megalab.runtime import dropout_add
 
     monkeypatch.setattr(dropout_add, "ON", dropout_add.ON)
+    from megatron.core.transformer import attention
+
+    from megalab.runtime import qkv_split
+
+    monkeypatch.setattr(attention, "SplitAlongDim", attention.SplitAlongDim)
+    monkeypatch.setattr(qkv_split, "ON", qkv_split.ON)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

@@ -45,6 +45,7 @@ FEATURE_FILES = {
     "megalab/runtime/triton_norm.py": lambda cfg: _asks(cfg, levers.TRITON_NORM),
     "megalab/runtime/bias_gelu.py": lambda cfg: _asks(cfg, levers.BIAS_GELU),
     "megalab/runtime/dropout_add.py": lambda cfg: _asks(cfg, levers.DROPOUT_ADD),
+    "megalab/runtime/qkv_split.py": lambda cfg: _asks(cfg, levers.QKV_PACK),
 }
 
 

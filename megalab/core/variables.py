@@ -205,8 +205,8 @@ DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
-    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then bias_gelu and dropout_add for a dense GeLU MLP
-    with biases and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
+    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then bias_gelu, dropout_add and qkv_pack for a dense
+    GeLU MLP with biases and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
     compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
     from the output layer, grouped_gemm where a MoE preset asks for
     moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
@@ -214,11 +214,11 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     cfg = model_cfg or {}
     moe = bool(num_experts)
     rope = cfg.get("position_embedding", "learned_absolute") == "rope"
-    # GPT-2's layer: a GeLU MLP with biases and LayerNorm (where bias_gelu, dropout_add and norm_residual were measured
-    # to pay)
+    # GPT-2's layer: a GeLU MLP with biases and LayerNorm (where bias_gelu, dropout_add, qkv_pack and norm_residual were
+    # measured to pay)
     gelu_bias = not moe and not cfg.get("swiglu") and not cfg.get("disable_bias_linear")
     layernorm = not moe and cfg.get("normalization", "LayerNorm") == "LayerNorm"
-    return (DEFAULT_FAST + ((levers.BIAS_GELU, levers.DROPOUT_ADD) if gelu_bias else ())
+    return (DEFAULT_FAST + ((levers.BIAS_GELU, levers.DROPOUT_ADD, levers.QKV_PACK) if gelu_bias else ())
             + ((levers.NORM_RESIDUAL,) if layernorm else ())
             + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
             + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())

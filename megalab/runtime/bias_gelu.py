@@ -18,12 +18,10 @@ CPU: tests/test_bias_gelu.py.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from megalab.runtime import param_grad
-from megalab.runtime.jit import kernel
+from megalab.runtime.jit import kernel, sms
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
     import triton
@@ -67,13 +65,6 @@ def _bias_gelu_backward(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per
     tl.store(part_ptr + pid_r * n + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter: a few programs, so the tests see blocks of several rows and a ragged last one
-
-
 def _megatron():
     from megatron.core.fusions import fused_bias_gelu
 
@@ -96,7 +87,8 @@ class _BiasGeLU(torch.autograd.Function):
         y, g = (t if t.is_contiguous() else t.contiguous() for t in (y, g))
         rows = y.shape[0]
         col_blocks = triton.cdiv(n, BLOCK_COLS)
-        row_programs = max(1, min(triton.cdiv(rows, BLOCK_ROWS), -(-_sms(y.device) * PROGRAMS_PER_SM // col_blocks)))
+        row_programs = max(1, min(triton.cdiv(rows, BLOCK_ROWS),
+                                  triton.cdiv(sms(y.device) * PROGRAMS_PER_SM, col_blocks)))
         per = triton.cdiv(rows, row_programs)
         row_programs = triton.cdiv(rows, per)
         dx = torch.empty_like(y)

@@ -37,8 +37,10 @@ own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton
 norms hand Megatron the residual too, so that its gradient is added inside the norm's backward kernel instead of
 in a pass of autograd's own (megalab/runtime/triton_norm.py); a nineteenth, `dropout_add`, runs Megatron's
 bias-dropout-add as one Triton kernel each way whose backward draws the dropout mask again instead of reading a
-saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.py). Each is named in MEGALAB_FAST (FAST=... or all); the
-launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
+saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.py); a twentieth, `qkv_pack`,
+beside addmm_bias, packs the QKV projection's gradient (the cat of the query, key and value gradients) and sums its
+bias's gradient in the same pass, which the linear layer's backward then skips (megalab/runtime/qkv_split.py).
+Each is named in MEGALAB_FAST (FAST=... or all); the launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
 and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
 function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
 
@@ -147,8 +149,9 @@ def linear_forward_addmm_bias(ctx, input, weight, bias, gradient_accumulation_fu
                               gtp_remat_size):
     """Megatron-Core 0.19's LinearWithGradAccumulationAndAsyncCommunication.forward, line for line,
     except the GEMM: `addmm(bias, x, W^T)` adds the bias in the GEMM's epilogue (in fp32, before the
-    one rounding to bf16) instead of `matmul(x, W^T) + bias`, a second pass over the output. The
-    backward is Megatron's own, unchanged (it reads only what this saves)."""
+    one rounding to bf16) instead of `matmul(x, W^T) + bias`, a second pass over the output, and the
+    bias kept on the node for qkv_pack. The backward is Megatron's own, unchanged (it reads only what
+    this saves, and sums the bias's gradient unless qkv_pack's split has cleared `use_bias`)."""
     from megatron.core.tensor_parallel.layers import dist_all_gather_func, get_global_memory_buffer
 
     if gradient_accumulation_fusion and hasattr(weight, "main_grad"):
@@ -167,6 +170,7 @@ def linear_forward_addmm_bias(ctx, input, weight, bias, gradient_accumulation_fu
     ctx.grad_output_buffer = grad_output_buffer
     ctx.tp_group = tp_group
     ctx.gtp_remat_size = gtp_remat_size
+    ctx.megalab_bias = bias  # qkv_pack's split takes the bias's gradient from here (megalab/runtime/qkv_split.py)
     if sequence_parallel:
         dim_size = list(input.size())
         dim_size[0] = dim_size[0] * tp_group.size()
@@ -328,6 +332,12 @@ def apply(names: list[str]) -> list[str]:
         if dropout_add.triton is not None:
             dropout_add.ON = True  # megalab's layer spec asks dropout_add.get_bias_dropout_add at every call
             applied.append("dropout_add")
+    if "qkv_pack" in names and "addmm_bias" in applied:  # its bias comes from addmm_bias's forward
+        from megalab.runtime import qkv_split
+
+        if qkv_split.triton is not None and qkv_split.install():
+            qkv_split.ON = True  # read by split_along_dim, which Megatron's attention calls as SplitAlongDim
+            applied.append("qkv_pack")
     if "sdpa_gqa" in names:
         from megalab.runtime import spec
 

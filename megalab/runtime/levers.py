@@ -23,10 +23,11 @@ TRITON_NORM = "triton_norm"  # megalab/runtime/triton_norm.py: LayerNorm/RMSNorm
 BIAS_GELU = "bias_gelu"  # megalab/runtime/bias_gelu.py: bias-GeLU's backward and its bias gradient in one kernel
 NORM_RESIDUAL = "norm_residual"  # megalab/runtime/triton_norm.py: the residual's gradient added in the norm's kernel
 DROPOUT_ADD = "dropout_add"  # megalab/runtime/dropout_add.py: bias-dropout-add in one kernel each way, no saved mask
+QKV_PACK = "qkv_pack"  # megalab/runtime/qkv_split.py: the QKV gradient's cat and its bias's sum in one pass
 SDPA_GQA = "sdpa_gqa"  # megalab/runtime/spec.py: grouped-query attention read by the kernel, K/V not repeated
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", FUSED_WGRAD, "cudnn_sdpa", BF16_CE, ADDMM_BIAS,
            GROUPED_GEMM, COMPILED_ROPE, CLIP_IN_ADAM, EMBED_WGRAD, SDPA_GQA, FLAT_ADAM, DEVICE_NORM,
-           COMPILED_NORM, TRITON_NORM, BIAS_GELU, NORM_RESIDUAL, DROPOUT_ADD)
+           COMPILED_NORM, TRITON_NORM, BIAS_GELU, NORM_RESIDUAL, DROPOUT_ADD, QKV_PACK)
 SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has

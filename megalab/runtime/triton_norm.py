@@ -21,13 +21,12 @@ Triton interpreter on CPU: tests/test_triton_norm.py.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
 from megalab.runtime import param_grad
-from megalab.runtime.jit import kernel
+from megalab.runtime.jit import kernel, sms
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
     import triton
@@ -118,15 +117,8 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter: a few programs, so the tests see blocks of several rows and a ragged last one
-
-
 def _programs(x: torch.Tensor, rows: int) -> int:
-    return max(1, min(-(-rows // MIN_ROWS), _sms(x.device) * PROGRAMS_PER_SM))
+    return max(1, min(-(-rows // MIN_ROWS), sms(x.device) * PROGRAMS_PER_SM))
 
 
 def _forward(ctx, x, weight, bias, eps, rms, shifted):

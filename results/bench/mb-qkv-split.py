@@ -4,8 +4,9 @@ is a cat of the three gradients SDPA's cuDNN kernel returns, and the linear laye
 gradient over every token for the bias (a second pass, in bf16). Here:
 
   cat + sum       torch.cat of dq, dk, dv (as cuDNN laid them out) then grad.sum(0) in bf16: what runs now
-  pack            one Triton kernel writes the packed gradient and each program's column sums of it (fp32), then
-                  one small kernel adds the partial sums up (megalab/runtime/param_grad.py's reduction)
+  pack            the qkv_pack lever's backward (megalab/runtime/qkv_split.py): its Triton kernel, once for each
+                  piece, writes the packed gradient and each program's column sums of it (fp32), then one small
+                  kernel adds the partial sums up (megalab/runtime/param_grad.py's reduction); at several tiles
   pack, no sums   the same kernel without the sums (the pass that replaces the cat alone)
 
 The gradients come from a real cuDNN attention backward over views of one [s, b, heads, 3 x head] tensor, so their
@@ -18,53 +19,30 @@ Run: python results/bench/mb-qkv-split.py > results/bench/qkv-split-microbench.t
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
 from megalab.harness.bench import kernel_us as gpu_us
-from megalab.runtime import param_grad
+from megalab.runtime import param_grad, qkv_split
+from megalab.runtime.jit import kernel
 
 SHAPES = [  # (what, s, b, heads, head dim)
     ("GPT-2 XL, row 111 (15 x 1024 tokens, 25 heads of 64)", 1024, 15, 25, 64),
     ("GPT-2 24 x 2048 (not a catalog row; 15 x 1024 tokens, 16 heads of 128)", 1024, 15, 16, 128),
     ("GPT-2 XL at micro-batch 14 (not a catalog row)", 1024, 14, 25, 64),
 ]
-TILES = ((32, 4), (64, 4), (16, 4), (32, 8))  # (tokens a step, warps)
-PROGRAMS_PER_SM = 4
-
-
-@triton.jit
-def _pack(src, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, s_s, s_b, s_h, width, W, off,
-          SUMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One piece (query, key or value) of the packed gradient: this program's tokens of one head, copied into
-    columns [off, off + width) of that head's W, and their sums per column (the bias's partial gradient)."""
-    pid_t = tl.program_id(0)
-    head = tl.program_id(1)
-    cols = tl.arange(0, BLOCK_W)
-    cmask = cols < width
-    first = pid_t * tokens_per_program
-    last = tl.minimum(first + tokens_per_program, tokens)
-    acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
-    for t0 in range(first, last, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        m = (t < last)[:, None] & cmask[None, :]
-        s = (t // batch).to(tl.int64)
-        b = (t % batch).to(tl.int64)
-        x = tl.load(src + (s * s_s + b * s_b + head * s_h)[:, None] + cols[None, :], mask=m, other=0.0)
-        tl.store(out_ptr + (t.to(tl.int64) * heads * W + head * W + off)[:, None] + cols[None, :], x, mask=m)
-        if SUMS:
-            acc += x.to(tl.float32)
-    if SUMS:
-        tl.store(part_ptr + pid_t * heads * W + head * W + off + cols, tl.sum(acc, axis=0), mask=cmask)
+TILES = ((qkv_split.BLOCK_TOKENS, qkv_split.WARPS), (32, 4), (16, 4), (32, 8))  # (tokens a step, warps): shipped first
+PROGRAMS_PER_SM = qkv_split.PROGRAMS_PER_SM
 
 
 def pack_into(pieces, packed, parts, tokens, batch, heads, row_programs, per, sums, block_t, warps):
+    """The lever's backward, its tile given: qkv_split's kernel once a piece."""
     W = packed.shape[-1]
     off = 0
     for g in pieces:
         w = g.shape[-1]
-        _pack[(row_programs, heads)](g, packed, parts, tokens, batch, heads, per, g.stride(0), g.stride(1),
-                                     g.stride(2), w, W, off, SUMS=sums, BLOCK_T=block_t,
-                                     BLOCK_W=triton.next_power_of_2(w), num_warps=warps)
+        kernel(qkv_split._pack)[(row_programs, heads)](g, packed, parts, tokens, batch, heads, per, g.stride(0),
+                                                        g.stride(1), g.stride(2), w, W, off, SUMS=sums,
+                                                        BLOCK_T=block_t, BLOCK_W=triton.next_power_of_2(w),
+                                                        num_warps=warps)
         off += w
 
 
@@ -109,8 +87,8 @@ def main():
             err = (got.float() - ref_sum).abs().max().item()
             p, pn = gpu_us(pack), gpu_us(lambda: pack(False))
             print(f"  pack ({block_t} tokens a step, {warps} warps, {row_programs} x {heads} programs) {p[0]:6.1f} us "
-                  f"({p[1]:.0f} kernels); no sums {pn[0]:6.1f} us; packed equal to cat: {exact}; bias sum differs "
-                  f"from fp32 by {err:.3g}")
+                  f"({p[1]:.0f} kernels); no sums {pn[0]:6.1f} us; packed equal to cat: {exact}; bias sum (bf16) differs "
+                  f"from the fp32 sum by {err:.3g}")
     print(f"torch {torch.__version__}, triton {triton.__version__}")
 
 
