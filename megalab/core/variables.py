@@ -199,6 +199,13 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     (0.5% and 0.3%, within the rule); tests/test_dropout_add.py checks the function with the same masks. Its first
 #     backward (eacc376: a few programs an SM walking many rows) lost to Megatron's and gave 111 343.3, 344.2 vs
 #     345.0, 346.1 on GPU-fc38cf1f.
+#   - qkv_pack (one H100, GPU-acfbfc21, 2026-11-26, thirteenth session; alternating), where the QKV projection has a
+#     bias addmm_bias adds (GPT-2's layer): the split's backward packs the gradient and sums the bias in one pass,
+#     125 against torch.cat and the bias's sum's 170 us a layer at 111's shape (results/bench/
+#     qkv-split-microbench.txt). Over the default: 111 335.5, 335.5, 335.7 vs 339.6, 338.5 ms; beyond the catalog
+#     GPT-2 24 x 2048 at 111's batch 255.1, 255.4 vs 256.4, 257.0 and 101 at micro-batch 14 317.4, 317.2 vs 319.1,
+#     319.3. Loss: the same function (tests/test_qkv_split.py), the first five steps within 3.2e-5 of the base's.
+#     Without a bias (Llama-style) the pack alone is slower than the cat, so the split stays torch's there.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
