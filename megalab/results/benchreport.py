@@ -574,13 +574,13 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."
                 + f" Fast path: `{rec.fastpath}`."
                 + ("" if all((d.parent / t).exists() for t in rec.files.traces)
-                   else " The trace itself was not kept (summarised on the rig, then deleted).")
+                   else " The trace itself was not kept (summarised, then deleted).")
                 + (f" Every kernel of the two steps: [kernels.txt](runs/{d.parent.name}/kernels.txt)."
                    if (d.parent / "kernels.txt").exists() else "")
                 + "".join(f" Where the GPU waited for the host, gap by gap (`python -m megalab bench gaps`"
                           f"{', gzipped' if name.endswith('.gz') else ''}): [{name}](runs/{d.parent.name}/{name})."
                           for name in ("gaps.txt", "gaps.txt.gz") if (d.parent / name).exists()), "",
-                "The two profiled steps by the GPU kernels they ran (the summary the rig wrote; kinds by "
+                "The two profiled steps by the GPU kernels they ran (the trace's summary; kinds by "
                 "`bench.KERNEL_KINDS`). GPU-busy well below wall time means the host (Python, launches) leads; "
                 "`elementwise / other` is what fusions remove (TE fuses bias+GeLU, bias+dropout+add and the "
                 "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
@@ -592,11 +592,14 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
              "the [tokens, vocabulary] logits ([mb-loss-and-bias.txt](mb-loss-and-bias.txt) times both losses per call "
              "in isolation), and `addmm_bias` the QKV projection's separate bf16 bias add (the "
              "`CUDAFunctor_add<c10::BFloat16>` calls in the kernel list). A profile made with an older fast path "
-             "still lists them.")
+             "still lists them. So did `qkv_pack` (2026-11-26): the QKV gradient's `CatArrayBatchedCopy` and the "
+             "bf16 `reduce_kernel` of its bias's sum, 8.3 ms a step in the last profile below, are one pass with it "
+             "([qkv-split-microbench.txt](qkv-split-microbench.txt)).")
     if (bench_dir / GRAPH_WAITS).exists():  # a profile here runs without the graph, so its optimizer reads slow
         intro += (f" These profiles run without the CUDA graph and with synchronising timers, so they overstate "
                   f"some kernels (`_adamw_flat`: 23 ms here, 15.8 ms timed inside a plain run) and cannot show where "
-                  f"a graphed step waits; [{GRAPH_WAITS}]({GRAPH_WAITS}) does both, for rows 101 and 600.")
+                  f"a graphed step waits; [{GRAPH_WAITS}]({GRAPH_WAITS}) does both, for rows 101 and 600, and says where "
+                  f"a graphed step of 111 waits.")
     return ["## Where a step goes (profiles)", "", intro, "", *out] if out else []
 
 
