@@ -25,9 +25,9 @@ def _check(dtype_name: str, wrong: str = ""):
         param_grad.reduce = lambda params, parts: reduce(params, parts[:, :1].contiguous())
     tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -7}[dtype]
     p = 0.3
-    # rows: 1, a ragged group of four, several tiles (the interpreter counts one SM: programs walk several);
-    # columns: fewer than a block, not a multiple of one
-    for rows, n in ((1, 7), (5, 130), (4 * D.ROW_GROUPS * 3 + 7, 257)):
+    # rows: 1, a ragged group of four, two programs of several tiles, the second ragged; columns: fewer than a
+    # block, not a multiple of one
+    for rows, n in ((1, 7), (5, 130), (4 * D.ROW_GROUPS * (D.TILES_PER_PROGRAM + 1) + 7, 257)):
         for has_bias, into_main_grad in ((False, False), (True, False), (True, True)):
             g = torch.Generator().manual_seed(rows * n + 2 * has_bias + into_main_grad)
             x = torch.randn(rows, 1, n, generator=g, dtype=torch.float64).to(dtype).double()

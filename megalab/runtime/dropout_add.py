@@ -39,7 +39,10 @@ except ImportError:  # pragma: no cover
 ON = False  # set by megalab/runtime/fastpath.py for the dropout_add lever; read by get_bias_dropout_add
 ROW_GROUPS = 8  # rows per quarter-tile: a program's tile is 4 x 8 rows (one Philox draw for four of them)
 BLOCK_COLS = 128  # columns a program owns
-TILES_PER_PROGRAM = 2  # backward: tiles a program walks, keeping its columns' bias sums (one table row a program)
+TILES_PER_PROGRAM = 8  # backward: tiles a program walks, keeping its columns' bias sums (one table row a program)
+# backward: its tile loop software-pipelined, two tiles' loads in flight while one computes. With 2 tiles a program,
+# one load at a time, it took 65 us a call at 111; 53 us so (results/bench/pipelined-loops-microbench.txt).
+STAGES = 3
 WARPS = 4
 
 
@@ -66,7 +69,7 @@ def _bda_forward(x_ptr, b_ptr, r_ptr, out_ptr, seed_ptr, rows, n, p, scale,
 
 
 def _bda_backward(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_per_program,
-                  HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr, BLOCK_C: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
     """dx = keep * g * scale over this program's row groups and columns (the forward's mask, drawn again) and,
     with HAS_BIAS, dx summed over those rows per column (the bias's partial gradient)."""
     pid_r = tl.program_id(0)
@@ -76,26 +79,35 @@ def _bda_backward(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_p
     acc = tl.zeros((GROUPS, BLOCK_C), dtype=tl.float32)
     first = pid_r * groups_per_program
     last = tl.minimum(first + groups_per_program, tl.cdiv(rows, 4))
-    for g0 in range(first, last, GROUPS):
+    for g0 in tl.range(first, last, GROUPS, num_stages=STAGES):  # STAGES - 1 later tiles' loads in flight
         groups = g0 + tl.arange(0, GROUPS)
         draws = tl.randint4x(seed, groups[:, None] * n + cols[None, :])
-        for k in tl.static_range(4):
-            r = groups * 4 + k
-            m = (groups[:, None] < last) & (r[:, None] < rows) & cmask[None, :]
-            offs = r[:, None].to(tl.int64) * n + cols[None, :]
-            keep = tl.uint_to_uniform_float(draws[k]) >= p
-            g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            dx = tl.where(keep & m, g * scale, 0.0)
-            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=m)
-            if HAS_BIAS:
-                acc += dx
+        # the tile's four rows of a draw (4g + k) are all loaded before any is stored: one round trip, not four
+        r = groups[:, None] * 4
+        ok = (groups[:, None] < last) & cmask[None, :]
+        offs = r.to(tl.int64) * n + cols[None, :]
+        m0, m1, m2, m3 = ok & (r < rows), ok & (r + 1 < rows), ok & (r + 2 < rows), ok & (r + 3 < rows)
+        g0_ = tl.load(g_ptr + offs, mask=m0, other=0.0).to(tl.float32)
+        g1_ = tl.load(g_ptr + offs + n, mask=m1, other=0.0).to(tl.float32)
+        g2_ = tl.load(g_ptr + offs + 2 * n, mask=m2, other=0.0).to(tl.float32)
+        g3_ = tl.load(g_ptr + offs + 3 * n, mask=m3, other=0.0).to(tl.float32)
+        d0 = tl.where((tl.uint_to_uniform_float(draws[0]) >= p) & m0, g0_ * scale, 0.0)
+        d1 = tl.where((tl.uint_to_uniform_float(draws[1]) >= p) & m1, g1_ * scale, 0.0)
+        d2 = tl.where((tl.uint_to_uniform_float(draws[2]) >= p) & m2, g2_ * scale, 0.0)
+        d3 = tl.where((tl.uint_to_uniform_float(draws[3]) >= p) & m3, g3_ * scale, 0.0)
+        tl.store(dx_ptr + offs, d0.to(dx_ptr.dtype.element_ty), mask=m0)
+        tl.store(dx_ptr + offs + n, d1.to(dx_ptr.dtype.element_ty), mask=m1)
+        tl.store(dx_ptr + offs + 2 * n, d2.to(dx_ptr.dtype.element_ty), mask=m2)
+        tl.store(dx_ptr + offs + 3 * n, d3.to(dx_ptr.dtype.element_ty), mask=m3)
+        if HAS_BIAS:
+            acc += (d0 + d1) + (d2 + d3)
     if HAS_BIAS:
         tl.store(part_ptr + pid_r * n + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 def _grid_rows(rows: int) -> tuple[int, int]:
-    """Backward: (programs along the rows, row groups each takes): TILES_PER_PROGRAM tiles a program, so that the
-    GPU is full (a few programs an SM left it waiting on memory) and the partial table stays small."""
+    """Backward: (programs along the rows, row groups each takes): TILES_PER_PROGRAM tiles a program, steps enough
+    for its pipelined loop, and a partial table of one row a program."""
     per = ROW_GROUPS * TILES_PER_PROGRAM
     return triton.cdiv(triton.cdiv(rows, 4), per), per
 
@@ -129,7 +141,8 @@ class _BiasDropoutAdd(torch.autograd.Function):
         parts = param_grad.tables(1, programs, n, g.device) if has_bias else dx
         kernel(_bda_backward)[(programs, col_blocks)](g, dx, seed, parts, ctx.rows, n, ctx.prob,
                                                       1.0 / (1.0 - ctx.prob), per, HAS_BIAS=has_bias,
-                                                      GROUPS=ROW_GROUPS, BLOCK_C=BLOCK_COLS, num_warps=WARPS)
+                                                      GROUPS=ROW_GROUPS, BLOCK_C=BLOCK_COLS, STAGES=STAGES,
+                                                      num_warps=WARPS)
         dbias = param_grad.reduce([ctx.bias], parts)[0] if has_bias else None
         return dx, dbias, grad_out, None
 

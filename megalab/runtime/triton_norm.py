@@ -10,7 +10,7 @@ compiled_norm (torch.compile's kernels for the same math) took 8% off the GPU ti
 What this does. Forward: one program per row, the statistics in fp32, y rounded once to x's dtype (as
 torch's kernels do); the row's mean and 1/std are kept for the backward (8 bytes a row). Backward: a grid of
 a few programs per SM, each walking its block of rows: the row's input gradient, and the weight and bias
-gradients summed over its rows in fp32 registers; one more kernel adds the programs' partial sums (a
+gradients summed over its rows in fp32 registers, the loads of the rows ahead in flight; one more kernel adds the programs' partial sums (a
 [programs, hidden] fp32 table, 3 MB at row 111) straight into the fp32 main_grad of Megatron's grad buffer
 (megalab/runtime/param_grad.py). So dy and x are read once, and the weight and bias gradients need no pass of
 their own, no bf16 rounding and no add of Megatron's hook.
@@ -39,6 +39,10 @@ RESIDUAL = False  # set by fastpath.py for the norm_residual lever (beside trito
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
 PROGRAMS_PER_SM = 4  # backward: enough programs to fill the GPU, few enough that the partial table stays small
 MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
+# backward: its row loop software-pipelined, the next two rows' loads issued while this one computes. One row's
+# loads at a time left each row a DRAM round trip with few warps an SM to hide it: 95 us a call at 111, 81 with 3
+# stages, 85 with 2 or 4 (results/bench/pipelined-loops-microbench.txt); more programs an SM instead lost (99 us).
+STAGES = 3
 
 
 def _norm_forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
@@ -69,7 +73,7 @@ def _norm_forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
 
 def _norm_backward(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n,
                    rows_per_program, RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SHIFTED: tl.constexpr,
-                   HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                   HAS_RES: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """A block of rows: each row's dx (plus the residual's gradient dr, with HAS_RES), and this block's sums of
     dy * xhat (dgamma) and dy (dbeta)."""
     pid = tl.program_id(0)
@@ -82,7 +86,7 @@ def _norm_backward(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_
     db = tl.zeros((BLOCK,), dtype=tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, rows)
-    for row in range(first, last):
+    for row in tl.range(first, last, num_stages=STAGES):  # STAGES - 1 later rows' loads in flight
         off = tl.cast(row, tl.int64) * n
         x = tl.load(x_ptr + off + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off + cols, mask=mask, other=0.0).to(tl.float32)
@@ -161,7 +165,8 @@ def _backward(ctx, dy, dres):
     block = _block(n)
     kernel(_norm_backward)[(programs,)](x2, weight, dy2, dr2, dx, mean, rstd, parts[0], parts[-1], rows, n, per,
                                         RMS=ctx.rms, HAS_BIAS=has_bias, SHIFTED=ctx.shifted,
-                                        HAS_RES=dres is not None, BLOCK=block, num_warps=_warps(block))
+                                        HAS_RES=dres is not None, BLOCK=block, STAGES=STAGES,
+                                        num_warps=_warps(block))
     grads = param_grad.reduce(ctx.params, parts) if any(ctx.needs_input_grad[1:3]) else [None, None]
     return dx.view(ctx.shape), grads[0], grads[1] if has_bias else None, None, None, None
 

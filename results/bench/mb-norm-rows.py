@@ -83,10 +83,10 @@ def main():
             parts = param_grad.tables(2, programs, n, "cuda")
 
             def bwd():
-                if rows_a_step == 1:  # the shipped kernel
+                if rows_a_step == 1:  # the shipped kernel (its loop unpipelined when this file's output was taken)
                     triton_norm.kernel(triton_norm._norm_backward)[(programs,)](
                         x, w, dy, dr, dx, mean, rstd, parts[0], parts[1], rows, n, per, RMS=False, HAS_BIAS=True,
-                        SHIFTED=False, HAS_RES=True, BLOCK=block, num_warps=warps)
+                        SHIFTED=False, HAS_RES=True, BLOCK=block, STAGES=triton_norm.STAGES, num_warps=warps)
                 else:
                     _bwd_rows[(programs,)](x, w, dy, dr, dx, mean, rstd, parts[0], parts[1], rows, n, per,
                                            ROWS=rows_a_step, BLOCK=block, num_warps=warps)
