@@ -233,6 +233,9 @@ TRITON_NORM_COMMITS = ("6f7efc0b0b77f2af9aa80e4b594f1ad123438046", "bd4b70664834
 # row once or more, 113 and 121 among them.
 PARAM_GRAD_COMMITS = ("a4943fd733d605320039c5ea8ee99b501cf0fdf8", "93a96f01339d71b7bfb9912ff70d376a55a8dce4",
                       "cfd4ea3ed4ef11285f2a766ea431a40d64b7cc8e")
+# The fourteenth session's commit (triton_norm's and dropout_add's backward loops pipelined): its launches of 111,
+# 112, 101 and 600 on one H100, and two of 111 at the commit before (7f7d795) between them.
+PIPELINED_COMMIT = "80644e5e000616377f0394d5095f7e25e1e75972"
 # The launcher's default fast path before triton_norm joined it.
 BEFORE_TRITON_NORM = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam",
                       "flat_adam", "device_norm")

@@ -4,7 +4,7 @@ import copy
 
 from megalab.core import benchruns
 from megalab.results import benchreport, pastref
-from tests.conftest import TRITON_NORM_COMMITS
+from tests.conftest import PIPELINED_COMMIT, TRITON_NORM_COMMITS
 
 
 def _cfg():
@@ -53,10 +53,33 @@ def test_without_todays_run_code_the_newest_codes_launches_are_marked_older(monk
     monkeypatch.setattr(provenance, "_code_state", lambda c, root, unused, tree: (
         provenance.OLDER, f"{provenance.CODE_CHANGED} (fastpath.py)"))
     rows = {r[0]: r for r in pastref.goal_rows(_cfg())}
-    # 112's default gained qkv_pack after its last launches: none has today's defaults, so it has no row to mark
-    assert rows.pop("112-gpt2xl-dp1-fit-80GB-GA4")[-1] == "not run"
+    assert set(rows) == {"111-gpt2xl-dp1-fit-80GB", "101-gpt2xl-dp1-gbs1-bf16", "600-llama1b-1gpu-gbs8",
+                         "112-gpt2xl-dp1-fit-80GB-GA4"}
     assert all("older (run code changed since" in r[-1] for r in rows.values())
     assert all(int(r[2].split("(")[1].split()[0]) >= 3 for r in rows.values())  # still a campaign's launches
+
+
+def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_code):
+    """The fourteenth session ran 111 twice at the commit before its change (7f7d795) between three launches of its
+    own code on one H100: that is the one before and after; 101, 112 and 600 ran no earlier commit there."""
+    pin_code(PIPELINED_COMMIT)
+    todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
+    rows = pastref.code_rows(todays)
+    machine = "1x H100 80GB GPU-ec840fa9"
+    assert [r[:3] for r in rows] == [["111-gpt2xl-dp1-fit-80GB", machine, "code at 7f7d795"],
+                                     ["111-gpt2xl-dp1-fit-80GB", machine, "today's code"]]
+    then, now = rows
+    assert then[3] == "335 (2 runs, 335–335)" and now[3].startswith("333 (3 runs")
+    assert float(then[4].rstrip("x")) > 1 and now[4] == ""
+
+
+def test_code_rows_need_an_earlier_commit_on_the_goals_machine(pin_code):
+    """Where the earlier commit's runs count as today's code too, there is no before: no rows (and 111's goal row
+    then holds all five launches)."""
+    pin_code(PIPELINED_COMMIT, "7f7d7951750d1134e192f9a1db97487e09502be5")
+    todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
+    assert pastref.code_rows(todays) == []
+    assert [len(rs) for rs in todays["111-gpt2xl-dp1-fit-80GB"]] == [5]
 
 
 def test_a_goal_can_be_met_and_needs_its_launches():

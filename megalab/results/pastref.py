@@ -158,6 +158,35 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
     return out
 
 
+def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
+    """Per goal row of today's code (`todays`: _todays), the same target's runs on its machine with today's settings
+    at an earlier commit (a code change measured before and after, run against run): one row per earlier code, then
+    today's."""
+    recs = defaults.ok_records(root)
+    out = []
+    for target, groups in todays.items():
+        exp = catalog.get(target)
+        for today in groups:
+            if provenance.of(today[0], root).state != provenance.CURRENT:
+                continue
+            host, then = provenance.host_key(today[0]), {}
+            for r in recs.get(target, []):
+                why = provenance.of(r, root).why
+                if provenance.host_key(r) == host and why.startswith(provenance.CODE_CHANGED):
+                    then.setdefault(provenance.code_key(r, root), []).append(r)
+            now_ms = _ms(today)
+            for rs in sorted(then.values(), key=lambda rs: min(r.started or "" for r in rs)):
+                ms, mfu = _ms(rs), _mfu(rs)
+                out.append([exp.id, defaults.hardware(today[0]), f"code at {str(rs[0].versions.megalab_commit)[:7]}",
+                            spread(rs), f"{ms / now_ms:.3f}x", f"{_tok_s(exp, ms) / 1000:.1f}K",
+                            f"{mfu:.1%}" if mfu is not None else "-"])
+            if then:
+                mfu = _mfu(today)
+                out.append([exp.id, defaults.hardware(today[0]), "today's code", spread(today), "",
+                            f"{_tok_s(exp, now_ms) / 1000:.1f}K", f"{mfu:.1%}" if mfu is not None else "-"])
+    return out
+
+
 def section(cfg: dict, root=ROOT) -> list[str]:
     if "past_reference" not in cfg:
         return []
@@ -184,4 +213,9 @@ def section(cfg: dict, root=ROOT) -> list[str]:
             "by the two-a-side rule are in \"Levers tried against the default\"; a goal whose machine and code has no base run "
             "has no row):", "",
             *(markdown.table(["target", "machine", "levers over the base", "ms", "base / with", "tok/s/GPU", "MFU"], rows)
-              if (rows := lever_rows(cfg, root, todays)) else ["No base run on the machine and code of any row above."]), ""]
+              if (rows := lever_rows(cfg, root, todays)) else ["No base run on the machine and code of any row above."]), "",
+            "What a change of the run code bought, where a goal's machine also ran an earlier commit with today's "
+            "settings (run against run, so the change is the only difference; then / now is the earlier code's "
+            "step over today's):", "",
+            *(markdown.table(["target", "machine", "code", "ms", "then / now", "tok/s/GPU", "MFU"], rows)
+              if (rows := code_rows(todays, root)) else ["No goal's machine ran an earlier commit."]), ""]
