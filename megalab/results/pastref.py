@@ -170,7 +170,7 @@ def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
             if provenance.of(today[0], root).state != provenance.CURRENT:
                 continue
             host, then = provenance.host_key(today[0]), {}
-            for r in recs.get(target, []):
+            for r in recs.get(target, []) if host else ():  # a machine without a name matches none
                 why = provenance.of(r, root).why
                 if provenance.host_key(r) == host and why.startswith(provenance.CODE_CHANGED):
                     then.setdefault(provenance.code_key(r, root), []).append(r)

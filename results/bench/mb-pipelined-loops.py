@@ -20,6 +20,10 @@ sums, as shipped), bias_gelu's backward (with its reduction), qkv_pack's three l
 dropout_add's backward (with the reduction) and forward, param_grad's reduction alone at each kernel's table. GPU time per call: torch.profiler's kernel time
 (megalab/harness/bench.py kernel_us); "differs" is the largest difference from the shipped kernel's output.
 
+The reduction's section compares its copies with each other only: in the committed run the copy at the shipped
+tile (64 x 64, 1 stage, one launch a table) took about three times the shipped kernel (both tables in one launch),
+a difference this file does not explain; nothing from that section was adopted.
+
 Run: python results/bench/mb-pipelined-loops.py > results/bench/pipelined-loops-microbench.txt
 """
 import torch
