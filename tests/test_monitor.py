@@ -185,3 +185,105 @@ def test_every_nvml_call_exists_in_the_installed_nvidia_ml_py():
     pynvml = pytest.importorskip("pynvml")
     called = set(re.findall(r"\bnvml\.(nvml\w+)", (ROOT / "megalab/harness/monitor.py").read_text()))
     assert called and not [n for n in called if not hasattr(pynvml, n)]
+
+
+class _ClockNvml(types.SimpleNamespace):
+    """One GPU that reports its SM clock, power and clock-event reasons (the power cap on even reads)."""
+
+    def __init__(self, reasons=True):
+        super().__init__()
+        self.reads = 0
+        if reasons:
+            self.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4 | 0x20 if self.reads % 2 == 0 else 0x1
+
+    def nvmlInit(self): pass
+    def nvmlDeviceGetCount(self): return 1
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetUtilizationRates(self, h): return types.SimpleNamespace(gpu=90)
+    def nvmlDeviceGetClockInfo(self, h, kind): return 1755 if kind == monitor.NVML_CLOCK_SM else 0
+    def nvmlDeviceGetPowerUsage(self, h): return 699_450  # mW
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self.reads += 1
+        return types.SimpleNamespace(used=(1000 + self.reads) * 2**20, total=81559 * 2**20)
+
+
+def test_monitor_samples_the_clock_power_and_what_held_the_clock_down(monkeypatch, tmp_path):
+    import csv
+    import time
+
+    monkeypatch.setitem(sys.modules, "pynvml", _ClockNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with monitor.GpuMemoryMonitor(tmp_path / "m.csv", interval_s=0.01) as mon:
+        time.sleep(0.1)
+    rows = list(csv.DictReader(open(tmp_path / "m.csv")))
+    assert len(rows) >= 2 and mon.error is None
+    assert {(r["sm_mhz"], r["power_w"]) for r in rows} == {("1755", "699.5")}
+    # idle (0x1) is no slowdown: only the power cap and the software thermal slowdown are named
+    assert {r["held_by"] for r in rows} == {"power_cap+sw_thermal", ""}
+
+
+def test_a_reading_nvml_lacks_is_a_blank_cell_not_a_lost_sample(monkeypatch, tmp_path):
+    """An older driver or nvidia-ml-py without the clock-event call (nor its older name): memory still sampled."""
+    import csv
+    import time
+
+    fake = _ClockNvml(reasons=False)
+    fake.nvmlDeviceGetPowerUsage = lambda h: (_ for _ in ()).throw(RuntimeError("NVML_ERROR_NOT_SUPPORTED"))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with monitor.GpuMemoryMonitor(tmp_path / "m.csv", interval_s=0.01) as mon:
+        time.sleep(0.05)
+    rows = list(csv.DictReader(open(tmp_path / "m.csv")))
+    assert rows and mon.error is None and mon.peak_mib[0] > 1000
+    assert all(r["sm_mhz"] == "1755" and r["power_w"] == "" and r["held_by"] == "" for r in rows)
+
+
+def _clocks_csv(tmp_path, lines):
+    (tmp_path / "gpu_memory.csv").write_text(",".join(monitor.COLUMNS) + "\n" + "\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_clock_summary_counts_the_busy_samples_only(tmp_path):
+    from megalab.harness import bench
+
+    run = _clocks_csv(tmp_path, [
+        "0.0,0,500,0,345,70,power_cap",  # idle, before the run: not counted, whatever held it
+        "0.2,0,70000,100,1980,650,",
+        "0.4,0,70000,100,1755,700,power_cap",
+        "0.6,0,70000,99,1700,,power_cap+hw_slowdown",  # power unread: counts for the clock, not the watts
+        "0.8,0,70000,98,,690,power_cap",
+    ])
+    (g,) = bench.clock_summary(run)
+    assert (g["samples"], g["busy"]) == (5, 4)
+    assert g["sm_mhz"] == 1755 and g["sm_mhz_range"] == (1700, 1980) and g["power_w"] == 690
+    assert g["held"] == {"hw_slowdown": 0.25, "power_cap": 0.75}
+    table = bench.render_clocks([g])
+    assert "| 0 | 4 of 5 | 1755 (1700-1980) | 690 | hw_slowdown 25%, power_cap 75% |" in table
+
+
+def test_clock_summary_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):
+    from megalab.harness import bench
+
+    with pytest.raises(bench.BenchError, match="gpu_memory.csv: no such file"):
+        bench.clock_summary(ROOT / "tests/fixtures/logs")  # no CSV there
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "gpu_memory.csv").write_text("t_s,gpu,mem_used_mib,util_pct\n0,0,1000,5\n")  # before the clocks
+    with pytest.raises(bench.BenchError, match="no util_pct, sm_mhz, power_w and held_by columns.*fix: run the "):
+        bench.clock_summary(old)
+    bad = _clocks_csv(tmp_path, ["0.0,0,500,100,fast,70,"])
+    with pytest.raises(bench.BenchError, match="line 2: gpu, util_pct, sm_mhz or power_w is not a number"):
+        bench.clock_summary(bad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _clocks_csv(empty, [])
+    with pytest.raises(bench.BenchError, match="no samples"):
+        bench.clock_summary(empty)
+    import argparse
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    assert bench.main(p.parse_args(["clocks", str(bad)])) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "line 2" in err

@@ -5,6 +5,8 @@
     python -m megalab bench trace FILE     where a step's time goes, from a torch profiler trace
     python -m megalab bench wgrad TARGET   fused_wgrad's kernels against Megatron's unfused accumulation
     python -m megalab bench cp TARGET      one rank's ring-attention compute against 1/CP of one flash call
+    python -m megalab bench gaps FILE      where the GPU waited for the host in a profiler trace
+    python -m megalab bench clocks RUN     a run's SM clock, power and what held the clock down, GPU busy
     python -m megalab bench-report         rebuild results/bench/README.md from the committed runs
 
 Every case is an ordinary megalab launch (`launch.run`): same wrapper, same monitor, same record,
@@ -14,9 +16,12 @@ target only by batch size carry their own id (`<target>@gbs<N>`) and their full 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
+import io
 import json
 import re
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -474,6 +479,67 @@ def render_trace(summary: dict) -> str:
                       *markdown.table(["kernel", "ms/step", "calls/step"], kernels)])
 
 
+# --------------------------------------------------------------------------- clocks and power of a run
+BUSY_UTIL_PCT = 50  # a sample counts as the run's work where NVML saw the GPU busy at least this share of its window
+
+
+def clock_summary(path: Path) -> list[dict]:
+    """Per GPU of a run's monitor CSV (path: the run directory or its gpu_memory.csv), over the samples with the GPU
+    busy (BUSY_UTIL_PCT): how many, the SM clock (median, lowest, highest), the power draw's median and the share of
+    those samples each clock-event reason (monitor.HELD_BY) held the clock down. A blank cell (NVML could not read
+    it) counts for no figure; a figure with no reading is None."""
+    path = Path(path)
+    csv_path = path / "gpu_memory.csv" if path.is_dir() else path
+    try:
+        text = infile.text(csv_path, infile.CONFIG_LIMIT)
+    except infile.InputError as e:
+        raise BenchError(f"{e.path}: {e.reason}; fix: name a run directory or its gpu_memory.csv") from None
+    rows = csv.DictReader(io.StringIO(text))
+    if not {"util_pct", "sm_mhz", "power_w", "held_by"} <= set(rows.fieldnames or ()):
+        raise BenchError(f"{csv_path}: no util_pct, sm_mhz, power_w and held_by columns (a monitor from before it "
+                         "read clocks and power, or not a monitor CSV); fix: run the target again")
+    per: dict[int, dict] = {}
+    for line, row in enumerate(rows, 2):
+        try:
+            gpu, util = int(row["gpu"]), float(row["util_pct"])
+            mhz = float(row["sm_mhz"]) if row["sm_mhz"] else None
+            watts = float(row["power_w"]) if row["power_w"] else None
+        except (TypeError, ValueError):
+            raise BenchError(f"{csv_path}: line {line}: gpu, util_pct, sm_mhz or power_w is not a number; fix: "
+                             "restore the run's memory CSV") from None
+        g = per.setdefault(gpu, {"samples": 0, "busy": 0, "mhz": [], "watts": [], "held": defaultdict(int)})
+        g["samples"] += 1
+        if util < BUSY_UTIL_PCT:
+            continue
+        g["busy"] += 1
+        if mhz is not None:
+            g["mhz"].append(mhz)
+        if watts is not None:
+            g["watts"].append(watts)
+        for reason in filter(None, (row["held_by"] or "").split("+")):
+            g["held"][reason] += 1
+    if not per:
+        raise BenchError(f"{csv_path}: no samples; fix: run the target again")
+    out = []
+    for gpu, g in sorted(per.items()):
+        out.append({"gpu": gpu, "samples": g["samples"], "busy": g["busy"],
+                    "sm_mhz": statistics.median(g["mhz"]) if g["mhz"] else None,
+                    "sm_mhz_range": (min(g["mhz"]), max(g["mhz"])) if g["mhz"] else None,
+                    "power_w": statistics.median(g["watts"]) if g["watts"] else None,
+                    "held": {r: n / g["busy"] for r, n in sorted(g["held"].items())}})
+    return out
+
+
+def render_clocks(summary: list[dict]) -> str:
+    rows = [[s["gpu"], f"{s['busy']} of {s['samples']}",
+             f"{s['sm_mhz']:.0f} ({s['sm_mhz_range'][0]:.0f}-{s['sm_mhz_range'][1]:.0f})" if s["sm_mhz"] else "-",
+             f"{s['power_w']:.0f}" if s["power_w"] else "-",
+             ", ".join(f"{r} {share:.0%}" for r, share in s["held"].items()) or "nothing"] for s in summary]
+    return "\n".join(markdown.table(
+        ["GPU", f"busy samples (util >= {BUSY_UTIL_PCT}%)", "SM MHz, median (range)", "power W, median",
+         "clock held down by (share of busy samples)"], rows))
+
+
 # --------------------------------------------------------------------------- the runs
 class Runner:
     """Launches runs it has no record of yet, until its time budget is spent (resumable)."""
@@ -578,6 +644,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = sub.add_parser("gaps", help="where the GPU waited for the host in a profile trace, by launch site")
     g.add_argument("file", type=Path)
     g.add_argument("--min-ms", type=float, default=0.1, help="gaps shorter than this are not listed")
+    k = sub.add_parser("clocks", help="a run's SM clock, power and what held its clock down, while the GPU was busy")
+    k.add_argument("path", type=Path, metavar="RUN", help="the run directory (or its gpu_memory.csv)")
     r = sub.add_parser("run")
     r.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     r.add_argument("--budget-s", type=float, default=None,
@@ -585,7 +653,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`python -m megalab bench matmul|wgrad|cp|trace|gaps|run` (make bench: run)."""
+    """`python -m megalab bench matmul|wgrad|cp|trace|gaps|clocks|run` (make bench: run)."""
     try:
         if args.cmd == "run":
             parts = [x for x in args.parts.split(",") if x]
@@ -606,6 +674,8 @@ def main(args: argparse.Namespace) -> int:
             print(render_trace(trace_summary(args.file)))
         elif args.cmd == "gaps":
             print(host_gaps(args.file, args.min_ms))
+        elif args.cmd == "clocks":
+            print(render_clocks(clock_summary(args.path)))
     except (BenchError, infile.InputError) as e:
         print(e, file=sys.stderr)
         return 2

@@ -4,6 +4,12 @@ Why not Megatron's own "memory (MB) | ... max reserved" line: it is printed once
 only PyTorch's allocator, leaving out the CUDA context, NCCL buffers and cuBLAS workspaces. The
 reference tables report what nvidia-smi shows, so we read the same counter (NVML's used memory,
 per device) for the whole run and keep the peak per GPU.
+
+Beside memory, each sample has what the card ran at: its SM clock, its power draw and what held its clock
+down (NVML's clock-event reasons: the power cap, thermal slowdowns). A step slower in a run than its kernels
+add up to in a profile can be a card held under its top clock by its power cap; `python -m megalab bench
+clocks RUN_DIR` sums these columns up. Each is read on its own: one that NVML cannot read is a blank cell,
+and the sample (its memory) is kept.
 """
 from __future__ import annotations
 
@@ -112,6 +118,31 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+COLUMNS = ["t_s", "gpu", "mem_used_mib", "util_pct", "sm_mhz", "power_w", "held_by"]
+# NVML's clock-event reasons that slow a busy card (nvml.h, nvmlClocksEventReason*), as `held_by` names them
+# ('+' between several); idle, application-clock and sync-boost reasons are left out.
+HELD_BY = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}
+NVML_CLOCK_SM = 1  # nvmlClockType_t NVML_CLOCK_SM
+
+
+def _held_by(nvml, h) -> str:
+    """The reasons holding the card's clock down, '+'-joined ('' for none); newer nvidia-ml-py names the call
+    ClocksEvent, older ClocksThrottle."""
+    read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    mask = read(h)
+    return "+".join(name for bit, name in HELD_BY.items() if mask & bit)
+
+
+def _optional(read, *args):
+    """One reading NVML may not have on this card or driver: '' where it fails (a blank cell, never a lost
+    sample)."""
+    try:
+        return read(*args)
+    except Exception:
+        return ""
+
+
 class GpuMemoryMonitor:
     """Background sampler. Use as a context manager; `peak_mib` holds one peak per GPU."""
 
@@ -163,7 +194,7 @@ class GpuMemoryMonitor:
         t0 = time.monotonic()
         with open(self.csv_path, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["t_s", "gpu", "mem_used_mib", "util_pct"])
+            w.writerow(COLUMNS)
             while not self._stop.is_set():
                 t = round(time.monotonic() - t0, 2)
                 for k, h in enumerate(self._handles):
@@ -174,7 +205,10 @@ class GpuMemoryMonitor:
                         self.error = str(e)
                         continue
                     self.peak_mib[k] = max(self.peak_mib[k], used)
-                    w.writerow([t, self._idx[k], used, util])
+                    nvml = self._nvml
+                    mhz = _optional(lambda: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))
+                    watts = _optional(lambda: round(nvml.nvmlDeviceGetPowerUsage(h) / 1000, 1))  # NVML: mW
+                    w.writerow([t, self._idx[k], used, util, mhz, watts, _optional(_held_by, nvml, h)])
                 self.samples += 1
                 f.flush()
                 self._stop.wait(self.interval_s)
