@@ -134,11 +134,11 @@ def _held_by(nvml, h) -> str:
     return "+".join(name for bit, name in HELD_BY.items() if mask & bit)
 
 
-def _optional(read, *args):
-    """One reading NVML may not have on this card or driver: '' where it fails (a blank cell, never a lost
-    sample)."""
+def _optional(read):
+    """One reading NVML may not have on this card or driver (read: a function of none, so that a call nvidia-ml-py
+    lacks fails inside it): '' where it fails, a blank cell, never a lost sample."""
     try:
-        return read(*args)
+        return read()
     except Exception:
         return ""
 
@@ -208,7 +208,7 @@ class GpuMemoryMonitor:
                     nvml = self._nvml
                     mhz = _optional(lambda: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))
                     watts = _optional(lambda: round(nvml.nvmlDeviceGetPowerUsage(h) / 1000, 1))  # NVML: mW
-                    w.writerow([t, self._idx[k], used, util, mhz, watts, _optional(_held_by, nvml, h)])
+                    w.writerow([t, self._idx[k], used, util, mhz, watts, _optional(lambda: _held_by(nvml, h))])
                 self.samples += 1
                 f.flush()
                 self._stop.wait(self.interval_s)

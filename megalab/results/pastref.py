@@ -123,6 +123,14 @@ def _added(r, base: set[str], graph: list[str]) -> str | None:
     return ",".join(sorted(fast - base) + (graph if r.config.cuda_graph else []))
 
 
+def _step_row(exp, today: list[RunRecord], label: str, runs: list[RunRecord], ratio: str) -> list[str]:
+    """A row of the lever and code tables: target, machine (today's runs'), what ran, its steps, the ratio given,
+    tokens/s/GPU and MFU."""
+    mfu = _mfu(runs)
+    return [exp.id, defaults.hardware(today[0]), label, spread(runs), ratio, f"{_tok_s(exp, _ms(runs)) / 1000:.1f}K",
+            f"{mfu:.1%}" if mfu is not None else "-"]
+
+
 def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
     """Per goal target, the fast paths its trial runs used on one machine and code (that of today's
     default runs), from the round's base upwards: ms, tokens/s/GPU, MFU and the step against the base."""
@@ -151,10 +159,8 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
             continue
         base_ms = _ms(groups[""])
         for added, rs in sorted(groups.items(), key=lambda kv: (kv[0] != "", -_ms(kv[1]))):
-            ms, mfu = _ms(rs), _mfu(rs)
-            out.append([exp.id, defaults.hardware(today[0]), " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", spread(rs),
-                        f"{base_ms / ms:.3f}x" if added else "", f"{_tok_s(exp, ms) / 1000:.1f}K",
-                        f"{mfu:.1%}" if mfu is not None else "-"])
+            out.append(_step_row(exp, today, " + ".join(f"`{n}`" for n in added.split(",")) if added else "base", rs,
+                                 f"{base_ms / _ms(rs):.3f}x" if added else ""))
     return out
 
 
@@ -174,16 +180,11 @@ def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
                 why = provenance.of(r, root).why
                 if provenance.host_key(r) == host and why.startswith(provenance.CODE_CHANGED):
                     then.setdefault(provenance.code_key(r, root), []).append(r)
-            now_ms = _ms(today)
             for rs in sorted(then.values(), key=lambda rs: min(r.started or "" for r in rs)):
-                ms, mfu = _ms(rs), _mfu(rs)
-                out.append([exp.id, defaults.hardware(today[0]), f"code at {str(rs[0].versions.megalab_commit)[:7]}",
-                            spread(rs), f"{ms / now_ms:.3f}x", f"{_tok_s(exp, ms) / 1000:.1f}K",
-                            f"{mfu:.1%}" if mfu is not None else "-"])
+                out.append(_step_row(exp, today, f"code at {str(rs[0].versions.megalab_commit)[:7]}", rs,
+                                     f"{_ms(rs) / _ms(today):.3f}x"))
             if then:
-                mfu = _mfu(today)
-                out.append([exp.id, defaults.hardware(today[0]), "today's code", spread(today), "",
-                            f"{_tok_s(exp, now_ms) / 1000:.1f}K", f"{mfu:.1%}" if mfu is not None else "-"])
+                out.append(_step_row(exp, today, "today's code", today, ""))
     return out
 
 
