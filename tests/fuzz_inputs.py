@@ -427,6 +427,8 @@ def beside_cases(root: Path = ROOT, *, batch: bool = True) -> list[dict]:
                ("logs.txt", "device", {"special": "symlink", "to": "/dev/zero"}),
                ("gpu_memory.csv", "text cells", b64("t,gpu,mem_used_mib\nx,zero,many\n")),
                ("gpu_memory.csv", "fifo", {"special": "fifo"}),
+               ("gpu_memory.csv", "clock cells", b64(",".join(("t_s", "gpu", "mem_used_mib", "util_pct", "sm_mhz",
+                                                               "power_w", "held_by")) + "\n0,0,1000,100,fast,hot,x\n")),
                ("tensorboard/events.out.tfevents.1.gz", "gzip bomb", b64(gzip_bomb(300))),
                ("tensorboard/events.out.tfevents.2", "fifo", {"special": "fifo"}),
                ("tensorboard/events.out.tfevents.3", "garbage", b64(b"\x00\x01garbage" * 100))]
@@ -442,9 +444,11 @@ def beside_cases(root: Path = ROOT, *, batch: bool = True) -> list[dict]:
             if name == "logs.txt":
                 files[f"{folder}/logs.txt.gz"] = {"special": "delete"}
             files[f"{folder}/{name}"] = dmg
+            commands = reader_commands(folder, raw.get("config", {}).get("chapter"), limit=30)
+            if name == "gpu_memory.csv":  # the clocks' reader reads this file alone
+                commands.append({"argv": ["bench", "clocks", folder], "env": {}, "limit": 30})
             cases.append({"name": f"beside {folder_rel}: {name} {what}", "group": "beside", "files": files,
-                          "commands": reader_commands(folder, raw.get("config", {}).get("chapter"), limit=30),
-                          "expect": "any"})
+                          "commands": commands, "expect": "any"})
     return cases if not batch else [merged(cases, "beside: every damage at once", "beside")]
 
 
