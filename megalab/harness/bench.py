@@ -37,7 +37,7 @@ from megalab.core.benchruns import (  # noqa: F401  (re-exported: bench.Run, ben
     record_key, spec_run)
 from megalab.core import catalog, infile, variables
 from megalab.core.records import RunRecord
-from megalab.harness import launch
+from megalab.harness import launch, monitor
 
 
 class BenchError(RuntimeError):
@@ -495,7 +495,7 @@ def clock_summary(path: Path) -> list[dict]:
     except infile.InputError as e:
         raise BenchError(f"{e.path}: {e.reason}; fix: name a run directory or its gpu_memory.csv") from None
     rows = csv.DictReader(io.StringIO(text))
-    if not {"util_pct", "sm_mhz", "power_w", "held_by"} <= set(rows.fieldnames or ()):
+    if not set(monitor.CLOCK_COLUMNS) <= set(rows.fieldnames or ()):
         raise BenchError(f"{csv_path}: no util_pct, sm_mhz, power_w and held_by columns (a monitor from before it "
                          "read clocks and power, or not a monitor CSV); fix: run the target again")
     per: dict[int, dict] = {}

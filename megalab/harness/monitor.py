@@ -118,7 +118,8 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-COLUMNS = ["t_s", "gpu", "mem_used_mib", "util_pct", "sm_mhz", "power_w", "held_by"]
+CLOCK_COLUMNS = ("util_pct", "sm_mhz", "power_w", "held_by")  # what the card ran at (bench.clock_summary reads them)
+COLUMNS = ["t_s", "gpu", "mem_used_mib", *CLOCK_COLUMNS]
 # NVML's clock-event reasons that slow a busy card (nvml.h, nvmlClocksEventReason*), as `held_by` names them
 # ('+' between several); idle, application-clock and sync-boost reasons are left out.
 HELD_BY = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}
