@@ -11,8 +11,8 @@ What this does. Megatron's attention module calls its module-level SplitAlongDim
 and this lever sets it to `split_along_dim`. Where the projection's output comes from Megatron's linear layer with
 megalab's addmm_bias forward and a bias (fastpath.linear_forward_addmm_bias keeps the bias on the layer's autograd
 node), the split runs as an autograd function that takes the bias too. The forward is torch.split's views; the
-backward writes the packed gradient piece by piece (one launch each for query, key and value, whatever strides
-they arrive with) and each program's column sums of it in fp32; megalab/runtime/param_grad.py adds those into the
+backward writes the packed gradient, query, key and value in one launch (whatever strides they arrive with),
+and each program's column sums of it in fp32; megalab/runtime/param_grad.py adds those into the
 bias's fp32 main_grad. The linear layer's node is told that its bias needs nothing (its `use_bias`), so its
 backward sums nothing. Without such a bias (Llama-style layers) the split stays torch.split: the pack alone is no
 faster than the cat (qkv-split-microbench.txt).
@@ -44,13 +44,28 @@ WARPS = 4
 VIEWS = ("ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0")  # autograd nodes of a view, walked back
 
 
-def _pack(src, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, s_s, s_b, s_h, width, W, off,
-          SUMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One piece (query, key or value) of one group (program_id(1)): this program's tokens, copied into columns
-    [off, off + width) of the group's W in the packed [tokens, heads, W] gradient, and with SUMS their sums per
-    column over those tokens (the bias's partial gradient, fp32)."""
+def _pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, q_s, q_b, q_h, k_s, k_b, k_h, v_s,
+          v_b, v_h, wq, wk, W, SUMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One piece (program_id(2): query, key or value, widths wq, wk and the rest of W) of one group
+    (program_id(1)): this program's tokens, copied into the piece's columns of the group's W in the packed
+    [tokens, heads, W] gradient, and with SUMS their sums per column over those tokens (the bias's partial
+    gradient, fp32). All three pieces in one launch: 117 against 125 us for three at 111
+    (results/bench/grid-tuning-microbench.txt)."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
+    piece = tl.program_id(2)
+    if piece == 0:
+        src = q
+    elif piece == 1:
+        src = k
+    else:
+        src = v
+    # a where, not the branches: a stride of 1 is a constant to Triton, a type the branches could not share
+    s_s = tl.where(piece == 0, q_s, tl.where(piece == 1, k_s, v_s)).to(tl.int64)
+    s_b = tl.where(piece == 0, q_b, tl.where(piece == 1, k_b, v_b)).to(tl.int64)
+    s_h = tl.where(piece == 0, q_h, tl.where(piece == 1, k_h, v_h)).to(tl.int64)
+    width = tl.where(piece == 0, wq, tl.where(piece == 1, wk, W - wq - wk))
+    off = tl.where(piece == 0, 0, tl.where(piece == 1, wq, wq + wk))
     cols = tl.arange(0, BLOCK_W)
     cmask = cols < width
     first = pid_t * tokens_per_program
@@ -90,16 +105,18 @@ class _SplitWithBias(torch.autograd.Function):
         row_programs = triton.cdiv(tokens, per)
         sums = ctx.needs_input_grad[1]
         parts = param_grad.tables(1, row_programs, heads * W, like.device) if sums else packed
-        off = 0
+        pieces = []
         for g, width in zip(grads, ctx.sizes):
             if g is None:  # an output no one used: its gradient is zero
                 g = torch.zeros(s, b, heads, width, dtype=like.dtype, device=like.device)
             elif g.stride(-1) != 1:
                 g = g.contiguous()
-            kernel(_pack)[(row_programs, heads)](g, packed, parts, tokens, b, heads, per, g.stride(0), g.stride(1),
-                                                 g.stride(2), width, W, off, SUMS=sums, BLOCK_T=BLOCK_TOKENS,
-                                                 BLOCK_W=triton.next_power_of_2(width), num_warps=WARPS)
-            off += width
+            pieces.append(g)
+        q, k, v = pieces
+        kernel(_pack)[(row_programs, heads, 3)](q, k, v, packed, parts, tokens, b, heads, per, *q.stride()[:3],
+                                                *k.stride()[:3], *v.stride()[:3], ctx.sizes[0], ctx.sizes[1], W,
+                                                SUMS=sums, BLOCK_T=BLOCK_TOKENS,
+                                                BLOCK_W=triton.next_power_of_2(max(ctx.sizes)), num_warps=WARPS)
         dbias = param_grad.reduce([ctx.bias], parts)[0] if sums else None
         return packed, dbias, None
 

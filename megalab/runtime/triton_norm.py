@@ -37,7 +37,9 @@ except ImportError:  # pragma: no cover
 ON = False  # set by megalab/runtime/fastpath.py for the triton_norm lever, before the model runs
 RESIDUAL = False  # set by fastpath.py for the norm_residual lever (beside triton_norm): see _NormResidual
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
-PROGRAMS_PER_SM = 4  # backward: enough programs to fill the GPU, few enough that the partial table stays small
+# backward: enough programs to fill the GPU, few enough that the partial table stays small. 3 beat 4 at every shape
+# of the microbenchmark (78.0 against 81.7 us a call at 111; results/bench/grid-tuning-microbench.txt).
+PROGRAMS_PER_SM = 3
 MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
 # backward: its row loop software-pipelined, the next two rows' loads issued while this one computes. One row's
 # loads at a time left each row a DRAM round trip with few warps an SM to hide it: 95 us a call at 111, 81 with 3
