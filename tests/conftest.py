@@ -236,6 +236,10 @@ PARAM_GRAD_COMMITS = ("a4943fd733d605320039c5ea8ee99b501cf0fdf8", "93a96f01339d7
 # The fourteenth session's commit (triton_norm's and dropout_add's backward loops pipelined): its launches of 111,
 # 112, 101 and 600 on one H100, and two of 111 at the commit before (7f7d795) between them.
 PIPELINED_COMMIT = "80644e5e000616377f0394d5095f7e25e1e75972"
+# The fifteenth session's commit (the norm's backward at 3 programs an SM, qkv_pack in one launch): its launches of
+# 111, 112, 101 and 600 and of eight chapter rows on one-GPU H100s, and two of 111 at the commit before (0c57b23).
+GRID_TUNING_COMMIT = "a92b95eef00d0b57d6d5062c6d9de15c0a96f690"
+BEFORE_GRID_TUNING = "0c57b231f59d1be424a265568b236bb89ac43400"
 # The launcher's default fast path before triton_norm joined it.
 BEFORE_TRITON_NORM = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam",
                       "flat_adam", "device_norm")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megalab.core import catalog, plan, ports
+from megalab.core import catalog, clocks, infile, plan, ports
 from megalab.harness import launch, monitor, record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,8 +245,6 @@ def _clocks_csv(tmp_path, lines):
 
 
 def test_clock_summary_counts_the_busy_samples_only(tmp_path):
-    from megalab.harness import bench
-
     run = _clocks_csv(tmp_path, [
         "0.0,0,500,0,345,70,power_cap",  # idle, before the run: not counted, whatever held it
         "0.2,0,70000,100,1980,650,",
@@ -254,10 +252,12 @@ def test_clock_summary_counts_the_busy_samples_only(tmp_path):
         "0.6,0,70000,99,1700,,power_cap+hw_slowdown",  # power unread: counts for the clock, not the watts
         "0.8,0,70000,98,,690,power_cap",
     ])
-    (g,) = bench.clock_summary(run)
+    (g,) = clocks.summary(run)
     assert (g["samples"], g["busy"]) == (5, 4)
     assert g["sm_mhz"] == 1755 and g["sm_mhz_range"] == (1700, 1980) and g["power_w"] == 690
     assert g["held"] == {"hw_slowdown": 0.25, "power_cap": 0.75}
+    from megalab.harness import bench
+
     table = bench.render_clocks([g])
     assert "| 0 | 4 of 5 | 1755 (1700-1980) | 690 | hw_slowdown 25%, power_cap 75% |" in table
 
@@ -265,25 +265,36 @@ def test_clock_summary_counts_the_busy_samples_only(tmp_path):
 def test_clock_summary_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):
     from megalab.harness import bench
 
-    with pytest.raises(bench.BenchError, match="gpu_memory.csv: no such file"):
-        bench.clock_summary(ROOT / "tests/fixtures/logs")  # no CSV there
+    with pytest.raises(infile.InputError, match="gpu_memory.csv: no such file; fix: name a run directory or its"):
+        clocks.summary(ROOT / "tests/fixtures/logs")  # no CSV there
     old = tmp_path / "old"
     old.mkdir()
     (old / "gpu_memory.csv").write_text("t_s,gpu,mem_used_mib,util_pct\n0,0,1000,5\n")  # before the clocks
-    with pytest.raises(bench.BenchError, match="no util_pct, sm_mhz, power_w and held_by columns.*fix: run the "):
-        bench.clock_summary(old)
+    with pytest.raises(infile.InputError, match="no util_pct, sm_mhz, power_w and held_by columns.*fix: run the "):
+        clocks.summary(old)
     bad = _clocks_csv(tmp_path, ["0.0,0,500,100,fast,70,"])
-    with pytest.raises(bench.BenchError, match="line 2: gpu, util_pct, sm_mhz or power_w is not a number"):
-        bench.clock_summary(bad)
+    with pytest.raises(infile.InputError, match="line 2: gpu, util_pct, sm_mhz or power_w is not a number; fix: "):
+        clocks.summary(bad)
     empty = tmp_path / "empty"
     empty.mkdir()
     _clocks_csv(empty, [])
-    with pytest.raises(bench.BenchError, match="no samples"):
-        bench.clock_summary(empty)
+    with pytest.raises(infile.InputError, match="no samples; fix: run the target again"):
+        clocks.summary(empty)
     import argparse
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     assert bench.main(p.parse_args(["clocks", str(bad)])) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "line 2" in err
+    assert "\n" not in err and "line 2" in err and "fix: restore the run's memory CSV" in err
+
+
+def test_clock_summary_reads_a_memory_csv_past_the_config_limit(tmp_path):
+    """A long multi-GPU run's memory CSV passes 4 MiB (infile.CONFIG_LIMIT): read as record.py reads it."""
+    line = "0.2,0,70000,100,1980,650,power_cap"
+    n = infile.CONFIG_LIMIT // len(line) + 1000
+    run = _clocks_csv(tmp_path, [line] * n)
+    assert (run / "gpu_memory.csv").stat().st_size > infile.CONFIG_LIMIT
+    (g,) = clocks.summary(run)
+    assert g["busy"] == n and g["held"] == {"power_cap": 1.0}
+    assert monitor.COLUMNS[-len(clocks.CLOCK_COLUMNS):] == list(clocks.CLOCK_COLUMNS)  # the columns it writes

@@ -3,8 +3,8 @@ that are not catalog rows: every figure from the committed records, a goal judge
 import copy
 
 from megalab.core import benchruns
-from megalab.results import benchreport, pastref
-from tests.conftest import PIPELINED_COMMIT, TRITON_NORM_COMMITS
+from megalab.results import benchreport, defaults, pastref
+from tests.conftest import BEFORE_GRID_TUNING, GRID_TUNING_COMMIT, PIPELINED_COMMIT, TRITON_NORM_COMMITS
 
 
 def _cfg():
@@ -60,26 +60,33 @@ def test_without_todays_run_code_the_newest_codes_launches_are_marked_older(monk
 
 
 def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_code):
-    """The fourteenth session ran 111 twice at the commit before its change (7f7d795) between three launches of its
-    own code on one H100: that is the one before and after; 101, 112 and 600 ran no earlier commit there."""
-    pin_code(PIPELINED_COMMIT)
+    """The fifteenth session ran 111 twice at the commit before its change (0c57b23) between three launches of its
+    own code on one H100: that is the one before and after; 101, 112 and 600 ran no earlier commit there. With the
+    fourteenth session's code pinned as today's, its own pair (7f7d795 against 80644e5) on its machine is read the
+    same way."""
     todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
     rows = pastref.code_rows(todays)
-    machine = "1x H100 80GB GPU-ec840fa9"
-    assert [r[:3] for r in rows] == [["111-gpt2xl-dp1-fit-80GB", machine, "code at 7f7d795"],
+    machine = "1x H100 80GB GPU-147ea2cb"
+    assert [r[:3] for r in rows] == [["111-gpt2xl-dp1-fit-80GB", machine, "code at 0c57b23"],
                                      ["111-gpt2xl-dp1-fit-80GB", machine, "today's code"]]
     then, now = rows
-    assert then[3] == "335 (2 runs, 335–335)" and now[3].startswith("333 (3 runs")
+    assert then[3] == "334 (2 runs, 334–335)" and now[3].startswith("334 (3 runs")
     assert float(then[4].rstrip("x")) > 1 and now[4] == ""
+    pin_code(PIPELINED_COMMIT)
+    todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
+    machine = "1x H100 80GB GPU-ec840fa9"
+    rows = [r for r in pastref.code_rows(todays) if r[1] == machine]
+    assert [r[2] for r in rows] == ["code at 7f7d795", "today's code"]
+    assert rows[0][3] == "335 (2 runs, 335–335)" and rows[1][3].startswith("333 (3 runs")
 
 
 def test_code_rows_need_an_earlier_commit_on_the_goals_machine(pin_code):
-    """Where the earlier commit's runs count as today's code too, there is no before: no rows (and 111's goal row
-    then holds all five launches)."""
-    pin_code(PIPELINED_COMMIT, "7f7d7951750d1134e192f9a1db97487e09502be5")
+    """Where the earlier commits' runs count as today's code too, there is no before: no rows (and 111's goal rows
+    then hold all five launches of each of the two machines)."""
+    pin_code(GRID_TUNING_COMMIT, BEFORE_GRID_TUNING, PIPELINED_COMMIT, "7f7d7951750d1134e192f9a1db97487e09502be5")
     todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
     assert pastref.code_rows(todays) == []
-    assert [len(rs) for rs in todays["111-gpt2xl-dp1-fit-80GB"]] == [5]
+    assert [len(rs) for rs in todays["111-gpt2xl-dp1-fit-80GB"]] == [5, 5]
 
 
 def test_a_goal_can_be_met_and_needs_its_launches():
@@ -281,3 +288,54 @@ def test_a_lever_with_its_own_masks_is_judged_by_the_median_rule(monkeypatch):
     monkeypatch.setattr(benchreport, "PARITY_MEDIAN_REL", 1e-5)
     failed = cell("111-gpt2xl-dp1-fit-80GB")[1]
     assert failed.startswith("FAIL") and failed.endswith(own), failed
+
+
+def _runs_with_csvs(tmp_path, csvs: dict[str, str | None]) -> dict[str, object]:
+    """Run folders under tmp_path, each a committed goal launch's run.json beside the memory CSV given (None:
+    none), read back as the pages read records: {folder: RunRecord}."""
+    import shutil
+
+    from megalab.core.records import read_records
+
+    src = next(r for r in read_records(benchruns.ROOT / "results" / "runs")
+               if r.target == "111-gpt2xl-dp1-fit-80GB" and r.status == "ok" and r.gpu_name)
+    for name, text in csvs.items():
+        (tmp_path / name).mkdir()
+        shutil.copy(src.run_dir / "run.json", tmp_path / name / "run.json")
+        if text is not None:
+            (tmp_path / name / "gpu_memory.csv").write_text(text)
+    return {r.run_dir.name: r for r in read_records(tmp_path)}
+
+
+CLOCKS_HEAD = "t_s,gpu,mem_used_mib,util_pct,sm_mhz,power_w,held_by\n"
+
+
+def test_clock_rows_pool_the_busy_samples_of_a_goals_runs(tmp_path, monkeypatch):
+    """A goal row's clocks: every sampled run's busy samples pooled (not a median of the runs' medians), the runs
+    without clock columns counted out, a damaged CSV a run not sampled, never an error."""
+    runs = _runs_with_csvs(tmp_path, {
+        "a": CLOCKS_HEAD + "0.0,0,500,0,345,70,power_cap\n"  # idle: not counted, whatever held it
+                           "0.2,0,70000,100,1500,600,power_cap\n0.4,0,70000,100,1600,650,power_cap\n"
+                           "0.6,0,70000,100,1700,700,\n",
+        "b": CLOCKS_HEAD + "0.2,0,70000,100,1800,690,power_cap\n0.2,1,70000,100,1900,700,power_cap\n",  # two GPUs
+        "old": "t_s,gpu,mem_used_mib,util_pct\n0.2,0,70000,100\n",  # a monitor before the clocks
+        "none": None,  # no memory CSV at all
+        "bad": CLOCKS_HEAD + "0.2,0,70000,100,fast,690,power_cap\n",  # damaged: sm_mhz no number
+    })
+    target = runs["a"].target
+    machine = defaults.hardware(runs["a"])
+    todays = {target: [[runs["a"], runs["b"], runs["old"]], [runs["old"], runs["none"]], [runs["bad"], runs["a"]]]}
+    pooled, unsampled, damaged = pastref.clock_rows(todays)
+    # 1500..1900 pooled: 1700 (the runs' medians, 1600 and 1850, would give 1725); power_cap in 4 of 5 busy samples
+    assert pooled == [target, machine, "2 of 3", "1700 (1500-1900)", "690", "power_cap 80%"]
+    assert unsampled == [target, machine, "0 of 2", pastref.NOT_SAMPLED, "-", "-"]
+    assert damaged == [target, machine, "1 of 2", "1600 (1500-1700)", "650", "power_cap 67%"]
+    # the page: the table after the code table, the same rows; with no goal run at all, one line instead
+    goals = {g["target"]: [] for g in _cfg()["past_reference"]["goals"]}
+    monkeypatch.setattr(pastref, "_todays", lambda block, root: {**goals, **todays})
+    page = pastref.section(_cfg())
+    head = page.index("| " + " | ".join(pastref.CLOCK_HEADER) + " |")
+    assert [[c.strip() for c in ln.split("|")[1:-1]] for ln in page[head + 2:head + 5]] == [pooled, unsampled, damaged]
+    assert page[head - 2].startswith("What the card ran at while busy") and page[head + 5] == ""
+    monkeypatch.setattr(pastref, "_todays", lambda block, root: goals)
+    assert "No goal run was sampled for clocks." in pastref.section(_cfg())

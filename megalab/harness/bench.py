@@ -16,12 +16,9 @@ target only by batch size carry their own id (`<target>@gbs<N>`) and their full 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
 import json
 import re
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -35,9 +32,9 @@ from megalab.core import markdown
 from megalab.core.benchruns import (  # noqa: F401  (re-exported: bench.Run, bench.make_run, ...)
     BENCH_DIR, CONFIG, Run, ablation_runs, expert_runs, fits, load_config, load_runs, make_run, parity_runs,
     record_key, spec_run)
-from megalab.core import catalog, infile, variables
+from megalab.core import catalog, clocks, infile, variables
 from megalab.core.records import RunRecord
-from megalab.harness import launch, monitor
+from megalab.harness import launch
 
 
 class BenchError(RuntimeError):
@@ -479,64 +476,12 @@ def render_trace(summary: dict) -> str:
                       *markdown.table(["kernel", "ms/step", "calls/step"], kernels)])
 
 
-# --------------------------------------------------------------------------- clocks and power of a run
-BUSY_UTIL_PCT = 50  # a sample counts as the run's work where NVML saw the GPU busy at least this share of its window
-
-
-def clock_summary(path: Path) -> list[dict]:
-    """Per GPU of a run's monitor CSV (path: the run directory or its gpu_memory.csv), over the samples with the GPU
-    busy (BUSY_UTIL_PCT): how many, the SM clock (median, lowest, highest), the power draw's median and the share of
-    those samples each clock-event reason (monitor.HELD_BY) held the clock down. A blank cell (NVML could not read
-    it) counts for no figure; a figure with no reading is None."""
-    path = Path(path)
-    csv_path = path / "gpu_memory.csv" if path.is_dir() else path
-    try:
-        text = infile.text(csv_path, infile.CONFIG_LIMIT)
-    except infile.InputError as e:
-        raise BenchError(f"{e.path}: {e.reason}; fix: name a run directory or its gpu_memory.csv") from None
-    rows = csv.DictReader(io.StringIO(text))
-    if not set(monitor.CLOCK_COLUMNS) <= set(rows.fieldnames or ()):
-        raise BenchError(f"{csv_path}: no util_pct, sm_mhz, power_w and held_by columns (a monitor from before it "
-                         "read clocks and power, or not a monitor CSV); fix: run the target again")
-    per: dict[int, dict] = {}
-    for line, row in enumerate(rows, 2):
-        try:
-            gpu, util = int(row["gpu"]), float(row["util_pct"])
-            mhz = float(row["sm_mhz"]) if row["sm_mhz"] else None
-            watts = float(row["power_w"]) if row["power_w"] else None
-        except (TypeError, ValueError):
-            raise BenchError(f"{csv_path}: line {line}: gpu, util_pct, sm_mhz or power_w is not a number; fix: "
-                             "restore the run's memory CSV") from None
-        g = per.setdefault(gpu, {"samples": 0, "busy": 0, "mhz": [], "watts": [], "held": defaultdict(int)})
-        g["samples"] += 1
-        if util < BUSY_UTIL_PCT:
-            continue
-        g["busy"] += 1
-        if mhz is not None:
-            g["mhz"].append(mhz)
-        if watts is not None:
-            g["watts"].append(watts)
-        for reason in filter(None, (row["held_by"] or "").split("+")):
-            g["held"][reason] += 1
-    if not per:
-        raise BenchError(f"{csv_path}: no samples; fix: run the target again")
-    out = []
-    for gpu, g in sorted(per.items()):
-        out.append({"gpu": gpu, "samples": g["samples"], "busy": g["busy"],
-                    "sm_mhz": statistics.median(g["mhz"]) if g["mhz"] else None,
-                    "sm_mhz_range": (min(g["mhz"]), max(g["mhz"])) if g["mhz"] else None,
-                    "power_w": statistics.median(g["watts"]) if g["watts"] else None,
-                    "held": {r: n / g["busy"] for r, n in sorted(g["held"].items())}})
-    return out
-
-
 def render_clocks(summary: list[dict]) -> str:
-    rows = [[s["gpu"], f"{s['busy']} of {s['samples']}",
-             f"{s['sm_mhz']:.0f} ({s['sm_mhz_range'][0]:.0f}-{s['sm_mhz_range'][1]:.0f})" if s["sm_mhz"] else "-",
-             f"{s['power_w']:.0f}" if s["power_w"] else "-",
-             ", ".join(f"{r} {share:.0%}" for r, share in s["held"].items()) or "nothing"] for s in summary]
+    """clocks.summary() as a table, one row per GPU."""
+    rows = [[s["gpu"], f"{s['busy']} of {s['samples']}", clocks.mhz_cell(s),
+             f"{s['power_w']:.0f}" if s["power_w"] else "-", clocks.held_cell(s)] for s in summary]
     return "\n".join(markdown.table(
-        ["GPU", f"busy samples (util >= {BUSY_UTIL_PCT}%)", "SM MHz, median (range)", "power W, median",
+        ["GPU", f"busy samples (util >= {clocks.BUSY_UTIL_PCT}%)", "SM MHz, median (range)", "power W, median",
          "clock held down by (share of busy samples)"], rows))
 
 
@@ -675,7 +620,7 @@ def main(args: argparse.Namespace) -> int:
         elif args.cmd == "gaps":
             print(host_gaps(args.file, args.min_ms))
         elif args.cmd == "clocks":
-            print(render_clocks(clock_summary(args.path)))
+            print(render_clocks(clocks.summary(args.path)))
     except (BenchError, infile.InputError) as e:
         print(e, file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from megalab.core.clocks import CLOCK_COLUMNS  # what the card ran at: written here, read there
+
 
 def _nvml():
     import pynvml  # from nvidia-ml-py
@@ -118,8 +120,7 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-CLOCK_COLUMNS = ("util_pct", "sm_mhz", "power_w", "held_by")  # what the card ran at (bench.clock_summary reads them)
-COLUMNS = ["t_s", "gpu", "mem_used_mib", *CLOCK_COLUMNS]
+COLUMNS = ["t_s", "gpu", "mem_used_mib", *CLOCK_COLUMNS]  # core.clocks reads the clock columns back
 # NVML's clock-event reasons that slow a busy card (nvml.h, nvmlClocksEventReason*), as `held_by` names them
 # ('+' between several); idle, application-clock and sync-boost reasons are left out.
 HELD_BY = {0x4: "power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake"}

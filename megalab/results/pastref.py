@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from megalab.core import catalog, markdown, provenance, variables
+from megalab.core import catalog, clocks, infile, markdown, provenance, variables
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
 from megalab.results import chapter, defaults
@@ -188,6 +188,44 @@ def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
     return out
 
 
+NOT_SAMPLED = "not sampled (monitor before clocks)"
+CLOCK_HEADER = ["target", "machine", "runs sampled", "SM MHz, median (range), all GPUs pooled", "power W, median",
+                "clock held down by (share of busy samples)"]
+
+
+def _busy(run: RunRecord) -> clocks.Busy | None:
+    """A run's busy samples, all its GPUs pooled; None where it has none to give: no monitor CSV, one from before
+    the clock columns, or a damaged one (a run's samples lost, never the page)."""
+    if run.run_dir is None:
+        return None
+    try:
+        per = clocks.per_gpu(run.run_dir)
+    except infile.InputError:
+        return None
+    return sum(per.values(), clocks.Busy()) if per else None
+
+
+def clock_rows(todays: dict) -> list[list[str]]:
+    """Per goal row (`todays`: _todays), what its runs' cards ran at while busy (core.clocks): the busy samples of
+    every sampled run and GPU pooled, their SM clock's median and range, the power's median and the share of them
+    each reason held the clock down in. Runs without clock samples are left out, counted in "runs sampled"."""
+    out = []
+    for target, groups in todays.items():
+        for runs in groups:
+            sampled = [b for b in map(_busy, runs) if b is not None]
+            row = [target, defaults.hardware(runs[0]), f"{len(sampled)} of {len(runs)}"]
+            if not sampled:
+                out.append([*row, NOT_SAMPLED, "-", "-"])
+                continue
+            fig = sum(sampled, clocks.Busy()).figures()
+            if not fig["busy"]:
+                out.append([*row, "no busy sample", "-", "-"])
+                continue
+            out.append([*row, clocks.mhz_cell(fig), f"{fig['power_w']:.0f}" if fig["power_w"] else "-",
+                        clocks.held_cell(fig)])
+    return out
+
+
 def section(cfg: dict, root=ROOT) -> list[str]:
     if "past_reference" not in cfg:
         return []
@@ -219,4 +257,10 @@ def section(cfg: dict, root=ROOT) -> list[str]:
             "settings (run against run, so the change is the only difference; then / now is the earlier code's "
             "step over today's):", "",
             *(markdown.table(["target", "machine", "code", "ms", "then / now", "tok/s/GPU", "MFU"], rows)
-              if (rows := code_rows(todays, root)) else ["No goal's machine ran an earlier commit."]), ""]
+              if (rows := code_rows(todays, root)) else ["No goal's machine ran an earlier commit."]), "",
+            f"What the card ran at while busy (the monitor's samples with utilisation >= {clocks.BUSY_UTIL_PCT}%: SM "
+            "clock, board power, and what NVML says held the clock down; `python -m megalab bench clocks <run>` for "
+            "one run). A card at its power cap clocks down to stay under it, so a kernel made faster in a "
+            "microbenchmark gains less inside a full step:", "",
+            *(markdown.table(CLOCK_HEADER, rows) if (rows := clock_rows(todays))
+              else ["No goal run was sampled for clocks."]), ""]

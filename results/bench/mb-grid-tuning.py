@@ -199,8 +199,8 @@ def norm(rows, n, sms):
     ref = dx.clone()
     mbp.report(f"shipped ({triton_norm.PROGRAMS_PER_SM}/SM)", run(3, False, triton_norm.PROGRAMS_PER_SM, warps,
                                                                    shipped=True), dx, ref)
-    for way in ((3, False, 4, warps), (3, True, 4, warps), (3, False, 3, warps), (3, True, 3, warps), (3, False, 4, 8), (2, True, 6, warps),
-                (3, True, 6, 2)):
+    for way in ((3, False, 4, warps), (3, True, 4, warps), (3, False, 3, warps), (3, True, 3, warps), (3, False, 4, 8),
+                (2, True, 6, warps), (3, True, 6, 2)):
         mbp.report(f"{way[0]} stages{', evict first' if way[1] else ''}, {way[2]}/SM, {way[3]} warps", run(*way),
                    dx, ref)
 
