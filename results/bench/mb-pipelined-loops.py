@@ -16,8 +16,9 @@ backward took the winners here (3 stages; 3 stages, 4 loads first, 8 tiles).
                   table of hidden 1600 has more than 25 programs walking its rows
 
 Kernels: triton_norm's LayerNorm backward with norm_residual's gradient (and param_grad's reduction of its partial
-sums, as shipped), bias_gelu's backward (with its reduction), qkv_pack's three launches (with the reduction),
-dropout_add's backward (with the reduction) and forward, param_grad's reduction alone at each kernel's table. GPU time per call: torch.profiler's kernel time
+sums, as shipped), bias_gelu's backward (with its reduction), qkv_pack's pack (with the reduction; the copies take
+three launches, the shipped kernel one since mb-grid-tuning.py), dropout_add's backward (with the reduction) and
+forward, param_grad's reduction alone at each kernel's table. GPU time per call: torch.profiler's kernel time
 (megalab/harness/bench.py kernel_us); "differs" is the largest difference from the shipped kernel's output.
 
 The reduction's section compares its copies with each other only: in the committed run the copy at the shipped
