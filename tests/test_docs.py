@@ -65,3 +65,24 @@ def test_the_readme_names_every_fast_lever_and_the_default():
     gpt2 = variables.default_fast(0, {"normalization": "LayerNorm"})
     unnamed = [n for n in gpt2 if not re.search(rf"(?<![a-z_]){n}(?![a-z_])", default)]
     assert not unnamed, f"README's FAST default does not name {unnamed}"
+
+
+# A benchmark file named in prose: a microbenchmark's output or script, or the graph-wait diagnostics
+BENCH_FILE = re.compile(r"(?:results/bench/)?((?:[A-Za-z0-9_.-]+-microbench|mb-[a-z0-9-]+|[a-z0-9-]+-waits)\.(?:txt|py))")
+
+
+def _cited_bench_files(text: str) -> set[str]:
+    return set(BENCH_FILE.findall(text))
+
+
+def test_every_benchmark_file_named_in_code_configs_and_pages_is_committed():
+    """Comments and texts cite their evidence by file name (triton_norm.py: "results/bench/grid-tuning-
+    microbench.txt"); a name with no file behind it is a claim nothing backs."""
+    assert _cited_bench_files("see results/bench/no-such-microbench.txt and mb-gone.py") == {
+        "no-such-microbench.txt", "mb-gone.py"}  # what the check would flag
+    have = {p.name for p in (ROOT / "results/bench").iterdir()}
+    sources = [*ROOT.glob("megalab/**/*.py"), *ROOT.glob("configs/**/*.yaml"), *ROOT.glob("results/bench/*.py"),
+               *ROOT.glob("tutorials/*.md"), ROOT / "README.md", ROOT / "results/bench/README.md"]
+    missing = sorted(f"{p.relative_to(ROOT)}: {name}" for p in sources
+                     for name in _cited_bench_files(p.read_text(encoding="utf-8")) - have)
+    assert not missing, missing
