@@ -101,3 +101,27 @@ def test_the_schema_is_documented_in_results_readme():
     for col in [c for c, _ in D.run_columns()] + D.row_columns():
         assert f"| `{col.name}` | {col.kind} |" in text, col.name
     assert {c.kind for c, _ in D.run_columns()} | {c.kind for c in D.row_columns()} <= set(D.KINDS)
+
+
+def test_the_clock_columns_are_the_monitors_busy_samples(runs, tmp_path):
+    """sm_mhz_busy and power_capped_share: each run's busy samples (core.clocks, all GPUs pooled), as `bench clocks`
+    reads them; NaN for a run whose monitor sampled no clocks or whose CSV is damaged, never an error."""
+    from megalab.core import clocks
+
+    sampled = runs[runs["sm_mhz_busy"].notna()]
+    assert len(sampled) > 0 and runs["sm_mhz_busy"].isna().any()  # monitors from before the clocks: NaN
+    assert (runs["sm_mhz_busy"].notna() == runs["power_capped_share"].notna()).all()
+    assert sampled["power_capped_share"].between(0, 1).all()
+    for _, row in sampled.iterrows():
+        folder = ROOT / D.RUN_DIRS[row["collection"]] / row["run"]
+        fig = clocks.pooled(folder).figures()
+        assert row["sm_mhz_busy"] == round(fig["sm_mhz"]) and row["power_capped_share"] == round(
+            fig["held"].get("power_cap", 0.0), 3), row["run"]
+    D._clock_figures.cache_clear()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "gpu_memory.csv").write_text("t_s,gpu,mem_used_mib,util_pct,sm_mhz,power_w,held_by\n0,0,1,100,fast,1,\n")
+    assert D._clock_figures(bad) == {} and D._clock_figures(None) == {}
+    (bad / "gpu_memory.csv").write_text("t_s,gpu,mem_used_mib,util_pct,sm_mhz,power_w,held_by\n0,0,1,100,1500,690,\n")
+    D._clock_figures.cache_clear()
+    assert D._clock_figures(bad)["sm_mhz"] == 1500 and D._clock_figures(bad)["held"] == {}

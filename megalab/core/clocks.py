@@ -83,6 +83,16 @@ def per_gpu(path: Path) -> dict[int, Busy] | None:
     return per
 
 
+def pooled(path: Path) -> Busy | None:
+    """A run's busy samples, all its GPUs pooled; None where it has none to give: no monitor CSV, one from before the
+    clock columns, or a damaged one (a table loses that run's clock figures, never its page)."""
+    try:
+        per = per_gpu(path)
+    except infile.InputError:
+        return None
+    return sum(per.values(), Busy()) if per else None
+
+
 def summary(path: Path) -> list[dict]:
     """Per GPU of a run's monitor CSV (path: the run directory or its gpu_memory.csv), over the samples with the GPU
     busy (BUSY_UTIL_PCT): its figures (Busy.figures) and `gpu`. InputError, one line naming the fix, where there

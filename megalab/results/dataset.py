@@ -2,7 +2,8 @@
 row per chapter-table row), written by `make tables` beside the pages.
 
 Tidy and typed: every value comes from the typed record (core/schema.py's RunRecord), the catalog and
-the published tables, never from a page's formatted cell. Numbers are numbers (no thousands separators,
+the published tables (the clock columns from the monitor's CSV committed beside the record, core/clocks.py),
+never from a page's formatted cell. Numbers are numbers (no thousands separators,
 no units, no `oom` in a numeric column: the `status` column says how a run ended, NaN where a figure is
 missing), booleans are `true`/`false`, times ISO 8601 in UTC. The schema (RUN_COLUMNS, ROW_COLUMNS:
 column, type, unit, meaning) is documented in results/README.md from the same lists, and
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
-from megalab.core import catalog, markdown, provenance
+from megalab.core import catalog, clocks, markdown, provenance
 from megalab.core.records import RunRecord, num, read_records
 from megalab.core.schema import stamp
 from megalab.results import columns as cols, predicted
@@ -74,6 +76,19 @@ def _mem_max(rec: RunRecord) -> float:
     return _num(max(rec.mem_peak_gib)) if rec.mem_peak_gib else float("nan")
 
 
+@functools.lru_cache(maxsize=4)  # the record's two clock columns read its CSV once
+def _clock_figures(run_dir: Path | None) -> dict:
+    """What the run's cards ran at while busy (core.clocks: the monitor's samples, all GPUs pooled); {} where the
+    monitor did not sample clocks (before 2026-11-27) or the CSV is damaged."""
+    busy = clocks.pooled(run_dir) if run_dir is not None else None
+    return busy.figures() if busy is not None and busy.busy else {}
+
+
+def _power_capped(rec: RunRecord) -> float:
+    fig = _clock_figures(rec.run_dir)
+    return _num(fig["held"].get("power_cap", 0.0) if fig else None)
+
+
 # --------------------------------------------------------------------------- runs.csv
 
 def _run_common() -> list[tuple[Col, Callable[[RunRecord], Any]]]:
@@ -110,6 +125,12 @@ def _run_common() -> list[tuple[Col, Callable[[RunRecord], Any]]]:
         (Col("mem_peak_gib_max", "number", "GiB", "NVML peak memory, the largest over the run's GPUs", 3), _mem_max),
         *[(Col(f"mem_peak_gib_gpu{i}", "number", "GiB", f"NVML peak memory of GPU {i}; NaN beyond the run's GPUs", 3),
            lambda r, i=i: _gpu_mem(r, i)) for i in range(8)],
+        (Col("sm_mhz_busy", "number", "MHz", "median SM clock over the monitor's samples with the GPU busy "
+             f"(utilisation >= {clocks.BUSY_UTIL_PCT}%), all GPUs pooled; NaN where it did not sample clocks", 0),
+         lambda r: _num(_clock_figures(r.run_dir).get("sm_mhz"))),
+        (Col("power_capped_share", "number", "fraction", "share of those busy samples whose clock the power cap held "
+             "down (NVML's clock-event reasons); NaN where the monitor did not sample clocks", 3),
+         _power_capped),
         (Col("gbs", "number", "sequences", "global batch size"), lambda r: _num(c(r).gbs)),
         (Col("mbs", "number", "sequences", "micro-batch size"), lambda r: _num(c(r).mbs)),
         *[(Col(k, "number", "", f"{k.upper()} degree"), lambda r, k=k: _num(getattr(c(r), k))) for k in ("tp", "pp", "cp", "ep", "dp")],

@@ -194,15 +194,8 @@ CLOCK_HEADER = ["target", "machine", "runs sampled", "SM MHz, median (range), al
 
 
 def _busy(run: RunRecord) -> clocks.Busy | None:
-    """A run's busy samples, all its GPUs pooled; None where it has none to give: no monitor CSV, one from before
-    the clock columns, or a damaged one (a run's samples lost, never the page)."""
-    if run.run_dir is None:
-        return None
-    try:
-        per = clocks.per_gpu(run.run_dir)
-    except infile.InputError:
-        return None
-    return sum(per.values(), clocks.Busy()) if per else None
+    """A run's busy samples, all its GPUs pooled (clocks.pooled); None where it has none."""
+    return None if run.run_dir is None else clocks.pooled(run.run_dir)
 
 
 def clock_rows(todays: dict) -> list[list[str]]:
