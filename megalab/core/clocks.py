@@ -113,5 +113,10 @@ def mhz_cell(s: dict) -> str:
     return f"{s['sm_mhz']:.0f} ({lo:.0f}-{hi:.0f})" if s["sm_mhz"] else "-"
 
 
+def power_cell(s: dict) -> str:
+    """A summary's median power draw in whole watts, '-' without a reading."""
+    return f"{s['power_w']:.0f}" if s["power_w"] else "-"
+
+
 def held_cell(s: dict) -> str:
     return ", ".join(f"{r} {share:.0%}" for r, share in s["held"].items()) or "nothing"

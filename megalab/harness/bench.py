@@ -479,7 +479,7 @@ def render_trace(summary: dict) -> str:
 def render_clocks(summary: list[dict]) -> str:
     """clocks.summary() as a table, one row per GPU."""
     rows = [[s["gpu"], f"{s['busy']} of {s['samples']}", clocks.mhz_cell(s),
-             f"{s['power_w']:.0f}" if s["power_w"] else "-", clocks.held_cell(s)] for s in summary]
+             clocks.power_cell(s), clocks.held_cell(s)] for s in summary]
     return "\n".join(markdown.table(
         ["GPU", f"busy samples (util >= {clocks.BUSY_UTIL_PCT}%)", "SM MHz, median (range)", "power W, median",
          "clock held down by (share of busy samples)"], rows))

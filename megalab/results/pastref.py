@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from megalab.core import catalog, clocks, infile, markdown, provenance, variables
+from megalab.core import catalog, clocks, markdown, provenance, variables
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
 from megalab.results import chapter, defaults
@@ -214,8 +214,7 @@ def clock_rows(todays: dict) -> list[list[str]]:
             if not fig["busy"]:
                 out.append([*row, "no busy sample", "-", "-"])
                 continue
-            out.append([*row, clocks.mhz_cell(fig), f"{fig['power_w']:.0f}" if fig["power_w"] else "-",
-                        clocks.held_cell(fig)])
+            out.append([*row, clocks.mhz_cell(fig), clocks.power_cell(fig), clocks.held_cell(fig)])
     return out
 
 
