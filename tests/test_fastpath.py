@@ -84,7 +84,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
     assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
                        "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "norm_residual",
-                       "bias_gelu", "dropout_add", "qkv_pack", "sdpa_gqa"]
+                       "bias_gelu", "dropout_add", "qkv_pack", "zero_overlap", "sdpa_gqa"]
     assert torch.optim.AdamW is fastpath.FusedAdamW
     from megalab.runtime import dropout_add
     assert dropout_add.get_bias_dropout_add(True, True) is dropout_add.bias_dropout_add_train
@@ -114,7 +114,8 @@ def test_clip_in_adam_needs_fused_adam(monkeypatch):
 
 def _keep_megatrons_loss_and_linear(monkeypatch):
     """Undo bf16_ce's, addmm_bias's, compiled_rope's, embed_wgrad's, flat_adam's, sdpa_gqa's, compiled_norm's,
-    triton_norm's (norm_residual's with it), bias_gelu's, dropout_add's and qkv_pack's installs after the test."""
+    triton_norm's (norm_residual's with it), bias_gelu's, dropout_add's, qkv_pack's and zero_overlap's installs after the
+    test."""
     from megatron.core import tensor_parallel
     from megatron.core.optimizer import optimizer as optmod
 
@@ -150,6 +151,12 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
 
     monkeypatch.setattr(attention, "SplitAlongDim", attention.SplitAlongDim)
     monkeypatch.setattr(qkv_split, "ON", qkv_split.ON)
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.pipeline_parallel import schedules
+
+    buffer = param_and_grad_buffer._ParamAndGradBuffer
+    monkeypatch.setattr(buffer, "reset", buffer.__dict__["reset"])
+    monkeypatch.setattr(schedules, "backward_step", schedules.backward_step)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

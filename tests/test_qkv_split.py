@@ -156,9 +156,6 @@ def test_without_the_lever_or_a_bias_the_split_is_torchs():
         assert [p.grad_fn.name() for p in parts] == ["SplitWithSizesBackward0"] * 3
 
 
-@pytest.mark.xfail(strict=True, reason="to mend with the next runtime change (megalab/runtime: any edit makes the "
-                   "committed records older): since a92b95e the pack's one launch takes exactly three pieces, so "
-                   "split_along_dim must leave a split into two (Megatron's cross-attention K/V) to torch.split")
 def test_a_split_into_other_than_three_pieces_stays_torchs(monkeypatch):
     """A split of megalab's linear layer's output into two pieces (cross-attention's key and value): torch.split's
     views, not the three-piece pack, whose backward could not take it. GPT (megalab's models) splits into three."""

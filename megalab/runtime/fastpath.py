@@ -39,10 +39,12 @@ in a pass of autograd's own (megalab/runtime/triton_norm.py); a nineteenth, `dro
 bias-dropout-add as one Triton kernel each way whose backward draws the dropout mask again instead of reading a
 saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.py); a twentieth, `qkv_pack`,
 beside addmm_bias, packs the QKV projection's gradient (the cat of the query, key and value gradients) and sums its
-bias's gradient in the same pass, which the linear layer's backward then skips (megalab/runtime/qkv_split.py).
-Each is named in MEGALAB_FAST (FAST=... or all); the launcher's default turns on those that paid in the benchmark (megalab/core/variables.py, default_fast)
-and the rest stay opt-in, so a benchmark can show what each one buys. Every one computes the same
-function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
+bias's gradient in the same pass, which the linear layer's backward then skips (megalab/runtime/qkv_split.py); a
+twenty-first, `zero_overlap`, zeroes the grad buffer on a side stream beside the forward instead of ahead of it
+(megalab/runtime/zero_overlap.py).
+Each is named in MEGALAB_FAST (FAST=... or all); the launcher's default turns on those that paid in the benchmark
+(megalab/core/variables.py, default_fast) and the rest stay opt-in, so a benchmark can show what each one buys.
+Every one computes the same function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
 
 An eighth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
 then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
@@ -338,6 +340,11 @@ def apply(names: list[str]) -> list[str]:
         if qkv_split.triton is not None and qkv_split.install():
             qkv_split.ON = True  # read by split_along_dim, which Megatron's attention calls as SplitAlongDim
             applied.append("qkv_pack")
+    if "zero_overlap" in names:
+        from megalab.runtime import zero_overlap
+
+        if zero_overlap.install():
+            applied.append("zero_overlap")
     if "sdpa_gqa" in names:
         from megalab.runtime import spec
 

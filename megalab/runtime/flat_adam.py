@@ -12,9 +12,9 @@ What this does instead. Megatron's DDP already keeps every fp32 main_grad as a v
 the bf16 weights are moved into flat buffers laid out exactly like that grad buffer (same offset for the
 same parameter; the buffer's padding is never touched), and each tensor becomes a view there; AdamW's two
 moments follow at the first step, when torch would make them (made earlier, they sat on top of the first
-step's activations: +3 to 3.5 GiB of peak on rows 101 and 600). A step is then one Triton kernel per buffer: read master, grad, m, v (16 bytes a
-parameter), write master, m, v and the bf16 weight (14), the update torch's fused AdamW computes
-(weight decay per parameter group, gradient clipping's coefficient from clip_in_adam), and Megatron's
+step's activations: +3 to 3.5 GiB of peak on rows 101 and 600). A step is then one Triton kernel per buffer: read
+master, grad, m, v (16 bytes a parameter), write master, m, v and the bf16 weight (14), the update torch's fused
+AdamW computes (weight decay per parameter group, gradient clipping's coefficient from clip_in_adam), and Megatron's
 master-to-weight copy is skipped for that step. A chunk table (start, length, group) written once tells
 each program its slice, so no chunk crosses two parameters. Gradient clipping's norm (foreach_norm) reads
 the same table in one kernel too, where it is asked for exactly those gradients (grad_norm).
@@ -67,7 +67,8 @@ def _adamw_flat(p_ptr, g_ptr, m_ptr, v_ptr, out_ptr, starts_ptr, counts_ptr, gro
     if HAS_SCALE:  # clip_in_adam's coefficient: torch's fused AdamW divides by grad_scale (here: times 1/scale)
         g = g * (1.0 / tl.load(scale_ptr))
     # torch's fused AdamW (ATen fused_adam_utils.cuh, ADAMW mode), step for step, with its IEEE-rounded square
-    # root and division (sqrt_rn, div_rn: also the variant that kept the bandwidth, results/bench/flat-adam-microbench.txt)
+    # root and division (sqrt_rn, div_rn: also the variant that kept the bandwidth,
+    # results/bench/flat-adam-microbench.txt)
     p = p - lr * wd * p
     m = beta1 * m + (1.0 - beta1) * g
     v = beta2 * v + (1.0 - beta2) * g * g
@@ -113,7 +114,8 @@ def grad_norm(tensors: list) -> torch.Tensor | None:
     for ptr, members in by_storage.items():
         space = _SPACES.get(ptr)
         if (space is None or len(members) != len(space.mains) or sum(t.numel() for t in members) != space.numel
-                or {t.data_ptr() for t in members} != space.grad_ptrs or any(t.dtype != torch.float32 for t in members)):
+                or {t.data_ptr() for t in members} != space.grad_ptrs
+                or any(t.dtype != torch.float32 for t in members)):
             _once("norm", f"the clip's norm stays foreach: its {len(tensors)} tensors are not exactly a flat "
                           "buffer's gradients")
             return None

@@ -49,7 +49,7 @@ def _pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, 
     """One piece (program_id(2): query, key or value, widths wq, wk and the rest of W) of one group
     (program_id(1)): this program's tokens, copied into the piece's columns of the group's W in the packed
     [tokens, heads, W] gradient, and with SUMS their sums per column over those tokens (the bias's partial
-    gradient, fp32). All three pieces in one launch: 117 against 125 us for three at 111
+    gradient, fp32). All three pieces in one launch: 116 against 126 us for three at 111
     (results/bench/grid-tuning-microbench.txt)."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
@@ -137,8 +137,10 @@ def split_along_dim(mixed: torch.Tensor, dim: int, sizes):
     with the gradient's pack and the QKV bias's sum fused where the lever is on and the projection's bias is
     megalab's to take."""
     node = None
-    if (ON and triton is not None and mixed.dim() == 4 and dim in (3, -1) and torch.is_grad_enabled()
-            and mixed.requires_grad and (mixed.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    # three pieces (query, key, value): the pack's one launch takes exactly three
+    if (ON and triton is not None and len(sizes) == 3 and mixed.dim() == 4 and dim in (3, -1)
+            and torch.is_grad_enabled() and mixed.requires_grad
+            and (mixed.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
             and mixed.numel() < 2 ** 31):
         node = _linear_node(mixed)
     if node is None:

@@ -10,10 +10,10 @@ compiled_norm (torch.compile's kernels for the same math) took 8% off the GPU ti
 What this does. Forward: one program per row, the statistics in fp32, y rounded once to x's dtype (as
 torch's kernels do); the row's mean and 1/std are kept for the backward (8 bytes a row). Backward: a grid of
 a few programs per SM, each walking its block of rows: the row's input gradient, and the weight and bias
-gradients summed over its rows in fp32 registers, the loads of the rows ahead in flight; one more kernel adds the programs' partial sums (a
-[programs, hidden] fp32 table, 3 MB at row 111) straight into the fp32 main_grad of Megatron's grad buffer
-(megalab/runtime/param_grad.py). So dy and x are read once, and the weight and bias gradients need no pass of
-their own, no bf16 rounding and no add of Megatron's hook.
+gradients summed over its rows in fp32 registers, the loads of the rows ahead in flight; one more kernel adds the
+programs' partial sums (a [programs, hidden] fp32 table, 3 MB at row 111) straight into the fp32 main_grad of
+Megatron's grad buffer (megalab/runtime/param_grad.py). So dy and x are read once, and the weight and bias
+gradients need no pass of their own, no bf16 rounding and no add of Megatron's hook.
 
 Scope. CUDA tensors whose hidden size fits one block (up to 16384 elements), any float dtype; anything else
 goes to torch's functions (megalab/runtime/spec.py keeps that path). Exactness against torch's norms, in the
@@ -38,7 +38,7 @@ ON = False  # set by megalab/runtime/fastpath.py for the triton_norm lever, befo
 RESIDUAL = False  # set by fastpath.py for the norm_residual lever (beside triton_norm): see _NormResidual
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
 # backward: enough programs to fill the GPU, few enough that the partial table stays small. 3 beat 4 at every shape
-# of the microbenchmark (78.0 against 81.7 us a call at 111; results/bench/grid-tuning-microbench.txt).
+# of the microbenchmark (78.2 against 81.4 us a call at 111; results/bench/grid-tuning-microbench.txt).
 PROGRAMS_PER_SM = 3
 MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
 # backward: its row loop software-pipelined, the next two rows' loads issued while this one computes. One row's
