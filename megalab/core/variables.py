@@ -208,7 +208,7 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     Without a bias (Llama-style) the pack alone is slower than the cat, so the split stays torch's there.
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
-                "device_norm", "triton_norm", "zero_overlap")
+                "device_norm", "triton_norm")
 
 
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
