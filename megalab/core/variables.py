@@ -206,6 +206,10 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     GPT-2 24 x 2048 at 111's batch 255.1, 255.4 vs 256.4, 257.0 and 101 at micro-batch 14 317.4, 317.2 vs 319.1,
 #     319.3. Loss: the same function (tests/test_qkv_split.py), the first five steps within 3.2e-5 of the base's.
 #     Without a bias (Llama-style) the pack alone is slower than the cat, so the split stays torch's there.
+# Tried and left opt-in: zero_overlap (one H100, GPU-f96ff3f2, 2026-11-27, sixteenth session; alternating): the grad
+# buffer's zeroing (1.9 ms a step at 111 in its profile) moved beside the forward bought nothing over the default:
+# 101 56.3, 56.1, 56.1 vs 56.2, 56.3, 55.2 ms; 111 339.5, 339.4 vs 339.6, 338.9, 339.3. Likely why: with the CUDA
+# graph the zeroing already ran while the GPU waited for the host (results/bench/graph-step-waits.txt).
 # plan.py and provenance.py read it here.
 DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
                 "device_norm", "triton_norm")
