@@ -307,3 +307,14 @@ def interpreted(call: str, timeout: int = 600):
 
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
     return subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def keep_megatrons_zeroing(monkeypatch):
+    """Undo zero_overlap's install after the test: Megatron's grad-buffer reset and schedules.backward_step."""
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.pipeline_parallel import schedules
+
+    buffer = param_and_grad_buffer._ParamAndGradBuffer
+    monkeypatch.setattr(buffer, "reset", buffer.__dict__["reset"])
+    monkeypatch.setattr(schedules, "backward_step", schedules.backward_step)
+    return buffer, schedules

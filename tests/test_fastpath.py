@@ -4,6 +4,7 @@ import torch
 
 from megalab.runtime import fastpath
 from megalab._compat import ensure_typing_override
+from tests.conftest import keep_megatrons_zeroing
 
 
 def _tensors(seed, shapes=((7, 3), (128,), (5, 5, 5), (1,))):
@@ -151,12 +152,7 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
 
     monkeypatch.setattr(attention, "SplitAlongDim", attention.SplitAlongDim)
     monkeypatch.setattr(qkv_split, "ON", qkv_split.ON)
-    from megatron.core.distributed import param_and_grad_buffer
-    from megatron.core.pipeline_parallel import schedules
-
-    buffer = param_and_grad_buffer._ParamAndGradBuffer
-    monkeypatch.setattr(buffer, "reset", buffer.__dict__["reset"])
-    monkeypatch.setattr(schedules, "backward_step", schedules.backward_step)
+    keep_megatrons_zeroing(monkeypatch)
 
 
 # ---- addmm_bias: the bias inside the GEMM ------------------------------------------------------------

@@ -7,18 +7,13 @@ import torch
 
 from megalab._compat import ensure_typing_override
 from megalab.runtime import fastpath, zero_overlap
+from tests.conftest import keep_megatrons_zeroing
 
 
 def _keep_megatrons(monkeypatch):
     ensure_typing_override()
-    from megatron.core.distributed import param_and_grad_buffer
-    from megatron.core.pipeline_parallel import schedules
-
-    buffer = param_and_grad_buffer._ParamAndGradBuffer
-    monkeypatch.setattr(buffer, "reset", buffer.__dict__["reset"])
-    monkeypatch.setattr(schedules, "backward_step", schedules.backward_step)
     monkeypatch.setattr(zero_overlap, "_MEGATRON", {})
-    return buffer, schedules
+    return keep_megatrons_zeroing(monkeypatch)
 
 
 def test_install_patches_reset_and_backward_step_once(monkeypatch):
