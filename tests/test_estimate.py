@@ -312,6 +312,16 @@ def test_estimate_page_is_up_to_date(steps, rows):
     assert "- step time, held-out with a calibration twin" in text and "- memory, held-out with a calibration twin" in text
 
 
+def test_the_line_on_todays_code_reads_only_runs_of_todays_code(steps):
+    """The run code changed last in the sixteenth session (a8e7c5d, 2026-11-27 04:12 UTC): the runs of today's code
+    are that session's, every set and setting alike (its four out-of-catalog runs among them), and only they."""
+    today = {r["run"].split("/")[-1] for r in steps if r["code_today"]}
+    assert today == {r["run"].split("/")[-1] for r in steps if r["run"].split("/")[-1] >= "20261127_041"}
+    assert sum(r["set"] == V.OUT_OF_CATALOG for r in steps if r["code_today"]) == 4
+    line = V.code_today_line(steps)[0]
+    assert f"over {len(today)} runs" in line and "signed median +" in line  # today's code beats the constants
+
+
 @pytest.mark.parametrize("table", ["steps", "rows"])
 def test_twins_are_counted_apart_from_the_unseen(table, request):
     """A held-out run whose model input equals a calibration run's is a twin: it appears in the twin line

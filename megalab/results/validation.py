@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from megalab.core import catalog, flags, gpus, infile, logparse, markdown, steptime
+from megalab.core import catalog, flags, gpus, infile, logparse, markdown, provenance, steptime
 from megalab.core import estimate as E
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
@@ -276,7 +276,9 @@ def validation_rows(root: Path | None = None, detail: bool = True) -> list[dict[
 def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
     """Every committed ok run with a step time the model covers: predicted (the stored constants) and
     measured ms, its set, and the model's inputs (for fitting). Profiled runs (their timers slow the
-    step), CUDA graphs and extra flags are left out, as for memory."""
+    step) and extra flags the plan does not read are left out, as for memory. `code_today`: the run's code is
+    today's (no net change to the code inside torchrun since its commit: provenance.code_state), whatever its
+    settings."""
     root = Path(root) if root is not None else catalog.ROOT
     rows = []
     for d, rec in _committed_records(root):
@@ -294,7 +296,11 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
                      "fastpath": rec.config.fastpath or "none",
                      "features": est.step, "model_key": dataclasses.astuple(est.step),
                      "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
-                     "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1})
+                     "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1,
+                     # judged against this checkout's code (git), wherever the records are read from
+                     "code_today": provenance.code_state(rec.versions.megalab_commit,
+                                                         unused=provenance.unused_files(rec.config))[0]
+                     == provenance.CURRENT})
     return rows
 
 
@@ -496,6 +502,21 @@ def lever_bias(steps: list[dict[str, Any]], consts: dict[str, float] | None = No
     return on, off
 
 
+def code_today_line(steps: list[dict[str, Any]]) -> list[str]:
+    """The model against today's code alone: the constants are fitted on runs of every code version, so a signed
+    error far from zero on the runs of today's code says today's code runs faster (negative: slower) than they
+    price it, whatever the error over all runs."""
+    errs = [r["err"] for r in steps if r["code_today"]]
+    return [
+        "Against today's code alone (runs whose code inside torchrun has not changed since their commit, any "
+        "settings, every set): "
+        + (f"{error_summary(errs)}; signed median {statistics.median(errs):+.1%}" if errs else "no runs")
+        + ". The constants are fitted on runs of every code version since the catalog began; a positive error here "
+        "means today's code runs faster than they price it.",
+        "",
+    ]
+
+
 def _no_lever_terms(r: dict[str, Any]) -> steptime.Features:
     return dataclasses.replace(r["features"], hbm_s=tuple(0.0 for _ in r["features"].hbm_s))
 
@@ -562,6 +583,7 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
         f"same model without the two lever terms, refit on the same calibration set: {_signed_median(on0)} "
         f"and {_signed_median(off0)}.",
         "",
+        *code_today_line(steps),
     ]
     twin = twins(steps)
     out += markdown.table(
