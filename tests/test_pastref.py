@@ -333,6 +333,9 @@ def test_clock_rows_pool_the_busy_samples_of_a_goals_runs(tmp_path, monkeypatch)
     assert pooled == [target, machine, "2 of 3", "1700 (1500-1900)", "690", "power_cap 80%"]
     assert unsampled == [target, machine, "0 of 2", pastref.NOT_SAMPLED, "-", "-"]
     assert damaged == [target, machine, "1 of 2", "1600 (1500-1700)", "650", "power_cap 67%"]
+    from megalab.core import clocks
+
+    assert clocks.pooled(None) is None  # a record read without its run directory: no samples, no error
     # the page: the table after the code table, the same rows; with no goal run at all, one line instead
     goals = {g["target"]: [] for g in _cfg()["past_reference"]["goals"]}
     monkeypatch.setattr(pastref, "_todays", lambda block, root: {**goals, **todays})

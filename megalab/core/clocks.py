@@ -83,9 +83,12 @@ def per_gpu(path: Path) -> dict[int, Busy] | None:
     return per
 
 
-def pooled(path: Path) -> Busy | None:
-    """A run's busy samples, all its GPUs pooled; None where it has none to give: no monitor CSV, one from before the
-    clock columns, or a damaged one (a table loses that run's clock figures, never its page)."""
+def pooled(path: Path | None) -> Busy | None:
+    """A run's busy samples, all its GPUs pooled; None where it has none to give: no run directory (a record read
+    without one), no monitor CSV, one from before the clock columns, or a damaged one (a table loses that run's clock
+    figures, never its page)."""
+    if path is None:
+        return None
     try:
         per = per_gpu(path)
     except infile.InputError:

@@ -80,7 +80,7 @@ def _mem_max(rec: RunRecord) -> float:
 def _clock_figures(run_dir: Path | None) -> dict:
     """What the run's cards ran at while busy (core.clocks: the monitor's samples, all GPUs pooled); {} where the
     monitor did not sample clocks (before 2026-11-27) or the CSV is damaged."""
-    busy = clocks.pooled(run_dir) if run_dir is not None else None
+    busy = clocks.pooled(run_dir)
     return busy.figures() if busy is not None and busy.busy else {}
 
 

@@ -193,11 +193,6 @@ CLOCK_HEADER = ["target", "machine", "runs sampled", "SM MHz, median (range), al
                 "clock held down by (share of busy samples)"]
 
 
-def _busy(run: RunRecord) -> clocks.Busy | None:
-    """A run's busy samples, all its GPUs pooled (clocks.pooled); None where it has none."""
-    return None if run.run_dir is None else clocks.pooled(run.run_dir)
-
-
 def clock_rows(todays: dict) -> list[list[str]]:
     """Per goal row (`todays`: _todays), what its runs' cards ran at while busy (core.clocks): the busy samples of
     every sampled run and GPU pooled, their SM clock's median and range, the power's median and the share of them
@@ -205,7 +200,7 @@ def clock_rows(todays: dict) -> list[list[str]]:
     out = []
     for target, groups in todays.items():
         for runs in groups:
-            sampled = [b for b in map(_busy, runs) if b is not None]
+            sampled = [b for b in (clocks.pooled(r.run_dir) for r in runs) if b is not None]
             row = [target, defaults.hardware(runs[0]), f"{len(sampled)} of {len(runs)}"]
             if not sampled:
                 out.append([*row, NOT_SAMPLED, "-", "-"])
