@@ -392,7 +392,10 @@ def test_lever_terms_follow_the_levers():
                                                                 "bf16_ce": True, "addmm_bias": True,
                                                                 "fused_wgrad": False, "compiled_rope": False,
                                                                 "clip_in_adam": False, "embed_wgrad": False,
-                                                                "sdpa_gqa": False, "dropout_add": False}
+                                                                "sdpa_gqa": False, "dropout_add": False,
+                                                                "flat_adam": False, "triton_norm": False,
+                                                                "norm_residual": False, "bias_gelu": False,
+                                                                "qkv_pack": False}
     # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
     gpt, llama = catalog.get("112"), catalog.get("600")
     g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
@@ -408,7 +411,20 @@ def test_lever_terms_follow_the_levers():
     assert E.estimate(gpt, embed_wgrad=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # GPT-2's table is tied
     assert E.estimate(llama, sdpa_gqa=True, **g).step_ms < E.estimate(llama, **g).step_ms
     assert E.estimate(gpt, sdpa_gqa=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no GQA in GPT-2
-    # dropout_add keeps a seed, not the two byte masks a layer: 2 s*b*h bytes less a layer, nothing else
+    # the layer's kernel levers: each shortens the step where the layer has its kernel, and nowhere else
+    for lever in ("triton_norm", "dropout_add", "bias_gelu", "qkv_pack"):
+        assert E.estimate(gpt, **{lever: True}, **g).step_ms < E.estimate(gpt, **g).step_ms, lever
+    assert E.estimate(llama, bias_gelu=True, **g).step_ms == E.estimate(llama, **g).step_ms  # SwiGLU, no biases
+    assert E.estimate(llama, qkv_pack=True, **g).step_ms == E.estimate(llama, **g).step_ms  # no QKV bias
+    norm = {"triton_norm": True, **g}
+    assert E.estimate(gpt, norm_residual=True, **norm).step_ms < E.estimate(gpt, **norm).step_ms
+    assert E.estimate(gpt, norm_residual=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # only beside triton_norm
+    # flat_adam replaces fused AdamW's per-tensor walk and Megatron's copies; a distributed optimizer keeps them
+    adam = {"fused_adam": True, **g}
+    assert E.estimate(one, flat_adam=True, **adam).step_ms < E.estimate(one, **adam).step_ms
+    zero2 = catalog.get("122-gpt2xl-dp2-gbs32-zero2")
+    assert E.estimate(zero2, flat_adam=True, **adam).step_ms == E.estimate(zero2, **adam).step_ms
+    # dropout_add keeps a seed, not the two byte masks a layer: 2 s*b*h bytes less a layer
     big = catalog.get("111")
     off, on = E.estimate(big), E.estimate(big, dropout_add=True)
     assert off.per_layer_sbh - on.per_layer_sbh == 2

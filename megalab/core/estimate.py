@@ -432,7 +432,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
              grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False,
              addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False,
              clip_in_adam: bool = False, embed_wgrad: bool = False, sdpa_gqa: bool = False,
-             dropout_add: bool = False) -> Estimate:
+             dropout_add: bool = False, flat_adam: bool = False, triton_norm: bool = False,
+             norm_residual: bool = False, bias_gelu: bool = False, qkv_pack: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -519,7 +520,9 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
                                  grouped_gemm=grouped_gemm, cuda_graph=cuda_graph, bf16_ce=bf16_ce,
                                  addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope,
-                                 clip_in_adam=clip_in_adam, embed_wgrad=embed_wgrad, sdpa_gqa=sdpa_gqa)
+                                 clip_in_adam=clip_in_adam, embed_wgrad=embed_wgrad, sdpa_gqa=sdpa_gqa,
+                                 dropout_add=dropout_add, flat_adam=flat_adam, triton_norm=triton_norm,
+                                 norm_residual=norm_residual, bias_gelu=bias_gelu, qkv_pack=qkv_pack)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -533,11 +536,29 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         bf16_ce=bf16_ce)
 
 
+def layer_lever_bytes(sh: Shape, *, triton_norm: bool, norm_residual: bool, bias_gelu: bool, dropout_add: bool,
+                      qkv_pack: bool) -> tuple[float, float]:
+    """HBM bytes per token, hidden unit and layer that the layer's kernels move where megalab's lever for them is
+    off (steptime.TORCH_NORM_BYTES and the rest): (on the whole hidden state, inside the tensor-parallel region).
+    A lever counts only where the layer has its kernel: bias_gelu for a dense GeLU MLP with biases, qkv_pack for a
+    QKV bias, norm_residual beside triton_norm."""
+    rms = sh.norm == 1
+    dense_gelu = not sh.num_experts and not sh.swiglu and sh.bias
+    out = 0.0 if triton_norm else (steptime.TORCH_RMSNORM_BYTES if rms else steptime.TORCH_NORM_BYTES)
+    out += 0.0 if triton_norm and norm_residual else steptime.RESIDUAL_ADD_BYTES
+    out += 0.0 if dropout_add else steptime.DROPOUT_ADD_BYTES
+    inside = steptime.BIAS_GELU_BYTES if dense_gelu and not bias_gelu else 0.0
+    inside += steptime.QKV_CAT_BYTES if sh.bias and not qkv_pack else 0.0
+    return out, inside
+
+
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
                   fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False, bf16_ce: bool = False,
                   addmm_bias: bool = False, fused_wgrad: bool = False,
                   compiled_rope: bool = False, clip_in_adam: bool = False,
-                  embed_wgrad: bool = False, sdpa_gqa: bool = False) -> steptime.Features:
+                  embed_wgrad: bool = False, sdpa_gqa: bool = False, dropout_add: bool = False,
+                  flat_adam: bool = False, triton_norm: bool = False, norm_residual: bool = False,
+                  bias_gelu: bool = False, qkv_pack: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -553,6 +574,8 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     gran, method, nrec = parse_recompute(e.recompute)
     full = gran == "full"
     act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
+    layer_out, layer_in = layer_lever_bytes(sh, triton_norm=triton_norm, norm_residual=norm_residual,
+                                            bias_gelu=bias_gelu, dropout_add=dropout_add, qkv_pack=qkv_pack)
     a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
     for st in stages:
         last = st.index == p - 1
@@ -589,6 +612,9 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         if sh.rope:  # the rotated query and key channels, forward (again when recomputed) and backward
             x += (passes / 3) * st.layers * b * s * (h + sh.kv) / t * (
                 steptime.ROPE_BYTES_COMPILED if compiled_rope else steptime.ROPE_BYTES)
+        # the layer's kernels megalab's levers replace, where they do not run: on the whole hidden state (split by
+        # TP only with SP) and inside the tensor-parallel region
+        x += st.layers * passes / 3 * b * s * h * (layer_out / (t if e.sp else 1) + layer_in / t)
         hbm_s.append(x / hbm)
         outside = steptime.ELEMENTWISE_OUTSIDE_TP  # the whole hidden state: split by TP only with SP
         elementwise.append(st.layers * passes / 3 * b * s * h * (outside / (t if e.sp else 1) + (1 - outside) / t) / hbm)
@@ -624,6 +650,8 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     opt_params = busiest.optimizer_bytes / BYTES_OPTIMIZER  # the parameters this GPU updates
     opt_bytes = steptime.OPT_BYTES_FUSED if fused_adam else steptime.OPT_BYTES_FOREACH
     opt_bytes += steptime.CLIP_BYTES_IN_ADAM if clip_in_adam and fused_adam else steptime.CLIP_BYTES
+    if fused_adam and not (flat_adam and not e.zero2):  # flat_adam serves Megatron's non-distributed optimizer only
+        opt_bytes += steptime.OPT_BYTES_PER_TENSOR
     optimizer_s = (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
     dp = e.dp * cp
     dp_comm = 0.0
@@ -735,7 +763,8 @@ def render(est: Estimate) -> str:
 
 # The fast-path levers estimate() has a term for (its keyword arguments of the same names).
 LEVER_ARGS = ("fused_adam", "grouped_gemm", "bf16_ce", "addmm_bias", "fused_wgrad", "compiled_rope", "clip_in_adam",
-              "embed_wgrad", "sdpa_gqa", "dropout_add")
+              "embed_wgrad", "sdpa_gqa", "dropout_add", "flat_adam", "triton_norm", "norm_residual", "bias_gelu",
+              "qkv_pack")
 
 
 def lever_flags(fast) -> dict[str, bool]:

@@ -11,9 +11,11 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   their HBM bytes over the datasheet bandwidth: ELEMENTWISE_BYTES per token, hidden unit and layer
   (norms, activation, dropout-adds, casts and copies: 119 of the 374 GPU ms of row 111's profile in
   results/bench, which GEMM_EFF_MAX used to stand in for; the share ELEMENTWISE_OUTSIDE_TP of it acts
-  on the whole hidden state, which tensor parallelism splits only with SP), and the two the fast path's
-  levers change: the loss over the
-  logits (LOSS_BYTES_PER_LOGIT, or LOSS_BYTES_PER_LOGIT_BF16_CE with bf16_ce), the QKV bias added
+  on the whole hidden state, which tensor parallelism splits only with SP), and those the fast path's
+  levers change: the layer's norms, bias-GeLU, bias-dropout-adds and QKV split where megalab's kernels do not run
+  (TORCH_NORM_BYTES or TORCH_RMSNORM_BYTES, RESIDUAL_ADD_BYTES, BIAS_GELU_BYTES, DROPOUT_ADD_BYTES, QKV_CAT_BYTES
+  per token, hidden unit and layer: none with triton_norm, norm_residual, bias_gelu, dropout_add, qkv_pack), the
+  loss over the logits (LOSS_BYTES_PER_LOGIT, or LOSS_BYTES_PER_LOGIT_BF16_CE with bf16_ce), the QKV bias added
   in a pass of its own (BIAS_ADD_BYTES, none with addmm_bias or without biases), each weight gradient's
   add into the fp32 main_grad (WGRAD_ADD_BYTES per parameter and micro-batch, none with fused_wgrad) and
   the rotary embedding of a RoPE model (ROPE_BYTES, or ROPE_BYTES_COMPILED with compiled_rope), and the word
@@ -28,7 +30,8 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   expert without grouped GEMMs) at LAUNCH_US each. The GPU cannot run ahead of its launches, so a
   micro-batch takes max(GPU time, CPU time): a small batch is launch-bound (101: GBS 1).
 * The pipeline: (m + (p - 1) / v) micro-batch times per step (1F1B, interleaved with v chunks).
-* Per step: the optimizer's HBM traffic (bytes per parameter it updates / HBM bandwidth), the
+* Per step: the optimizer's HBM traffic (bytes per parameter it updates / HBM bandwidth; OPT_BYTES_PER_TENSOR
+  more without flat_adam), the
   data-parallel gradient reduction beyond what the backward pass hides (Megatron overlaps it:
   --overlap-grad-reduce), and STEP_OVERHEAD_MS (grad-norm sync, the optimizer's launches, logging).
 
@@ -51,13 +54,13 @@ import math
 from typing import Any, Iterable
 
 # ---- fitted on the calibration set (results/validation.py fit_steptime; tests/test_estimate.py re-fits and compares)
-GEMM_EFF_MAX = 0.6  # the efficiency a large bf16 GEMM reaches, of the dense peak
-GEMM_HALF_MNK = 3.52e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
+GEMM_EFF_MAX = 0.611  # the efficiency a large bf16 GEMM reaches, of the dense peak
+GEMM_HALF_MNK = 3.07e9  # M*N*K at which a GEMM reaches half of GEMM_EFF_MAX
 LAUNCH_US = 74.5  # CPU time per kernel launch (Python, Megatron, the CUDA driver), microseconds
 COMM_CALL_US = 100.0  # the host's time per collective or p2p call outside a CUDA graph, beside its bytes
 MOE_LAYER_MS = 24.8  # one MoE layer's routing and token dispatch per micro-batch (host syncs, permutes)
-STEP_OVERHEAD_MS = 10.1  # per step, besides the optimizer's memory traffic
-ELEMENTWISE_BYTES = 217.0  # HBM bytes the non-GEMM kernels move per token, hidden unit and layer (fwd + bwd)
+STEP_OVERHEAD_MS = 9.69  # per step, besides the optimizer's memory traffic
+ELEMENTWISE_BYTES = 163.0  # HBM bytes the non-GEMM kernels no lever changes move per token, hidden unit and layer
 
 # ---- hand-derived (not fitted)
 # Kernels one layer launches per micro-batch on megalab's TE-free spec, forward + backward: about 22 in
@@ -70,6 +73,11 @@ KERNELS_PER_EXPERT = 12  # SequentialMLP: fc1, activation, fc2 per expert, forwa
 # each elementwise step a pass of its own (about 3x). Every parameter also has its gradient read for the
 # norm and zeroed (8) whatever the optimizer shards.
 OPT_BYTES_FUSED, OPT_BYTES_FOREACH, GRAD_BYTES = 30, 90, 8
+# Without flat_adam (a distributed optimizer always runs without it) fused AdamW walks Megatron's per-tensor list and
+# Megatron then copies each master into its bf16 weight, a kernel per tensor: 21.35 against flat_adam's 15.79 ms
+# a step over GPT-2 XL's 1.56e9 parameters (results/bench/flat-adam-microbench.txt, no clip), 12 bytes a parameter
+# more at 3.35 TB/s.
+OPT_BYTES_PER_TENSOR = 12
 # Clipping by total norm (every catalog run clips: early gradients are far above --clip-grad 1.0) scales
 # each fp32 gradient in a pass of its own, a read and a write (8); with clip_in_adam fused AdamW's kernel
 # divides by the coefficient and writes the unscaled gradient back, as it does for GradScaler (4).
@@ -109,6 +117,24 @@ EMBED_GRAD_BYTES = 12
 # 3.35 TB/s, 34e-6 x 3.35e12 / (2048 x 2048) = 27. (Row 600's runs agree: 4-6 ms a step over 16 layers x 8
 # micro-batches.)
 GQA_REPEAT_BYTES = 27
+# The layer's kernel levers (megalab/runtime: triton_norm, norm_residual, bias_gelu, dropout_add, qkv_pack) and
+# what the kernels each replaces move beyond theirs, per token and hidden unit of a layer, forward and backward,
+# at the datasheet's 3.35 TB/s (effective figures, as the loss's), from their microbenchmarks at row 111's shape
+# (15360 tokens x hidden 1600, where 1 us a layer is 0.136 bytes); none where the lever runs, and only where
+# the layer has that kernel:
+#   torch's two LayerNorms, 189 against triton_norm's 122 us each (results/bench/triton-norm-microbench.txt): 18;
+#   two RMSNorms at Llama-style 8 x 2560, micro-batch 2 (4096 tokens: 1 us is 0.32 bytes), 66 against 51 us: 10;
+#   the residual's gradient added to the norm's in a pass of its own, by hand: a read of two bf16 [tokens, h]
+#   tensors and a write of one, less the read norm_residual's kernel adds, for each of the two norms: 8;
+#   Megatron's bias-GeLU, 417 against 364 us (bias-gelu-microbench.txt, the 64 x 64 tile), on the 4h-wide MLP: 7;
+#   Megatron's two bias-dropout-adds, 182 against 158 us each (dropout-add-microbench.txt): 6.5 (counted
+#   wherever the lever is off: a run whose hidden dropout is 0 is overcounted, since its record does not say);
+#   the QKV gradient's cat and its bias's sum, 170 against 125 us (qkv-split-microbench.txt), with a QKV bias: 6.
+TORCH_NORM_BYTES, TORCH_RMSNORM_BYTES = 18, 10
+RESIDUAL_ADD_BYTES = 8
+BIAS_GELU_BYTES = 7
+DROPOUT_ADD_BYTES = 6.5
+QKV_CAT_BYTES = 6
 # Of the elementwise bytes, the share that acts on the whole [s, b, h] hidden state (the two norms and
 # the two bias-dropout-adds with their residual gradients, about 56 of the ~128 bytes per token and
 # hidden unit a layer's unfused kernels move forward and backward; the GeLU over the 4h-wide MLP and the
