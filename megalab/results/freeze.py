@@ -20,8 +20,8 @@ from megalab.core.schema import stamp
 
 # The commit that set today's step-time constants, and its commit time (what decides where git cannot:
 # a tree copied without .git).
-FROZEN_AT = "1bd634100e9df8cebecc12fc06c3e751a33929ba"
-FROZEN_TIME = "2026-11-26T21:04:37+00:00"
+FROZEN_AT = "094066e4f69ceea2a66afb7cd54430fc78d09e8e"
+FROZEN_TIME = "2026-11-27T06:30:48+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
