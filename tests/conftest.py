@@ -267,13 +267,13 @@ def pin_code(monkeypatch):
 @pytest.fixture
 def before_layer_levers(monkeypatch):
     """The default as it was before the eleventh session: without bias_gelu and norm_residual for GPT-2's layer (nor the
-    twelfth session's dropout_add, nor the thirteenth's qkv_pack)."""
+    twelfth session's dropout_add, nor the thirteenth's qkv_pack, nor the seventeenth's sdpa_gqa for GQA presets)."""
     from megalab.core import variables
     from megalab.runtime import levers
 
     from megalab.results import predicted
 
-    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL, levers.DROPOUT_ADD, levers.QKV_PACK)
+    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL, levers.DROPOUT_ADD, levers.QKV_PACK, levers.SDPA_GQA)
     real = variables.default_fast
     monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
     # the pages' predictions are planned once per process with the default's levers (dropout_add moves the memory

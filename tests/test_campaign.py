@@ -149,8 +149,10 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
 
 def test_todays_runs_are_the_sixteenth_sessions_launches():
     """After the sixteenth session's runtime change (the opt-in lever zero_overlap), today's runs are its launches on
-    one-GPU H100s: three each of 111, 112, 101 and 600 (the default, which zero_overlap did not join), one of each
-    one-GPU chapter row, 301's out-of-memory included, and every row of more GPUs waits for a campaign."""
+    one-GPU H100s: three each of 111, 112 and 101 (the default, which zero_overlap did not join), one of each
+    one-GPU chapter row, 301's out-of-memory included, and every row of more GPUs waits for a campaign. 600's three
+    are the seventeenth session's, with sdpa_gqa, which then joined its default (its sixteenth-session launches are
+    older now)."""
     today = campaign.todays_runs()
     for row in ("111", "112", "101", "600"):
         assert today[catalog.get(row).id] == (3, False)

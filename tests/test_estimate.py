@@ -304,6 +304,16 @@ def test_step_constants_are_fitted_on_the_calibration_set_only(steps):
     assert V.fit_steptime([r for r in steps if r["set"] == V.CALIBRATION]) == steptime.fitted()
 
 
+def test_calibration_runs_since_the_freeze_wait_for_the_next_refit(steps):
+    """Today's constants are the fit of the calibration runs made before the freeze (so they re-derive from the
+    records whatever runs since); the page says how many wait for the next refit and what it would give."""
+    waiting = [r for r in steps if r["set"] == V.CALIBRATION and r["after_freeze"]]
+    assert waiting  # the seventeenth session's trial runs of 600 and beyond the catalog, among others
+    assert V.fit_steptime(steps) == V.fit_steptime([r for r in steps if r not in waiting]) == steptime.fitted()
+    assert f"{len(waiting)} calibration runs made since the freeze wait for the next refit" in "\n".join(
+        V.step_section(steps))
+
+
 def test_estimate_page_is_up_to_date(steps, rows):
     text = V.validation_table(ROOT, rows, steps)
     assert (ROOT / "results" / "estimate-vs-measured.md").read_text() == text, \

@@ -165,9 +165,12 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     micro-batch (41.3-41.4 vs 41.8-43.8 ms) and Llama-style 8 x 2560 at 4 micro-batches (183 vs 184-185 ms);
 #     101 within noise (56.3-57.4 vs 57.3-59.0). Over the fourth session's default it paid on 101 (59.3-59.7 vs
 #     60.2-64.4) and Llama-style 8 x 2560 (181-182 vs 183-184); slower nowhere it was tried.
-# Tried and left opt-in: sdpa_gqa (one H100, 2026-11-26) pays on 600 on two machines (288-289 vs 292-293 ms,
-# 289-290 vs 294-296) and at sequence 4096 (289 vs 292), but beyond the catalog it passed the rule by 0.3 ms at
-# Llama-style 8 x 2560 (188-190 vs 190) and overlapped at 24 x 1536 (235-237 vs 235-241): one clear case.
+#   - sdpa_gqa (one H100, GPU-d13b65e7, 2026-11-27, seventeenth session; alternating), for a dense preset with
+#     grouped-query attention (fewer K/V heads than query heads): over the default, 600 284.7, 285.0, 286.1 vs
+#     289.0, 289.4 ms; beyond the catalog Llama-style 8 x 2560 at 2 micro-batches of 2 183.3, 183.8 vs 185.1, 185.4,
+#     600 at sequence 4096 281.1, 281.4 vs 284.4, 284.8, and 24 x 1536 224.2 vs 230.6 (one a side). Loss: the first
+#     steps within 2.5e-4 of the base's. In 2026-11-26's seventh session, over that day's default, it paid on 600 but
+#     passed the rule by 0.3 ms at 8 x 2560 and overlapped at 24 x 1536, so it stayed opt-in until tried again.
 #   - triton_norm (one H100 per call, 2026-11-26, ninth session), every preset (megalab's Norm): its kernels take
 #     122 against torch's 189 us a LayerNorm at 111's shape (results/bench/triton-norm-microbench.txt). 111
 #     346-347 vs 350-351 ms (two a side, one machine), 600 289-290 vs 290-292; beyond the catalog 101 at
@@ -219,7 +222,7 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then bias_gelu, dropout_add and qkv_pack for a dense
     GeLU MLP with biases and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
     compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
-    from the output layer, grouped_gemm where a MoE preset asks for
+    from the output layer, sdpa_gqa for a dense model with grouped-query attention, grouped_gemm where a MoE preset asks for
     moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
     provenance and `python -m megalab plan` all read it here."""
     cfg = model_cfg or {}
@@ -229,10 +232,13 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     # measured to pay)
     gelu_bias = not moe and not cfg.get("swiglu") and not cfg.get("disable_bias_linear")
     layernorm = not moe and cfg.get("normalization", "LayerNorm") == "LayerNorm"
+    heads = cfg.get("num_attention_heads")
+    gqa = not moe and heads is not None and int(cfg.get("num_query_groups", heads)) < int(heads)
     return (DEFAULT_FAST + ((levers.BIAS_GELU, levers.DROPOUT_ADD, levers.QKV_PACK) if gelu_bias else ())
             + ((levers.NORM_RESIDUAL,) if layernorm else ())
             + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
             + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
+            + ((levers.SDPA_GQA,) if gqa else ())
             + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ()))
 
 

@@ -292,6 +292,8 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
         step_set = step_set_of(d, rec, root)
         rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": step_set,
                      "seen": d == HOLDOUT_DIR and step_set == CALIBRATION,  # out of catalog, before the freeze
+                     # ran with today's frozen constants: the fit that set them never saw it
+                     "after_freeze": freeze.after_freeze(rec.versions.megalab_commit, rec.started, root),
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
                      "fastpath": rec.config.fastpath or "none",
                      "features": est.step, "model_key": dataclasses.astuple(est.step),
@@ -304,14 +306,16 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def fit_steptime(rows: list[dict[str, Any]]) -> dict[str, float]:
+def fit_steptime(rows: list[dict[str, Any]], since_freeze: bool = False) -> dict[str, float]:
     """steptime's constants fitted on the calibration rows only (the held-out rows never enter), one point per
     model input (`model_key`) at the median of its runs' steps: runs of one input are repeats of one measurement,
     and counted one by one a target launched dozens of times while its levers were tried would outweigh the rest
-    (the twelfth session's refit, counting runs, lost held-out accuracy: median 6.8% to 10.3%)."""
+    (the twelfth session's refit, counting runs, lost held-out accuracy: median 6.8% to 10.3%). The calibration
+    runs made before the freeze (freeze.FROZEN_AT) set today's constants; those made since wait for the next refit
+    and freeze (`since_freeze`: with them)."""
     points: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
-        if r["set"] == CALIBRATION:
+        if r["set"] == CALIBRATION and (since_freeze or not r["after_freeze"]):
             points.setdefault(r["model_key"], []).append(r)
     return steptime.fit([rs[0]["features"] for rs in points.values()],
                         [statistics.median(r["meas_ms"] for r in rs) / 1e3 for rs in points.values()])
@@ -527,6 +531,8 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
     consts = steptime.fitted()
     calib = [r for r in steps if r["set"] == CALIBRATION]
     refit = fit_steptime(steps) if calib else consts
+    waiting = [r for r in calib if r["after_freeze"]]
+    later = fit_steptime(steps, since_freeze=True) if waiting else consts
     seen = [r for r in steps if r.get("seen")]
     after = [r for r in steps if r["set"] == OUT_OF_CATALOG]
     out = [
@@ -554,9 +560,13 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
         "session) raised the held-out unseen median error from 6.8% to 10.3%: the held-out figures below informed "
         "that one choice, so they are not wholly blind to it. Constants: "
         + ", ".join(f"{k}={consts[k]:g}" for k in steptime.CONSTANTS)
-        + (" (a refit on today's calibration records gives the same)." if refit == consts else
-           " (a refit on today's calibration records gives " + ", ".join(f"{k}={refit[k]:g}" for k in steptime.CONSTANTS)
-           + ": store them in steptime.py)."),
+        + (" (a refit on the calibration records made before the freeze gives the same)." if refit == consts else
+           " (a refit on the calibration records made before the freeze gives "
+           + ", ".join(f"{k}={refit[k]:g}" for k in steptime.CONSTANTS) + ": store them in steptime.py).")
+        + (f" {len(waiting)} calibration run{'s' * (len(waiting) != 1)} made since the freeze wait{'s' * (len(waiting) == 1)} "
+           "for the next refit and freeze" + (", which with them would give " + ", ".join(
+               f"{k}={later[k]:g}" for k in steptime.CONSTANTS if later[k] != consts[k]) if later != consts else
+            ", which would give the same") + "." if waiting else ""),
         "",
         f"The constants were frozen at commit {freeze.FROZEN_AT[:7]} ({freeze.FROZEN_TIME[:16].replace('T', ' ')} "
         "UTC; megalab/results/freeze.py, which tests/test_estimate.py keeps at the commit whose steptime.py "
@@ -575,7 +585,9 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
             f"{error_summary([r['err'] for r in sel])}; the old constant {DEFAULT_MFU:.0%} MFU guess on the same "
             f"runs: {error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in sel])}" if sel else "no runs yet"))
     on, off = lever_bias(steps)
-    bare = steptime.fit([_no_lever_terms(r) for r in calib], [r["meas_ms"] / 1e3 for r in calib]) if calib else consts
+    fitted_on = [r for r in calib if not r["after_freeze"]]  # what set today's constants
+    bare = (steptime.fit([_no_lever_terms(r) for r in fitted_on], [r["meas_ms"] / 1e3 for r in fitted_on])
+            if fitted_on else consts)
     on0, off0 = lever_bias(steps, bare, _no_lever_terms)
     out += [
         "",
