@@ -494,15 +494,21 @@ def _signed_median(errs: list[float]) -> str:
     return f"{med if round(med, 3) else 0.0:+.1%} over {len(errs)} run{'s' * (len(errs) != 1)}"  # no -0.0%
 
 
+# The levers whose terms the page's "What the levers' terms explain" tests, group by group: the loss's and the bias
+# add's (default since 26e1d33), and the layer's kernels (triton_norm first, 2026-11-26's ninth session).
+LOSS_LEVERS = ("bf16_ce", "addmm_bias")
+LAYER_LEVERS = ("triton_norm", "norm_residual", "bias_gelu", "dropout_add", "qkv_pack")
+
+
 def lever_bias(steps: list[dict[str, Any]], consts: dict[str, float] | None = None,
-               features=lambda r: r["features"]) -> tuple[list[float], list[float]]:
-    """Signed errors of the 1-GPU H100 runs (one machine kind, no parallelism) with the loss or bias
-    levers on (bf16_ce, addmm_bias: today's defaults) and with neither (the older fast path)."""
+               features=lambda r: r["features"], group=LOSS_LEVERS) -> tuple[list[float], list[float]]:
+    """Signed errors of the 1-GPU H100 runs (one machine kind, no parallelism) with any lever of `group` on and with
+    none of them (an older fast path)."""
     on, off = [], []
     for r in steps:
         if r["gpus"] == 1 and "H100" in r["gpu"]:
             err = steptime.step_seconds(features(r), consts) * 1e3 / r["meas_ms"] - 1
-            (on if {"bf16_ce", "addmm_bias"} & set(r["fastpath"].split(",")) else off).append(err)
+            (on if set(group) & set(r["fastpath"].split(",")) else off).append(err)
     return on, off
 
 
@@ -585,18 +591,23 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
             f"{error_summary([r['err'] for r in sel])}; the old constant {DEFAULT_MFU:.0%} MFU guess on the same "
             f"runs: {error_summary([r['mfu_ms'] / r['meas_ms'] - 1 for r in sel])}" if sel else "no runs yet"))
     on, off = lever_bias(steps)
+    lay, unlay = lever_bias(steps, group=LAYER_LEVERS)
     fitted_on = [r for r in calib if not r["after_freeze"]]  # what set today's constants
     bare = (steptime.fit([_no_lever_terms(r) for r in fitted_on], [r["meas_ms"] / 1e3 for r in fitted_on])
             if fitted_on else consts)
     on0, off0 = lever_bias(steps, bare, _no_lever_terms)
+    lay0, unlay0 = lever_bias(steps, bare, _no_lever_terms, LAYER_LEVERS)
     out += [
         "",
         "What the levers' terms explain: bf16_ce and addmm_bias (default since 26e1d33) remove the loss's fp32 "
         "passes over the logits and the QKV bias add, work that changes no FLOPs. Priced through GEMM_EFF_MAX "
         "alone, the model cannot see them go. Signed median error of the 1-GPU H100 runs (one GPU kind, "
         f"no parallelism): with either lever {_signed_median(on)}, with neither {_signed_median(off)}; the "
-        f"same model without the two lever terms, refit on the same calibration set: {_signed_median(on0)} "
-        f"and {_signed_median(off0)}.",
+        "same model without its memory-bound lever terms (every one steptime prices by bytes a lever removes), refit "
+        f"on the same calibration set: {_signed_median(on0)} and {_signed_median(off0)}. The layer's kernel levers "
+        f"({', '.join(LAYER_LEVERS)}; their terms since 2026-11-27's seventeenth session) the same way: with any of "
+        f"them {_signed_median(lay)}, with none {_signed_median(unlay)}; without the lever terms {_signed_median(lay0)} "
+        f"and {_signed_median(unlay0)}.",
         "",
         *code_today_line(steps),
     ]
