@@ -4,8 +4,8 @@ committed run, written to results/estimate-vs-measured.md.
 Memory: the predicted peak per GPU against the NVML peak of every record under RECORD_DIRS, with a
 note where a run is further off than NOTE_ABOVE saying where the difference sits (Megatron's own
 memory line, its TensorBoard series). Step time: the step-time model (megalab/core/steptime.py) with
-constants fitted on the calibration set only, reported separately on the held-out and out-of-catalog
-sets.
+constants fitted on the calibration set only (its runs made before the constants' freeze: later ones wait for
+the next refit), reported separately on the held-out and out-of-catalog sets.
 
 Honest sets (issue 33): a held-out run whose model input equals a calibration run's (a twin: one
 prediction for both) is counted apart from the unseen ones; the memory allowances come from the
@@ -54,12 +54,12 @@ def set_of(records_dir: str, target: str) -> str:
     return OUT_OF_CATALOG if records_dir == HOLDOUT_DIR else split(target)
 
 
-def step_set_of(records_dir: str, rec: RunRecord, root: Path) -> str:
+def step_set_of(records_dir: str, target: str, after_freeze: bool) -> str:
     """The step-time set: a holdout run is OUT_OF_CATALOG when it ran after the freeze of today's
     constants (freeze.after_freeze), else CALIBRATION (a refit saw it); the rest split(target)."""
     if records_dir != HOLDOUT_DIR:
-        return split(rec.target)
-    return OUT_OF_CATALOG if freeze.after_freeze(rec.versions.megalab_commit, rec.started, root) else CALIBRATION
+        return split(target)
+    return OUT_OF_CATALOG if after_freeze else CALIBRATION
 
 
 def split(target: str) -> str:
@@ -289,11 +289,11 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
         est = estimate_record(rec)
         old = estimate(_record_layout(rec)[0], spec=est.spec, gpu_name=rec.gpu_name, mfu=DEFAULT_MFU,
                        model_cfg=_record_layout(rec)[1])
-        step_set = step_set_of(d, rec, root)
+        after = freeze.after_freeze(rec.versions.megalab_commit, rec.started, root)  # the fit never saw it
+        step_set = step_set_of(d, rec.target, after)
         rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": step_set,
                      "seen": d == HOLDOUT_DIR and step_set == CALIBRATION,  # out of catalog, before the freeze
-                     # ran with today's frozen constants: the fit that set them never saw it
-                     "after_freeze": freeze.after_freeze(rec.versions.megalab_commit, rec.started, root),
+                     "after_freeze": after,
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
                      "fastpath": rec.config.fastpath or "none",
                      "features": est.step, "model_key": dataclasses.astuple(est.step),
@@ -531,6 +531,16 @@ def _no_lever_terms(r: dict[str, Any]) -> steptime.Features:
     return dataclasses.replace(r["features"], hbm_s=tuple(0.0 for _ in r["features"].hbm_s))
 
 
+def _waiting_note(waiting: list[dict[str, Any]], later: dict[str, float], consts: dict[str, float]) -> str:
+    """How many calibration runs came after the freeze, and the constants a refit with them would change."""
+    if not waiting:
+        return ""
+    n = len(waiting)
+    moved = ", ".join(f"{k}={later[k]:g}" for k in steptime.CONSTANTS if later[k] != consts[k])
+    return (f" {n} calibration run{'s' * (n != 1)} made since the freeze wait{'s' * (n == 1)} for the next refit and "
+            f"freeze, which with them would give {moved or 'the same'}.")
+
+
 def step_section(steps: list[dict[str, Any]]) -> list[str]:
     """The page's step-time part: the model, its constants (stored and refitted) and their freeze, error
     per set (twins apart), what the levers' terms explain, rows."""
@@ -569,10 +579,7 @@ def step_section(steps: list[dict[str, Any]]) -> list[str]:
         + (" (a refit on the calibration records made before the freeze gives the same)." if refit == consts else
            " (a refit on the calibration records made before the freeze gives "
            + ", ".join(f"{k}={refit[k]:g}" for k in steptime.CONSTANTS) + ": store them in steptime.py).")
-        + (f" {len(waiting)} calibration run{'s' * (len(waiting) != 1)} made since the freeze wait{'s' * (len(waiting) == 1)} "
-           "for the next refit and freeze" + (", which with them would give " + ", ".join(
-               f"{k}={later[k]:g}" for k in steptime.CONSTANTS if later[k] != consts[k]) if later != consts else
-            ", which would give the same") + "." if waiting else ""),
+        + _waiting_note(waiting, later, consts),
         "",
         f"The constants were frozen at commit {freeze.FROZEN_AT[:7]} ({freeze.FROZEN_TIME[:16].replace('T', ' ')} "
         "UTC; megalab/results/freeze.py, which tests/test_estimate.py keeps at the commit whose steptime.py "
