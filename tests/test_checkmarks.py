@@ -117,18 +117,19 @@ def _runs_pinned_are_today(copy, capsys):
     capsys.readouterr()
     main(["check", "--root", str(copy)])
     said = capsys.readouterr().out
-    for path, line, claim in re.findall(r"(\S+\.md):(\d+): `([^`]+)` is \w[\w ]* on today's runs now", said):
+
+    def edit(path: str, line: str, change) -> None:  # one line of the copy's page, rewritten by `change`
         page = copy / path
         lines = page.read_text().split("\n")
-        lines[int(line) - 1] = re.sub(rf"<!-- check {re.escape(claim)}((?: [a-z-]+)*?) older((?: [a-z-]+)*) -->",
-                                      rf"<!-- check {claim}\1\2 -->", lines[int(line) - 1])
+        lines[int(line) - 1] = change(lines[int(line) - 1])
         page.write_text("\n".join(lines))
+
+    for path, line, claim in re.findall(r"(\S+\.md):(\d+): `([^`]+)` is \w[\w ]* on today's runs now", said):
+        edit(path, line, lambda text: re.sub(rf"<!-- check {re.escape(claim)}((?: [a-z-]+)*?) older((?: [a-z-]+)*) -->",
+                                             rf"<!-- check {claim}\1\2 -->", text))
     for path, line, claim in re.findall(r"(\S+\.md):(\d+): `([^`]+)` is \w[\w ]* on runs that are not all today's",
                                         said):
-        page = copy / path
-        lines = page.read_text().split("\n")
-        lines[int(line) - 1] = lines[int(line) - 1].replace(f"<!-- check {claim} -->", f"<!-- check {claim} older -->")
-        page.write_text("\n".join(lines))
+        edit(path, line, lambda text: text.replace(f"<!-- check {claim} -->", f"<!-- check {claim} older -->"))
     assert main(["tables", "--root", str(copy)]) == 0  # the copy's pages on those runs
 
 
