@@ -41,7 +41,9 @@ saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.
 beside addmm_bias, packs the QKV projection's gradient (the cat of the query, key and value gradients) and sums its
 bias's gradient in the same pass, which the linear layer's backward then skips (megalab/runtime/qkv_split.py); a
 twenty-first, `zero_overlap`, zeroes the grad buffer on a side stream beside the forward instead of ahead of it
-(megalab/runtime/zero_overlap.py).
+(megalab/runtime/zero_overlap.py); a twenty-second, `gelu_epilogue`, adds a GeLU MLP's fc1 bias and applies GeLU in
+fc1's GEMM epilogue, and GeLU's derivative in fc2's input-gradient GEMM, through cuBLASLt (nvmath-python;
+megalab/runtime/gelu_epilogue.py).
 Each is named in MEGALAB_FAST (FAST=... or all); the launcher's default turns on those that paid in the benchmark
 (megalab/core/variables.py, default_fast) and the rest stay opt-in, so a benchmark can show what each one buys.
 Every one computes the same function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
@@ -328,6 +330,11 @@ def apply(names: list[str]) -> list[str]:
 
         if bias_gelu.triton is not None and bias_gelu.install():
             applied.append("bias_gelu")
+    if "gelu_epilogue" in names:
+        from megalab.runtime import gelu_epilogue
+
+        if gelu_epilogue.install():
+            applied.append("gelu_epilogue")
     if "dropout_add" in names:
         from megalab.runtime import dropout_add
 

@@ -26,9 +26,11 @@ DROPOUT_ADD = "dropout_add"  # megalab/runtime/dropout_add.py: bias-dropout-add 
 QKV_PACK = "qkv_pack"  # megalab/runtime/qkv_split.py: the QKV gradient's cat and its bias's sum in one pass
 SDPA_GQA = "sdpa_gqa"  # megalab/runtime/spec.py: grouped-query attention read by the kernel, K/V not repeated
 ZERO_OVERLAP = "zero_overlap"  # megalab/runtime/zero_overlap.py: the grad buffer zeroed beside the forward
+GELU_EPILOGUE = "gelu_epilogue"  # megalab/runtime/gelu_epilogue.py: the MLP's bias and GeLU in cuBLASLt's epilogues
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", FUSED_WGRAD, "cudnn_sdpa", BF16_CE, ADDMM_BIAS,
            GROUPED_GEMM, COMPILED_ROPE, CLIP_IN_ADAM, EMBED_WGRAD, SDPA_GQA, FLAT_ADAM, DEVICE_NORM,
-           COMPILED_NORM, TRITON_NORM, BIAS_GELU, NORM_RESIDUAL, DROPOUT_ADD, QKV_PACK, ZERO_OVERLAP)
+           COMPILED_NORM, TRITON_NORM, BIAS_GELU, NORM_RESIDUAL, DROPOUT_ADD, QKV_PACK, ZERO_OVERLAP,
+           GELU_EPILOGUE)
 SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
