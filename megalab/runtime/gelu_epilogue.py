@@ -123,13 +123,13 @@ def _device_ok(x: torch.Tensor) -> bool:
     return Matmul is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
 
-def eligible(mlp, x: torch.Tensor, per_token_scale, kwargs) -> bool:
+def eligible(mlp, x: torch.Tensor, per_token_scale) -> bool:
     """A dense GeLU MLP with biases on one tensor-parallel rank, built from the local spec's linear layers, its
-    widths multiples of 8."""
+    widths multiples of 8. (Megatron's dense MLP ignores its other keyword arguments, the layer's padding_mask.)"""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
     c, fc1, fc2 = mlp.config, mlp.linear_fc1, mlp.linear_fc2
-    return (per_token_scale is None and not kwargs and _device_ok(x) and x.is_contiguous()
+    return (per_token_scale is None and _device_ok(x) and x.is_contiguous()
             and type(fc1) is ColumnParallelLinear and type(fc2) is RowParallelLinear and not fc1.is_expert
             and fc1.weight.shape[0] % 8 == 0 and fc1.weight.shape[1] % 8 == 0  # cuBLASLt's 16-byte alignment
             and c.bias_activation_fusion and not c.use_te_activation_func and mlp.activation_func is F.gelu
@@ -139,11 +139,17 @@ def eligible(mlp, x: torch.Tensor, per_token_scale, kwargs) -> bool:
 
 
 _MEGATRON_FORWARD = None
+_SAID: set = set()  # which of on/off the log has said: a run's log shows whether its MLPs took the epilogues
 
 
 def forward(self, hidden_states, per_token_scale=None, **kwargs):
     """Megatron's MLP.forward, with the epilogues where eligible."""
-    if not eligible(self, hidden_states, per_token_scale, kwargs):
+    ok = eligible(self, hidden_states, per_token_scale)
+    if ok not in _SAID:
+        _SAID.add(ok)
+        print(f"megalab: gelu_epilogue {'on: cuBLASLt epilogues' if ok else 'off: Megatron forward'} for an MLP of "
+              f"hidden {hidden_states.shape[-1]}", flush=True)
+    if not ok:
         return _MEGATRON_FORWARD(self, hidden_states, per_token_scale, **kwargs)
     fc1, fc2 = self.linear_fc1, self.linear_fc2
     out = _GeLUMLP.apply(hidden_states, fc1.weight, fc1.bias, fc2.weight,
