@@ -209,6 +209,14 @@ PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "word
 #     GPT-2 24 x 2048 at 111's batch 255.1, 255.4 vs 256.4, 257.0 and 101 at micro-batch 14 317.4, 317.2 vs 319.1,
 #     319.3. Loss: the same function (tests/test_qkv_split.py), the first five steps within 3.2e-5 of the base's.
 #     Without a bias (Llama-style) the pack alone is slower than the cat, so the split stays torch's there.
+#   - gelu_epilogue (one H100, GPU-14f14cd5, 2026-11-27, eighteenth session; alternating), for the GPT-2 layer
+#     bias_gelu serves (a dense GeLU MLP with biases): fc1's bias and GeLU in cuBLASLt's GEMM epilogue and GeLU's
+#     derivative in fc2's input-gradient GEMM (nvmath-python; without it the lever is not applied). Its GEMMs against
+#     today's kernels at 111's shape: 0.05 ms a layer forward, 0.13 ms backward (results/bench/
+#     gelu-epilogue-microbench.txt). Over the default: 111 329.8, 331.4, 330.3 vs 336.8, 336.8 ms; 112 1267.7, 1269.8,
+#     1262.6 vs 1282.6, 1289.0; beyond the catalog GPT-2 24 x 2048 at 111's batch 250.7, 251.0 vs 254.4, 254.4 and 101
+#     at micro-batch 14 312.4, 311.9 vs 315.0, 315.2. Appended last, so a launch with FAST set to the old default and
+#     gelu_epilogue is a launch of the new default.
 # Tried and left opt-in: zero_overlap (one H100, GPU-f96ff3f2, 2026-11-27, sixteenth session; alternating): the grad
 # buffer's zeroing (1.9 ms a step at 111 in its profile) moved beside the forward bought nothing over the default:
 # 101 56.3, 56.1, 56.1 vs 56.2, 56.3, 55.2 ms; 111 339.5, 339.4 vs 339.6, 338.9, 339.3. Likely why: with the CUDA
@@ -223,7 +231,7 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     GeLU MLP with biases and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
     compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
     from the output layer, sdpa_gqa for a dense model with grouped-query attention, grouped_gemm where a MoE preset asks for
-    moe_grouped_gemm (without TE it is that flag's substitute). The launcher (plan.fast_levers), a record's
+    moe_grouped_gemm (without TE it is that flag's substitute), and last gelu_epilogue for GPT-2's MLP again. The launcher (plan.fast_levers), a record's
     provenance and `python -m megalab plan` all read it here."""
     cfg = model_cfg or {}
     moe = bool(num_experts)
@@ -239,7 +247,8 @@ def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
             + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
             + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
             + ((levers.SDPA_GQA,) if gqa else ())
-            + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ()))
+            + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ())
+            + ((levers.GELU_EPILOGUE,) if gelu_bias else ()))
 
 
 def fast_names(value: str) -> list[str]:
