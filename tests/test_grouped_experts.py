@@ -294,4 +294,4 @@ def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
     assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath.split(",")
     assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath.split(",")
     # dense GPT-2: its layer's levers and the fused wgrad too
-    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST + ",bias_gelu,dropout_add,qkv_pack,norm_residual,fused_wgrad"
+    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST + ",bias_gelu,dropout_add,qkv_pack,norm_residual,fused_wgrad,gelu_epilogue"

@@ -433,7 +433,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
              addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False,
              clip_in_adam: bool = False, embed_wgrad: bool = False, sdpa_gqa: bool = False,
              dropout_add: bool = False, flat_adam: bool = False, triton_norm: bool = False,
-             norm_residual: bool = False, bias_gelu: bool = False, qkv_pack: bool = False) -> Estimate:
+             norm_residual: bool = False, bias_gelu: bool = False, qkv_pack: bool = False,
+             gelu_epilogue: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
@@ -522,7 +523,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
                                  addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope,
                                  clip_in_adam=clip_in_adam, embed_wgrad=embed_wgrad, sdpa_gqa=sdpa_gqa,
                                  dropout_add=dropout_add, flat_adam=flat_adam, triton_norm=triton_norm,
-                                 norm_residual=norm_residual, bias_gelu=bias_gelu, qkv_pack=qkv_pack)
+                                 norm_residual=norm_residual, bias_gelu=bias_gelu, qkv_pack=qkv_pack,
+                                 gelu_epilogue=gelu_epilogue)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -537,17 +539,21 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
 
 
 def layer_lever_bytes(sh: Shape, *, triton_norm: bool, norm_residual: bool, bias_gelu: bool, dropout_add: bool,
-                      qkv_pack: bool) -> tuple[float, float]:
+                      qkv_pack: bool, gelu_epilogue: bool = False) -> tuple[float, float]:
     """HBM bytes per token, hidden unit and layer that the layer's kernels move where megalab's lever for them is
     off (steptime.TORCH_NORM_BYTES and the rest): (on the whole hidden state, inside the tensor-parallel region).
     A lever counts only where the layer has its kernel: bias_gelu for a dense GeLU MLP with biases, qkv_pack for a
-    QKV bias, norm_residual beside triton_norm."""
+    QKV bias, norm_residual beside triton_norm. gelu_epilogue (where it runs: the caller says, one tensor-parallel
+    rank) replaces bias_gelu's kernels and counts as the bytes it moves fewer than they do."""
     rms = sh.norm == 1
     dense_gelu = not sh.num_experts and not sh.swiglu and sh.bias
     out = 0.0 if triton_norm else (steptime.TORCH_RMSNORM_BYTES if rms else steptime.TORCH_NORM_BYTES)
     out += 0.0 if triton_norm and norm_residual else steptime.RESIDUAL_ADD_BYTES
     out += 0.0 if dropout_add else steptime.DROPOUT_ADD_BYTES
-    inside = steptime.BIAS_GELU_BYTES if dense_gelu and not bias_gelu else 0.0
+    if dense_gelu and gelu_epilogue:
+        inside = -steptime.GELU_EPILOGUE_BYTES
+    else:
+        inside = steptime.BIAS_GELU_BYTES if dense_gelu and not bias_gelu else 0.0
     inside += steptime.QKV_CAT_BYTES if sh.bias and not qkv_pack else 0.0
     return out, inside
 
@@ -558,7 +564,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
                   compiled_rope: bool = False, clip_in_adam: bool = False,
                   embed_wgrad: bool = False, sdpa_gqa: bool = False, dropout_add: bool = False,
                   flat_adam: bool = False, triton_norm: bool = False, norm_residual: bool = False,
-                  bias_gelu: bool = False, qkv_pack: bool = False) -> steptime.Features:
+                  bias_gelu: bool = False, qkv_pack: bool = False, gelu_epilogue: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -575,7 +581,8 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     full = gran == "full"
     act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
     layer_out, layer_in = layer_lever_bytes(sh, triton_norm=triton_norm, norm_residual=norm_residual,
-                                            bias_gelu=bias_gelu, dropout_add=dropout_add, qkv_pack=qkv_pack)
+                                            bias_gelu=bias_gelu, dropout_add=dropout_add, qkv_pack=qkv_pack,
+                                            gelu_epilogue=gelu_epilogue and t == 1 and not e.sp)
     a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
     for st in stages:
         last = st.index == p - 1
@@ -764,7 +771,7 @@ def render(est: Estimate) -> str:
 # The fast-path levers estimate() has a term for (its keyword arguments of the same names).
 LEVER_ARGS = ("fused_adam", "grouped_gemm", "bf16_ce", "addmm_bias", "fused_wgrad", "compiled_rope", "clip_in_adam",
               "embed_wgrad", "sdpa_gqa", "dropout_add", "flat_adam", "triton_norm", "norm_residual", "bias_gelu",
-              "qkv_pack")
+              "qkv_pack", "gelu_epilogue")
 
 
 def lever_flags(fast) -> dict[str, bool]:

@@ -135,6 +135,12 @@ RESIDUAL_ADD_BYTES = 8
 BIAS_GELU_BYTES = 7
 DROPOUT_ADD_BYTES = 6.5
 QKV_CAT_BYTES = 6
+# gelu_epilogue (megalab/runtime/gelu_epilogue.py) replaces bias_gelu's path for a dense GeLU MLP with biases, on one
+# tensor-parallel rank: fc1's GEMM and Megatron's bias-GeLU 563 against GELU_AUX_BIAS's 516 us, fc2's input-gradient
+# GEMM and bias_gelu's backward 709 against DGELU's 497 and the bias's sum's 79 us, back to back
+# (results/bench/gelu-epilogue-microbench.txt): 180 us a layer at row 111's shape, 24.5 bytes fewer. Counted as
+# bytes fewer where it runs rather than more where it does not: no run the constants were fitted on had it.
+GELU_EPILOGUE_BYTES = 24.5
 # Of the elementwise bytes, the share that acts on the whole [s, b, h] hidden state (the two norms and
 # the two bias-dropout-adds with their residual gradients, about 56 of the ~128 bytes per token and
 # hidden unit a layer's unfused kernels move forward and backward; the GeLU over the 4h-wide MLP and the
