@@ -406,7 +406,13 @@ def test_lever_terms_follow_the_levers():
                                                                 "sdpa_gqa": False, "dropout_add": False,
                                                                 "flat_adam": False, "triton_norm": False,
                                                                 "norm_residual": False, "bias_gelu": False,
-                                                                "qkv_pack": False}
+                                                                "qkv_pack": False, "gelu_epilogue": False}
+    # gelu_epilogue: GeLU's passes fewer where its MLP runs (GPT-2's, one tensor-parallel rank); Llama has none
+    assert (E.estimate(gpt, fused_adam=True, bias_gelu=True, gelu_epilogue=True).step_ms
+            < E.estimate(gpt, fused_adam=True, bias_gelu=True).step_ms)
+    assert E.estimate(llama, gelu_epilogue=True).step_ms == E.estimate(llama).step_ms
+    tp2 = catalog.get("212-weak-scale-tp2-gpt2-2.5B-paper")
+    assert E.estimate(tp2, gelu_epilogue=True).step_ms == E.estimate(tp2).step_ms
     # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
     gpt, llama = catalog.get("112"), catalog.get("600")
     g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
