@@ -264,41 +264,37 @@ def pin_code(monkeypatch):
     return pin
 
 
+def _default_without(monkeypatch, later: tuple[str, ...]):
+    """FAST's default with the levers that joined it later taken out, for the test; the pages' predictions are planned
+    once per process with the default's levers (dropout_add moves the memory estimate): none made under this default
+    may outlive the test."""
+    from megalab.core import variables
+    from megalab.results import predicted
+
+    real = variables.default_fast
+    monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
+    predicted._predicted.cache_clear()
+    yield
+    predicted._predicted.cache_clear()
+
+
 @pytest.fixture
 def before_layer_levers(monkeypatch):
     """The default as it was before the eleventh session: without bias_gelu and norm_residual for GPT-2's layer (nor the
     twelfth session's dropout_add, nor the thirteenth's qkv_pack, nor the seventeenth's sdpa_gqa for GQA presets, nor
     the eighteenth's gelu_epilogue)."""
-    from megalab.core import variables
     from megalab.runtime import levers
 
-    from megalab.results import predicted
-
-    later = (levers.BIAS_GELU, levers.NORM_RESIDUAL, levers.DROPOUT_ADD, levers.QKV_PACK, levers.SDPA_GQA,
-             levers.GELU_EPILOGUE)
-    real = variables.default_fast
-    monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
-    # the pages' predictions are planned once per process with the default's levers (dropout_add moves the memory
-    # estimate): none made under this default may outlive the test
-    predicted._predicted.cache_clear()
-    yield
-    predicted._predicted.cache_clear()
+    yield from _default_without(monkeypatch, (levers.BIAS_GELU, levers.NORM_RESIDUAL, levers.DROPOUT_ADD,
+                                              levers.QKV_PACK, levers.SDPA_GQA, levers.GELU_EPILOGUE))
 
 
 @pytest.fixture
 def before_gelu_epilogue(monkeypatch):
     """The default as it was before the eighteenth session: without gelu_epilogue for GPT-2's layer."""
-    from megalab.core import variables
     from megalab.runtime import levers
 
-    from megalab.results import predicted
-
-    real = variables.default_fast
-    monkeypatch.setattr(variables, "default_fast",
-                        lambda n, cfg: tuple(x for x in real(n, cfg) if x != levers.GELU_EPILOGUE))
-    predicted._predicted.cache_clear()  # as before_layer_levers: no prediction of this default outlives the test
-    yield
-    predicted._predicted.cache_clear()
+    yield from _default_without(monkeypatch, (levers.GELU_EPILOGUE,))
 
 
 @pytest.fixture

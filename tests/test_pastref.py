@@ -62,17 +62,13 @@ def test_without_todays_run_code_the_newest_codes_launches_are_marked_older(monk
     assert all(int(r[2].split("(")[1].split()[0]) >= 3 for r in ran.values())  # still a campaign's launches
 
 
-def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_code, monkeypatch):
+def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_code, before_gelu_epilogue):
     """Today's code (the eighteenth session's) ran no earlier commit on its goals' machine: no rows. With the fifteenth
     session's code pinned as today's, and its default (before gelu_epilogue), its 111 ran twice at the commit before
     its change (0c57b23) between three launches of its own code on one H100: that is the one before and after; 101,
     112 and 600 ran no earlier commit there. With the fourteenth session's code pinned, its own pair (7f7d795 against
     80644e5) on its machine is read the same way."""
-    from megalab.core import variables
-
     assert pastref.code_rows(pastref._todays(_cfg()["past_reference"], benchruns.ROOT)) == []
-    real = variables.default_fast
-    monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x != "gelu_epilogue"))
     pin_code(GRID_TUNING_COMMIT)
     todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
     machine = "1x H100 80GB GPU-147ea2cb"
