@@ -597,7 +597,11 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
              "`CUDAFunctor_add<c10::BFloat16>` calls in the kernel list). A profile made with an older fast path "
              "still lists them. So did `qkv_pack` (2026-11-26): the QKV gradient's `CatArrayBatchedCopy` and the "
              "bf16 `reduce_kernel` of its bias's sum, 8.3 ms a step in the last profile below, are one pass with it "
-             "([qkv-split-microbench.txt](qkv-split-microbench.txt)).")
+             "([qkv-split-microbench.txt](qkv-split-microbench.txt)). And `gelu_epilogue` (2026-11-27): the last "
+             "profile's `triton_poi_fused_add_mul_tanh_0` (Megatron's compiled bias-GeLU forward) and "
+             "`_bias_gelu_backward` are cuBLASLt epilogues of fc1's and fc2's GEMMs with it, all but the bias "
+             "gradient's sum ([gelu-epilogue-microbench.txt](gelu-epilogue-microbench.txt)); no profile was made with "
+             "it yet.")
     if (bench_dir / GRAPH_WAITS).exists():  # a profile here runs without the graph, so its optimizer reads slow
         intro += (f" These profiles run without the CUDA graph and with synchronising timers, so they overstate "
                   f"some kernels (`_adamw_flat`: 23 ms here, 15.8 ms timed inside a plain run) and cannot show where "
