@@ -426,6 +426,31 @@ def graph_memory_bytes(peak_bytes: float, cp: int = 1) -> float:
     return max(GRAPH_MEMORY_MIN_GIB * GIB, (GRAPH_MEMORY_SHARE_CP if cp > 1 else GRAPH_MEMORY_SHARE) * peak_bytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Levers:
+    """The fast-path levers the step-time model has a term for, on or off: estimate()'s keyword arguments of the same
+    names, handed to step_features as one value."""
+    fused_adam: bool = False
+    grouped_gemm: bool = False
+    bf16_ce: bool = False
+    addmm_bias: bool = False
+    fused_wgrad: bool = False
+    compiled_rope: bool = False
+    clip_in_adam: bool = False
+    embed_wgrad: bool = False
+    sdpa_gqa: bool = False
+    dropout_add: bool = False
+    flat_adam: bool = False
+    triton_norm: bool = False
+    norm_residual: bool = False
+    bias_gelu: bool = False
+    qkv_pack: bool = False
+    gelu_epilogue: bool = False
+
+
+LEVER_ARGS = tuple(f.name for f in dataclasses.fields(Levers))
+
+
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float | None = None,
              model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
@@ -441,6 +466,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     spec: 'megalab' (SDPA attention, no s x s scores; also right for Transformer Engine) or 'local'
     (Megatron's DotProductAttention). model_cfg overrides exp.model_cfg (a run record's preset).
     Step time: the model of megalab/core/steptime.py, or with `mfu` the old constant-MFU guess."""
+    flags = locals()  # the arguments, the levers' among them (LEVER_ARGS): step_features takes them as one Levers
     if spec not in SPECS:
         raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
     e = exp  # a catalog.Experiment (for a run record: rebuilt from its config)
@@ -518,13 +544,8 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     if mfu is not None:  # the old guess, on request (plan --mfu)
         step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
     else:
-        features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, fused_adam=fused_adam,
-                                 grouped_gemm=grouped_gemm, cuda_graph=cuda_graph, bf16_ce=bf16_ce,
-                                 addmm_bias=addmm_bias, fused_wgrad=fused_wgrad, compiled_rope=compiled_rope,
-                                 clip_in_adam=clip_in_adam, embed_wgrad=embed_wgrad, sdpa_gqa=sdpa_gqa,
-                                 dropout_add=dropout_add, flat_adam=flat_adam, triton_norm=triton_norm,
-                                 norm_residual=norm_residual, bias_gelu=bias_gelu, qkv_pack=qkv_pack,
-                                 gelu_epilogue=gelu_epilogue)
+        features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, cuda_graph=cuda_graph,
+                                 levers=Levers(**{n: flags[n] for n in LEVER_ARGS}))
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -559,12 +580,7 @@ def layer_lever_bytes(sh: Shape, *, triton_norm: bool, norm_residual: bool, bias
 
 
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
-                  fused_adam: bool, grouped_gemm: bool, cuda_graph: bool = False, bf16_ce: bool = False,
-                  addmm_bias: bool = False, fused_wgrad: bool = False,
-                  compiled_rope: bool = False, clip_in_adam: bool = False,
-                  embed_wgrad: bool = False, sdpa_gqa: bool = False, dropout_add: bool = False,
-                  flat_adam: bool = False, triton_norm: bool = False, norm_residual: bool = False,
-                  bias_gelu: bool = False, qkv_pack: bool = False, gelu_epilogue: bool = False) -> steptime.Features:
+                  levers: Levers, cuda_graph: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -580,13 +596,14 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     gran, method, nrec = parse_recompute(e.recompute)
     full = gran == "full"
     act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
-    layer_out, layer_in = layer_lever_bytes(sh, triton_norm=triton_norm, norm_residual=norm_residual,
-                                            bias_gelu=bias_gelu, dropout_add=dropout_add, qkv_pack=qkv_pack,
-                                            gelu_epilogue=gelu_epilogue and t == 1 and not e.sp)
+    layer_out, layer_in = layer_lever_bytes(sh, triton_norm=levers.triton_norm,
+                                            norm_residual=levers.norm_residual, bias_gelu=levers.bias_gelu,
+                                            dropout_add=levers.dropout_add, qkv_pack=levers.qkv_pack,
+                                            gelu_epilogue=levers.gelu_epilogue and t == 1 and not e.sp)
     a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
     for st in stages:
         last = st.index == p - 1
-        layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=grouped_gemm,
+        layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=levers.grouped_gemm,
                                  layers=st.layers, last=False, vocab_padded=vpad)
         passes = 4.0 if full else 3.0
         ga, gb = steptime.gpu_terms(layer_g, peak, passes)
@@ -594,8 +611,9 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
             ga2, gb2 = steptime.gpu_terms(layer_g[2:3], peak, 1.0)
             ga, gb = ga + ga2, gb + gb2
         if last:
-            la, lb = steptime.gpu_terms(steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=grouped_gemm,
-                                                       layers=0, last=True, vocab_padded=vpad)[-1:], peak, 3.0)
+            la, lb = steptime.gpu_terms(steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp,
+                                                       grouped=levers.grouped_gemm, layers=0, last=True,
+                                                       vocab_padded=vpad)[-1:], peak, 3.0)
             ga, gb = ga + la, gb + lb
         a_.append(ga)
         b_.append(gb)
@@ -606,19 +624,20 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         # repeated K/V (none with sdpa_gqa, except under CP, whose attention repeats them either way), and
         # the elementwise work (x ELEMENTWISE_BYTES)
         x = 0.0
-        if st.index == 0 and not (embed_wgrad and not sh.tied):
+        if st.index == 0 and not (levers.embed_wgrad and not sh.tied):
             x += vpad / t * h * steptime.EMBED_GRAD_BYTES
-        if sh.kv < h and not (sdpa_gqa and cp == 1):
+        if sh.kv < h and not (levers.sdpa_gqa and cp == 1):
             x += (passes / 3) * st.layers * b * s * h / t * steptime.GQA_REPEAT_BYTES
         if last:
-            x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if bf16_ce else steptime.LOSS_BYTES_PER_LOGIT)
-        if sh.bias and not addmm_bias:
+            x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if levers.bf16_ce
+                                     else steptime.LOSS_BYTES_PER_LOGIT)
+        if sh.bias and not levers.addmm_bias:
             x += st.layers * (2 if full else 1) * b * s * (h + 2 * sh.kv) / t * steptime.BIAS_ADD_BYTES
-        if not fused_wgrad:  # each weight gradient added into main_grad by a kernel of its own
+        if not levers.fused_wgrad:  # each weight gradient added into main_grad by a kernel of its own
             x += st.params * steptime.WGRAD_ADD_BYTES
         if sh.rope:  # the rotated query and key channels, forward (again when recomputed) and backward
             x += (passes / 3) * st.layers * b * s * (h + sh.kv) / t * (
-                steptime.ROPE_BYTES_COMPILED if compiled_rope else steptime.ROPE_BYTES)
+                steptime.ROPE_BYTES_COMPILED if levers.compiled_rope else steptime.ROPE_BYTES)
         # the layer's kernels megalab's levers replace, where they do not run: on the whole hidden state (split by
         # TP only with SP) and inside the tensor-parallel region
         x += st.layers * passes / 3 * b * s * h * (layer_out / (t if e.sp else 1) + layer_in / t)
@@ -626,7 +645,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         outside = steptime.ELEMENTWISE_OUTSIDE_TP  # the whole hidden state: split by TP only with SP
         elementwise.append(st.layers * passes / 3 * b * s * h * (outside / (t if e.sp else 1) + (1 - outside) / t) / hbm)
         per_layer = steptime.KERNELS_PER_LAYER * (4 / 3 if full else 1)
-        if sh.num_experts and not grouped_gemm:
+        if sh.num_experts and not levers.grouped_gemm:
             per_layer += sh.num_experts / ep * steptime.KERNELS_PER_EXPERT
         kernels.append(0.0 if cuda_graph else st.layers * per_layer)  # a graph replays them in one launch
         # TP: 2 all-reduces per layer forward, 2 backward, 2 more in a recomputed forward (SP's
@@ -655,9 +674,9 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     busiest = max(stages, key=lambda st: st.params)
     expert_dp = max(1, e.gpus // (p * ep * etp))
     opt_params = busiest.optimizer_bytes / BYTES_OPTIMIZER  # the parameters this GPU updates
-    opt_bytes = steptime.OPT_BYTES_FUSED if fused_adam else steptime.OPT_BYTES_FOREACH
-    opt_bytes += steptime.CLIP_BYTES_IN_ADAM if clip_in_adam and fused_adam else steptime.CLIP_BYTES
-    if fused_adam and not (flat_adam and not e.zero2):  # flat_adam serves Megatron's non-distributed optimizer only
+    opt_bytes = steptime.OPT_BYTES_FUSED if levers.fused_adam else steptime.OPT_BYTES_FOREACH
+    opt_bytes += steptime.CLIP_BYTES_IN_ADAM if levers.clip_in_adam and levers.fused_adam else steptime.CLIP_BYTES
+    if levers.fused_adam and not (levers.flat_adam and not e.zero2):  # flat_adam serves Megatron's non-distributed optimizer only
         opt_bytes += steptime.OPT_BYTES_PER_TENSOR
     optimizer_s = (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
     dp = e.dp * cp
@@ -768,10 +787,6 @@ def render(est: Estimate) -> str:
 
 # --------------------------------------------------------------------------- levers
 
-# The fast-path levers estimate() has a term for (its keyword arguments of the same names).
-LEVER_ARGS = ("fused_adam", "grouped_gemm", "bf16_ce", "addmm_bias", "fused_wgrad", "compiled_rope", "clip_in_adam",
-              "embed_wgrad", "sdpa_gqa", "dropout_add", "flat_adam", "triton_norm", "norm_residual", "bias_gelu",
-              "qkv_pack", "gelu_epilogue")
 
 
 def lever_flags(fast) -> dict[str, bool]:
