@@ -332,3 +332,38 @@ def keep_megatrons_zeroing(monkeypatch):
     monkeypatch.setattr(buffer, "reset", buffer.__dict__["reset"])
     monkeypatch.setattr(schedules, "backward_step", schedules.backward_step)
     return buffer, schedules
+
+
+def keep_megatrons_wgrad_lookup(monkeypatch):
+    """Undo install_wgrad_fusion after the test: Megatron's layers module and sys.modules as they were."""
+    from megatron.core.tensor_parallel import layers
+
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", layers._grad_accum_fusion_available)
+    monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", None, raising=False)
+    monkeypatch.delitem(sys.modules, "fused_weight_gradient_mlp_cuda", raising=False)
+    return layers
+
+
+class CpuBuffer:
+    """Megatron's global memory buffer (CUDA memory), on the CPU."""
+
+    def get_tensor(self, shape, dtype, name, mem_alloc_context=None):
+        import torch
+
+        return torch.empty(shape, dtype=dtype)
+
+
+class NullRngTracker:
+    """Megatron's CUDA RNG tracker, whose fork dropout enters even for p=0: nothing to fork on the CPU."""
+
+    def fork(self, name="model-parallel-rng"):
+        return contextlib.nullcontext()
+
+
+@pytest.fixture
+def megatron_on_cpu(world1, monkeypatch):
+    """Megatron's layers without CUDA: DotProductAttention's score buffer and the RNG tracker stood in for."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    monkeypatch.setattr(parallel_state, "get_global_memory_buffer", lambda: CpuBuffer())
+    monkeypatch.setattr(tensor_parallel, "get_cuda_rng_tracker", lambda *a, **k: NullRngTracker())

@@ -4,7 +4,7 @@ import torch
 
 from megalab.runtime import fastpath
 from megalab._compat import ensure_typing_override
-from tests.conftest import keep_megatrons_zeroing
+from tests.conftest import keep_megatrons_wgrad_lookup, keep_megatrons_zeroing
 
 
 def _tensors(seed, shapes=((7, 3), (128,), (5, 5, 5), (1,))):
@@ -79,7 +79,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
     monkeypatch.setattr(clip, "multi_tensor_scale_tensor_impl", clip.multi_tensor_scale_tensor_impl)
     for mod in (clip, optmod):
         monkeypatch.setattr(mod, "clip_grad_by_total_norm_fp32", mod.clip_grad_by_total_norm_fp32)
-    _keep_megatrons_wgrad_lookup(monkeypatch)
+    keep_megatrons_wgrad_lookup(monkeypatch)
     _keep_megatrons_loss_and_linear(monkeypatch)
     applied = fastpath.apply(list(fastpath.PATCHES))
     # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
@@ -208,18 +208,6 @@ def test_addmm_bias_leaves_another_megatron_forward_alone(monkeypatch):
 
 # ---- fused_wgrad: megalab's stand-in for apex's fused_weight_gradient_mlp_cuda ---------------------------
 
-def _keep_megatrons_wgrad_lookup(monkeypatch):
-    """Undo install_wgrad_fusion after the test: Megatron's layers module and sys.modules as they were."""
-    import sys
-
-    from megatron.core.tensor_parallel import layers
-
-    monkeypatch.setattr(layers, "_grad_accum_fusion_available", layers._grad_accum_fusion_available)
-    monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", None, raising=False)
-    monkeypatch.delitem(sys.modules, "fused_weight_gradient_mlp_cuda", raising=False)
-    return layers
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_wgrad_accum_fp32_adds_the_weight_gradient_into_main_grad(seed):
     g = torch.Generator().manual_seed(seed)
@@ -244,7 +232,7 @@ def test_megatrons_linear_accumulates_through_the_stand_in(monkeypatch):
     main_grad gets the same sum as Megatron's unfused path (a bf16 weight.grad added afterwards), closer
     to the exact sum because the gradient is never rounded to bf16 on the way."""
     ensure_typing_override()
-    layers = _keep_megatrons_wgrad_lookup(monkeypatch)
+    layers = keep_megatrons_wgrad_lookup(monkeypatch)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     assert fastpath.install_wgrad_fusion() is True
     assert layers._grad_accum_fusion_available is True
@@ -283,7 +271,7 @@ def test_install_wgrad_fusion_leaves_apexs_extension_alone(monkeypatch):
     import sys
     import types
 
-    layers = _keep_megatrons_wgrad_lookup(monkeypatch)
+    layers = keep_megatrons_wgrad_lookup(monkeypatch)
     apex_ext = types.ModuleType("fused_weight_gradient_mlp_cuda")
     monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", apex_ext)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)

@@ -18,8 +18,6 @@ What is checked, and why:
 Every patch goes through pytest's monkeypatch, so Megatron's MLP.forward and the lever's globals are restored after
 each test.
 """
-import contextlib
-
 import pytest
 
 from megalab._compat import ensure_typing_override
@@ -31,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from megalab.runtime import fastpath, gelu_epilogue as GE  # noqa: E402
 from megalab.runtime.spec import megalab_layer_spec  # noqa: E402
-from megatron.core import parallel_state, tensor_parallel  # noqa: E402
+from tests.conftest import keep_megatrons_wgrad_lookup  # noqa: E402
 from megatron.core.fusions import fused_bias_geglu, fused_bias_gelu  # noqa: E402
 from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
 from megatron.core.transformer import mlp as megatron_mlp  # noqa: E402
@@ -103,21 +101,9 @@ def _install():
 # ---------------------------------------------------------------------------- Megatron on CPU
 
 @pytest.fixture
-def megatron_on_cpu(world1, monkeypatch):
-    """Megatron's layers on CPU: its CUDA score buffer and RNG tracker (entered even for dropout 0) stood in for,
-    and its compiled fusions run uncompiled (torch.compile on CPU would cost a C++ build per test): the same
-    functions, Megatron's own code."""
-
-    class Buffer:
-        def get_tensor(self, shape, dtype, name, mem_alloc_context=None):
-            return torch.empty(shape, dtype=dtype)
-
-    class Tracker:
-        def fork(self, name="model-parallel-rng"):
-            return contextlib.nullcontext()
-
-    monkeypatch.setattr(parallel_state, "get_global_memory_buffer", lambda: Buffer())
-    monkeypatch.setattr(tensor_parallel, "get_cuda_rng_tracker", lambda *a, **k: Tracker())
+def megatron_on_cpu(megatron_on_cpu, monkeypatch):
+    """conftest's Megatron on CPU, its compiled fusions run uncompiled (torch.compile on CPU would cost a C++ build per
+    test): the same functions, Megatron's own code."""
     for mod in (fused_bias_gelu, fused_bias_geglu):
         for name, fn in list(vars(mod).items()):
             if callable(fn) and hasattr(fn, "__wrapped__") and getattr(fn, "__module__", "") == mod.__name__:
@@ -199,15 +185,9 @@ def test_the_gpt_check_can_fail(megatron_on_cpu, epilogues, monkeypatch):
 
 # ---------------------------------------------------------------------------- gradient accumulation fusion
 
-def _keep_megatrons_wgrad_lookup(monkeypatch):
-    """install_wgrad_fusion sets a module into sys.modules and two of Megatron's layers globals: restored after."""
-    import sys
-
-    from megatron.core.tensor_parallel import layers
-
-    monkeypatch.setattr(layers, "_grad_accum_fusion_available", layers._grad_accum_fusion_available)
-    monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", None, raising=False)
-    monkeypatch.delitem(sys.modules, "fused_weight_gradient_mlp_cuda", raising=False)
+def _with_wgrad_stand_in(monkeypatch):
+    """install_wgrad_fusion's stand-in put in, as without apex, and Megatron's lookup restored after the test."""
+    layers = keep_megatrons_wgrad_lookup(monkeypatch)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)  # as without apex: the stand-in goes in
     assert fastpath.install_wgrad_fusion() is True
 
@@ -236,7 +216,7 @@ def test_fusion_puts_the_gradients_into_main_grad(epilogues, monkeypatch, zero_o
     would show) and its hook's flag. The weight gradients are added into main_grad by the stand-in for apex's
     kernel and autograd gets a dummy (zeros where Megatron zeroes it, zero_out_wgrad: its hook adds the dummy);
     fc1's bias gradient goes into main_grad too."""
-    _keep_megatrons_wgrad_lookup(monkeypatch)
+    _with_wgrad_stand_in(monkeypatch)
     (x0, w10, b10, w20), dout = _leaves(1)
     want_out, (dx, dw1, db1, dw2) = _reference(x0, w10, b10, w20, dout)
 
@@ -281,7 +261,7 @@ def test_mlp_under_fusion_gives_what_megatrons_mlp_gives(megatron_on_cpu, epilog
     """Through the module, with config.gradient_accumulation_fusion: the gradient Megatron's DDP hook would reduce
     (main_grad, plus the .grad it adds where the flag is unset) is the same with the lever as with Megatron's
     forward (whose fc1 bias gradient comes through autograd, the lever's straight into main_grad)."""
-    _keep_megatrons_wgrad_lookup(monkeypatch)
+    _with_wgrad_stand_in(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # Megatron's linear puts its dummy there
     model = _gpt(_config(gradient_accumulation_fusion=True, num_layers=1))
     mlp = model.decoder.layers[0].mlp

@@ -6,11 +6,10 @@ dropout RNG tracker fork (always entered, even for p=0) and the default causal m
 device="cuda" when no mask is passed; we pass an explicit causal mask to Megatron's side instead).
 """
 
-import contextlib
 import math
 
 import pytest
-from conftest import free_port as _free_port, start_ranks
+from conftest import CpuBuffer, NullRngTracker, free_port as _free_port, start_ranks
 
 from megalab._compat import ensure_typing_override
 
@@ -56,23 +55,6 @@ def _config(**overrides) -> TransformerConfig:
     )
     kw.update(overrides)
     return TransformerConfig(**kw)
-
-
-class _CpuBuffer:
-    def get_tensor(self, shape, dtype, name, mem_alloc_context=None):
-        return torch.empty(shape, dtype=dtype)
-
-
-class _NullRngTracker:
-    def fork(self, name="model-parallel-rng"):
-        return contextlib.nullcontext()
-
-
-@pytest.fixture
-def megatron_on_cpu(world1, monkeypatch):
-    """Let DotProductAttention (and dropout in SDPAttention) run without CUDA."""
-    monkeypatch.setattr(parallel_state, "get_global_memory_buffer", lambda: _CpuBuffer())
-    monkeypatch.setattr(tensor_parallel, "get_cuda_rng_tracker", lambda *a, **k: _NullRngTracker())
 
 
 def _causal_mask(s: int) -> torch.Tensor:
@@ -540,8 +522,8 @@ def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str, levers: str 
     from megatron.core.tensor_parallel import layers as tp_layers, mappings as tp_mappings
 
     for mod in (parallel_state, tp_layers, tp_mappings):  # Megatron's SP gather buffer is CUDA memory
-        mod.get_global_memory_buffer = lambda: _CpuBuffer()
-    tensor_parallel.get_cuda_rng_tracker = lambda *a, **k: _NullRngTracker()
+        mod.get_global_memory_buffer = lambda: CpuBuffer()
+    tensor_parallel.get_cuda_rng_tracker = lambda *a, **k: NullRngTracker()
     torch.cuda.current_device = lambda: "cpu"  # SP's reduce-scatter allocates on the "current device"
     if levers:
         from megalab.runtime import fastpath

@@ -229,10 +229,10 @@ DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm
 def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
     """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then bias_gelu, dropout_add and qkv_pack for a dense
     GeLU MLP with biases and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
-    compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied
-    from the output layer, sdpa_gqa for a dense model with grouped-query attention, grouped_gemm where a MoE preset asks for
-    moe_grouped_gemm (without TE it is that flag's substitute), and last gelu_epilogue for GPT-2's MLP again. The launcher (plan.fast_levers), a record's
-    provenance and `python -m megalab plan` all read it here."""
+    compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied from the
+    output layer, sdpa_gqa for a dense model with grouped-query attention, grouped_gemm where a MoE preset asks for
+    moe_grouped_gemm (without TE it is that flag's substitute), and last gelu_epilogue for GPT-2's MLP again. The
+    launcher (plan.fast_levers), a record's provenance and `python -m megalab plan` all read it here."""
     cfg = model_cfg or {}
     moe = bool(num_experts)
     rope = cfg.get("position_embedding", "learned_absolute") == "rope"
