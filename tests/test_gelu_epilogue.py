@@ -390,3 +390,36 @@ def test_no_nvmath_installs_nothing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert GE.install() is False
     assert megatron_mlp.MLP.forward is before
+
+
+def test_nvmath_logs_to_a_quiet_logger_of_its_own(monkeypatch):
+    """nvmath logs each execute() at INFO to the root logger unless given one, and Megatron sets the root logger to
+    INFO: 576 lines a step at row 111's shape wherever no CUDA graph replays the step. The plan gets megalab's own
+    logger, which lets warnings through and drops INFO."""
+    import logging
+    from types import SimpleNamespace
+
+    given = {}
+
+    class _Matmul:  # records what nvmath's Matmul is given; no GPU here
+        def __init__(self, a, b, options=None, stream=None):
+            given.update(options or {})
+
+        def plan(self, **kwargs):
+            pass
+
+        def execute(self, stream=None):
+            return "result"
+
+        def release_operands(self):
+            pass
+
+    monkeypatch.setattr(GE, "Matmul", _Matmul)
+    monkeypatch.setattr(GE, "MatmulEpilog", SimpleNamespace(DGELU="DGELU"))
+    monkeypatch.setattr(GE, "_PLANS", {})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)  # as Megatron sets it
+    assert GE._run("DGELU", torch.ones(8, 8), torch.ones(8, 8), {}) == "result"
+    log = given.get("logger")
+    assert log is not None and log is not logging.getLogger(), "nvmath would log to the root logger"
+    assert not log.isEnabledFor(logging.INFO) and log.isEnabledFor(logging.WARNING)

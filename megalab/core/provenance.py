@@ -46,6 +46,7 @@ FEATURE_FILES = {
     "megalab/runtime/bias_gelu.py": lambda cfg: _asks(cfg, levers.BIAS_GELU),
     "megalab/runtime/dropout_add.py": lambda cfg: _asks(cfg, levers.DROPOUT_ADD),
     "megalab/runtime/qkv_split.py": lambda cfg: _asks(cfg, levers.QKV_PACK),
+    "megalab/runtime/gelu_epilogue.py": lambda cfg: _asks(cfg, levers.GELU_EPILOGUE),
 }
 
 

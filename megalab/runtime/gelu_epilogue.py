@@ -27,6 +27,8 @@ checked on the CPU with the two epilogue calls replaced by their torch equivalen
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +38,11 @@ except Exception:  # pragma: no cover - no nvmath (CPU CI) or no CUDA driver: no
     Matmul = MatmulEpilog = None
 
 _PLANS: dict = {}  # (epilogue, shapes, strides, dtype, device) -> a planned nvmath Matmul
+# nvmath logs each execute() at INFO to the root logger unless given its own, and Megatron sets the root logger to
+# INFO: six lines a call, 576 a step at row 111's 48 layers wherever no CUDA graph replays the step (row 121's log
+# grew to 4 MB). Its own logger, at WARNING, keeps its warnings and drops the rest.
+_LOG = logging.getLogger("megalab.nvmath")
+_LOG.setLevel(logging.WARNING)
 
 
 def _run(epilog: str, a: torch.Tensor, b: torch.Tensor, inputs: dict):
@@ -44,7 +51,7 @@ def _run(epilog: str, a: torch.Tensor, b: torch.Tensor, inputs: dict):
     key = (epilog, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device)
     mm = _PLANS.get(key)
     if mm is None:
-        mm = Matmul(a, b, options={"blocking": "auto"}, stream=stream)
+        mm = Matmul(a, b, options={"blocking": "auto", "logger": _LOG}, stream=stream)
         mm.plan(epilog=getattr(MatmulEpilog, epilog), epilog_inputs=inputs, stream=stream)
         _PLANS[key] = mm
     else:
