@@ -176,6 +176,9 @@ def b64(data: bytes | str) -> dict:
     return {"b64": base64.b64encode(data.encode("utf-8") if isinstance(data, str) else data).decode()}
 
 
+OVER_LOG_LIMIT_MIB = 600  # a bomb past infile.LOG_LIMIT (512 MiB) unpacked: the door refuses it unread
+
+
 def gzip_bomb(mib: int) -> bytes:
     """MIB MiB of zeros, gzipped (about a thousandth of that on disk)."""
     import zlib
@@ -421,7 +424,7 @@ def beside_cases(root: Path = ROOT, *, batch: bool = True) -> list[dict]:
         key = str(s.parent.relative_to(root))
         if key not in pick and (s / "logs.txt.gz").exists():
             pick[key] = s
-    damages = [("logs.txt.gz", "gzip bomb", b64(gzip_bomb(300))), ("logs.txt.gz", "truncated gzip", None),
+    damages = [("logs.txt.gz", "gzip bomb", b64(gzip_bomb(OVER_LOG_LIMIT_MIB))), ("logs.txt.gz", "truncated gzip", None),
                ("logs.txt.gz", "not gzip", b64(b"\x1f\x8bjunk" * 50)), ("logs.txt.gz", "fifo", {"special": "fifo"}),
                ("logs.txt.gz", "directory", {"special": "dir"}),
                ("logs.txt", "device", {"special": "symlink", "to": "/dev/zero"}),
@@ -429,7 +432,7 @@ def beside_cases(root: Path = ROOT, *, batch: bool = True) -> list[dict]:
                ("gpu_memory.csv", "fifo", {"special": "fifo"}),
                ("gpu_memory.csv", "clock cells", b64(",".join(("t_s", "gpu", "mem_used_mib", "util_pct", "sm_mhz",
                                                                "power_w", "held_by")) + "\n0,0,1000,100,fast,hot,x\n")),
-               ("tensorboard/events.out.tfevents.1.gz", "gzip bomb", b64(gzip_bomb(300))),
+               ("tensorboard/events.out.tfevents.1.gz", "gzip bomb", b64(gzip_bomb(OVER_LOG_LIMIT_MIB))),
                ("tensorboard/events.out.tfevents.2", "fifo", {"special": "fifo"}),
                ("tensorboard/events.out.tfevents.3", "garbage", b64(b"\x00\x01garbage" * 100))]
     cases = []

@@ -281,7 +281,8 @@ def test_the_committed_fused_wgrad_trial_reads_only_one_machines_runs():
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[2] == "foreach_norm,foreach_scale,fused_adam"  # the default when it was tried
-    assert "(6 runs, " in cells[3] and "(3 runs, " in cells[4]
+    assert cells[3].startswith("1x H100 80GB GPU-09f9c24c, ")  # the one machine, named
+    assert "(6 runs, " in cells[4] and "(3 runs, " in cells[5]
     assert cells[-1].startswith("within noise") and cells[-2] == "PASS"
 
 

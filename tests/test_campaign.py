@@ -147,13 +147,14 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     assert catalog.get("118").id not in today
 
 
-def test_todays_runs_are_the_eighteenth_sessions_launches():
-    """After the eighteenth session's runtime change (gelu_epilogue, which joined GPT-2's default), today's runs are
-    its launches with the new default on one H100: three each of 111 and 112 (their two launches each without the
-    lever ran the old default: not today's defaults). Every other row waits for a campaign: 101's default gained the
-    lever, and 600's launches (the seventeenth session's) are of older run code."""
+def test_todays_runs_are_the_nineteenth_sessions_launches():
+    """The nineteenth session changed gelu_epilogue.py (nvmath's logger), a file only runs with that lever execute.
+    Today's runs are then its three launches of 600 (Llama-style: no GeLU MLP, so the change leaves their code as it
+    was) and its one launch of 121 after the change. Its launches of 111, 101, 113 and 121 before it, with the
+    lever, are of older run code, and so are the eighteenth session's of 111 and 112; the launches without the lever
+    ran other settings than today's."""
     today = campaign.todays_runs()
-    assert today == {catalog.get("111").id: (3, False), catalog.get("112").id: (3, False)}
+    assert today == {catalog.get("600").id: (3, False), catalog.get("121").id: (1, False)}
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine

@@ -28,7 +28,7 @@ from megalab.core.variables import LaunchError
 from megalab.results import chapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_inputs import gzip_bomb  # noqa: E402
+from fuzz_inputs import OVER_LOG_LIMIT_MIB, gzip_bomb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
@@ -79,7 +79,7 @@ def test_a_gzip_bomb_is_refused_fast_and_small(tmp_path):
                          text=True, timeout=60)
     message, figures = out.stdout.splitlines()
     secs, rss_kib = map(float, figures.split())
-    assert "larger than 256 MiB uncompressed: not read" in message
+    assert "larger than 512 MiB uncompressed: not read" in message
     assert secs < 2 and rss_kib < 200 * 1024, (secs, rss_kib)
 
 
@@ -109,7 +109,7 @@ def test_tensorboard_files_come_in_by_the_door(tmp_path, capsys):
     tb = tmp_path / "tensorboard"
     tb.mkdir()
     os.mkfifo(tb / "events.out.tfevents.1")
-    (tb / "events.out.tfevents.2.gz").write_bytes(gzip_bomb(300))
+    (tb / "events.out.tfevents.2.gz").write_bytes(gzip_bomb(OVER_LOG_LIMIT_MIB))
     assert validation.tensorboard_mem_mb(tmp_path) == {}
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "FIFO" in err[0] and "uncompressed: not read" in err[1], err
@@ -422,6 +422,7 @@ def test_limits_are_generous_for_what_is_committed():
     logs = [len(gzip.decompress(p.read_bytes())) for p in ROOT.glob("results/**/logs.txt.gz")]
     recs = [p.stat().st_size for p in ROOT.glob("results/**/run.json")]
     assert max(logs) * 100 < infile.LOG_LIMIT and max(recs) * 100 < infile.RECORD_LIMIT
+    assert OVER_LOG_LIMIT_MIB * infile.MiB > infile.LOG_LIMIT  # the fuzz inputs' bombs are past it
     assert max(p.stat().st_size for p in ROOT.glob("configs/**/*.*")) * 50 < infile.CONFIG_LIMIT
 
 

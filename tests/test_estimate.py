@@ -323,11 +323,14 @@ def test_estimate_page_is_up_to_date(steps, rows):
 
 
 def test_the_line_on_todays_code_reads_only_runs_of_todays_code(steps):
-    """The run code changed last in the eighteenth session (gelu_epilogue, 25ada8d, 2026-11-27 08:40 UTC): the runs of
-    today's code are that session's (its goal launches and its lever's trials, none of them the estimator's held-out
-    runs), every set and setting alike, and only they."""
+    """The run code changed last in the eighteenth session (gelu_epilogue, 25ada8d, 2026-11-27 08:40 UTC), and in the
+    nineteenth only gelu_epilogue.py did (nvmath's logger, 11:05 UTC), a file that only runs with that lever execute:
+    the runs of today's code are those since 08:40 without the lever and those since 11:05 with it (goal launches and
+    lever trials, none of them the estimator's held-out runs), every set and setting alike, and only they."""
     today = {r["run"].split("/")[-1] for r in steps if r["code_today"]}
-    assert today == {r["run"].split("/")[-1] for r in steps if r["run"].split("/")[-1] >= "20261127_0841"}
+    since = {r["run"].split("/")[-1] for r in steps if r["run"].split("/")[-1] >= "20261127_0841"
+             and ("gelu_epilogue" not in r["fastpath"].split(",") or r["run"].split("/")[-1] >= "20261127_1106")}
+    assert today == since and any("gelu_epilogue" in r["fastpath"] for r in steps if r["code_today"])
     assert not any(r["run"].startswith(V.HOLDOUT_DIR) for r in steps if r["code_today"])
     line = V.code_today_line(steps)[0]
     assert f"over {len(today)} runs" in line and "signed median +" in line  # today's code beats the constants

@@ -55,9 +55,7 @@ def test_without_todays_run_code_the_newest_codes_launches_are_marked_older(monk
     rows = {r[0]: r for r in pastref.goal_rows(_cfg())}
     assert set(rows) == {"111-gpt2xl-dp1-fit-80GB", "101-gpt2xl-dp1-gbs1-bf16", "600-llama1b-1gpu-gbs8",
                          "112-gpt2xl-dp1-fit-80GB-GA4"}
-    # 101 never ran today's settings (its default gained gelu_epilogue in the eighteenth session): not run, not older
-    ran = {t: r for t, r in rows.items() if t != "101-gpt2xl-dp1-gbs1-bf16"}
-    assert rows["101-gpt2xl-dp1-gbs1-bf16"][-1] == "not run"
+    ran = rows  # every goal has launches with today's settings (101's since the nineteenth session)
     assert all("older (run code changed since" in r[-1] for r in ran.values())
     assert all(int(r[2].split("(")[1].split()[0]) >= 3 for r in ran.values())  # still a campaign's launches
 
@@ -255,13 +253,14 @@ def test_a_flag_lever_counts_by_the_command_a_run_passed(monkeypatch):
         return [c.strip() for c in line.split("|")[1:-1]]
 
     before = row(real)
-    assert before[3] == "61 (2 runs, 61–61)" and before[4] == "59 (2 runs, 59–59)" and before[-1] == "pays"
+    assert before[3].startswith("1x H100 80GB GPU-cd4294e6, ")  # the machine and code the row compares on
+    assert before[4] == "61 (2 runs, 61–61)" and before[5] == "59 (2 runs, 59–59)" and before[-1] == "pays"
     plain = next(r for r in real if not r.config.extra_args)
     adopted = plain.model_copy(update={"intent": plain.intent.model_copy(
         update={"argv": [*plain.intent.argv, "--rerun-mode", "disabled"]})})
     after = row([*real, adopted])
-    assert after[3] == "61 (2 runs, 61–61)"  # the base side is as it was
-    assert after[4].startswith("59 (3 runs")  # the plain run that passed the flags sits with the lever
+    assert after[4] == "61 (2 runs, 61–61)"  # the base side is as it was
+    assert after[5].startswith("59 (3 runs")  # the plain run that passed the flags sits with the lever
 
 
 WIDE = "111-gpt2xl-dp1-fit-80GB + `--num-layers 24 --hidden-size 2048 --num-attention-heads 16` (not a catalog row)"

@@ -109,6 +109,22 @@ def test_newest_ok_record_wins_over_newer_failed(tmp_path):
     assert tables.load_records(tmp_path)[T101].step_ms_median == 222.0
 
 
+def test_a_plain_make_record_wins_over_a_newer_lever_trials_launch(tmp_path, monkeypatch):
+    """A lever trial launches a catalog target with other settings (its base: the default less the lever) into
+    results/runs too. The row is what plain `make <target>` gives: the newest record with today's settings, and a
+    trial's launch only where the target has none."""
+    from megalab.core import provenance
+
+    monkeypatch.setattr(provenance, "settings_differ", lambda r: "" if r.config.fastpath == "plain" else "FAST=x")
+    _write(tmp_path, "a", started="2025-03-01T10:00:00+00:00", step_ms_median=111.0, config={"fastpath": "plain"})
+    _write(tmp_path, "b", started="2025-03-02T10:00:00+00:00", step_ms_median=222.0, config={"fastpath": "base"})
+    _write(tmp_path, "c", target=T121, started="2025-03-02T10:00:00+00:00", step_ms_median=333.0,
+           config={"fastpath": "base"})
+    recs = tables.load_records(tmp_path)
+    assert recs[T101].step_ms_median == 111.0
+    assert recs[T121].step_ms_median == 333.0
+
+
 def test_newest_of_any_status_when_none_usable(tmp_path):
     _write(tmp_path, "a", status="failed", started="2025-03-01T10:00:00+00:00", returncode=1)
     _write(tmp_path, "b", status="incomplete", started="2025-03-02T10:00:00+00:00", returncode=2)

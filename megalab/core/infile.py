@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 MiB = 1 << 20
-LOG_LIMIT = 256 * MiB  # a raw log, a profiler trace, a TensorBoard event file, unpacked
+LOG_LIMIT = 512 * MiB  # a raw log, a profiler trace, a TensorBoard event file, unpacked (a 100-step log reached 4 MB)
 RECORD_LIMIT = 16 * MiB  # a run.json
 CONFIG_LIMIT = 4 * MiB  # a YAML config, a reference CSV, a memory CSV
 _CHUNK = MiB

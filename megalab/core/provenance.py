@@ -23,6 +23,7 @@ from pathlib import Path
 
 from megalab.core.paths import ROOT
 from megalab.core import git, variables
+from megalab.core import records as _records
 from megalab.core.records import RunRecord, settings
 from megalab.core.schema import Config
 from megalab.core import catalog, plan, ports
@@ -253,6 +254,19 @@ def setup_key(rec: RunRecord, root: Path = ROOT) -> tuple:
     UUID) and the code read from git: runs at two commits with the same run code (no CODE_PATHS change
     between them) on one machine are repeats of one measurement."""
     return (host_key(rec), code_key(rec, root), *settings(rec))
+
+
+def plain_make(r: RunRecord) -> bool:
+    """Whether a record is what plain `make <target>` gives today (today's settings: settings_differ), as a page's
+    row wants it, rather than a lever trial's launch of the target with other settings."""
+    return not settings_differ(r)
+
+
+def load_rows(runs: Path, who: str, tree: Path = ROOT) -> dict[str, RunRecord]:
+    """The record each page's row of a target stands on: the newest usable one, a plain `make <target>`'s where
+    there is one (records.load_records with plain_make), its repeats grouped by machine, settings and code as git
+    sees it in TREE."""
+    return _records.load_records(Path(runs), lambda r: setup_key(r, tree), who, prefer=plain_make)
 
 
 def comparable_key(r: RunRecord, root: Path = ROOT) -> str | None:

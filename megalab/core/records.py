@@ -101,12 +101,15 @@ def repeats(chosen: RunRecord, recs: Iterable[RunRecord], setup: Callable = setu
                    runs=tuple(sorted(r.run_dir.name for r in same if r.run_dir is not None)))
 
 
-def load_records(root: Path, setup: Callable = setup_key, who: str = "megalab") -> dict[str, RunRecord]:
+def load_records(root: Path, setup: Callable = setup_key, who: str = "megalab",
+                 prefer: Callable[[RunRecord], bool] | None = None) -> dict[str, RunRecord]:
     """Newest record per target from ROOT/*/run.json, with its repeats (`runs`: repeats()) and the runs
     that shared its host (`concurrent`: mark_shared).
 
-    Per target: the newest (by `started`) record whose status is ok or oom; if it has none, the
-    newest record of any status. Bad files are skipped with one line on stderr (WHO: the command).
+    Per target: the newest (by `started`) record whose status is ok or oom, among those PREFER takes
+    where it takes any (a page's row prefers a plain `make <target>` to a lever trial's launch of that
+    target with other settings); if it has none, the newest record of any status. Bad files are skipped
+    with one line on stderr (WHO: the command).
     """
     by_target: dict[str, list[tuple[float, str, RunRecord]]] = {}
     for rec in read_records(root, who):
@@ -114,7 +117,8 @@ def load_records(root: Path, setup: Callable = setup_key, who: str = "megalab") 
     out = {}
     for target, recs in sorted(by_target.items()):
         usable = [r for r in recs if r[2].status in USABLE]
-        chosen = max(usable or recs, key=lambda r: (r[0], r[1]))[2]
+        preferred = [r for r in usable if prefer(r[2])] if prefer else []
+        chosen = max(preferred or usable or recs, key=lambda r: (r[0], r[1]))[2]
         out[target] = chosen.grouped(repeats(chosen, [r[2] for r in recs], setup))
     return mark_shared(out, Path(root).parent, who)
 

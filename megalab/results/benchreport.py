@@ -414,7 +414,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 target = f"{target} + `{extra}` (not a catalog row)"
             shown = ",".join([*sorted(base), *(f"`{n}`" for n in sorted(base_flags))])
             if not both:
-                rows.append([label, target, shown, *[""] * 6,
+                rows.append([label, target, shown, "", *[""] * 6,
                              "not compared: no machine and code with both" if sides else "not run"])
                 continue
             # today's code first (a lever whose own file changed since is judged as it is now), then one that can give
@@ -425,8 +425,12 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 return (ks[0][1] == provenance.CURRENT, thinner >= 2, newest if thinner >= 2 else "", thinner,
                         len(ks[1][True]) + len(ks[1][False]))
 
-            _, s = max(both, key=rank)
+            key, s = max(both, key=rank)
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
+            # a step time compares only within one machine and code: the row names both (an older code by the commit
+            # of the lever's first run; the page's provenance rule says which changes count)
+            code = "today's code" if key[1] == provenance.CURRENT else \
+                f"older code ({str(on[0].versions.megalab_commit or '?')[:7]})"
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
             par = parity(on[0], off[0], own_masks)
@@ -434,7 +438,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             # a failed pair beside two base runs that fail the same rule: the configuration's losses cannot tell
             base_too = not par["pass"] and len(off) > 1 and not parity(off[1], off[0])["pass"]
             cell = "PASS" if par["pass"] else BASE_FAILS_TOO if base_too else "FAIL"
-            rows.append([label, target, shown, pastref.spread(off), pastref.spread(on), f"{x:.3f}",
+            rows.append([label, target, shown, f"{defaults.hardware(on[0])}, {code}", pastref.spread(off),
+                         pastref.spread(on), f"{x:.3f}",
                          f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
                          f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
                          f"{cell} {OWN_MASKS}" if own_masks else cell, verdict])
@@ -445,7 +450,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             "per target: plain `make <target>` launches with FAST set (a lever of Megatron flags: with EXTRA_ARGS; "
             "the flags in a run's Megatron command decide its side; a base names in `backticks` the flag levers it "
             "had), on one machine with one code (today's where both sides ran it, else the newest with two runs a side; "
-            "a table row's records count on the side whose levers they ran with). ms: the median of the runs' median steps "
+            "a table row's records count on the side whose levers they ran with), both named: a step time compares "
+            "only with one of the same machine and code. ms: the median of the runs' median steps "
             "(runs, lowest–highest). Parity: the first "
             f"pair's losses by the bench's rule (steps 1-{PARITY_EARLY_STEPS} within {PARITY_EARLY_MAX_REL:.1%}, and the "
             f"median over every step within {PARITY_MEDIAN_REL:.1%}); `{BASE_FAILS_TOO}`: two runs without the lever "
@@ -458,7 +464,8 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             "(a ratio of medians alone would call the machine's drift a gain). A lever joins the default only "
             "where it pays." + (" The kernels alone, outside a step: [fused-wgrad-microbench.txt](fused-wgrad-microbench.txt) "
                                 "(`python -m megalab bench wgrad <target>`)." if (bench_dir / "fused-wgrad-microbench.txt").exists() else ""), "",
-            *markdown.table(["lever", "target", "base (FAST, `flag levers`)", "base ms", "with the lever ms", "with / without",
+            *markdown.table(["lever", "target", "base (FAST, `flag levers`)", "machine, code", "base ms",
+                             "with the lever ms", "with / without",
                              "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
 
 
@@ -597,11 +604,15 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
              "`CUDAFunctor_add<c10::BFloat16>` calls in the kernel list). A profile made with an older fast path "
              "still lists them. So did `qkv_pack` (2026-11-26): the QKV gradient's `CatArrayBatchedCopy` and the "
              "bf16 `reduce_kernel` of its bias's sum, 8.3 ms a step in the last profile below, are one pass with it "
-             "([qkv-split-microbench.txt](qkv-split-microbench.txt)). And `gelu_epilogue` (2026-11-27): the last "
-             "profile's `triton_poi_fused_add_mul_tanh_0` (Megatron's compiled bias-GeLU forward) and "
-             "`_bias_gelu_backward` are cuBLASLt epilogues of fc1's and fc2's GEMMs with it, all but the bias "
-             "gradient's sum ([gelu-epilogue-microbench.txt](gelu-epilogue-microbench.txt)); no profile was made with "
-             "it yet.")
+             "([qkv-split-microbench.txt](qkv-split-microbench.txt)). And `gelu_epilogue` (2026-11-27): the "
+             "eighteenth session's profile of 111 lists `triton_poi_fused_add_mul_tanh_0` (Megatron's compiled "
+             "bias-GeLU forward) and `_bias_gelu_backward`; the last one below, made with it, has fc1's GEMM with "
+             "the GELU_AUX_BIAS epilogue (`..._geluauxbias_...`) and fc2's input-gradient GEMM with DGELU "
+             "(`..._aux_bf16_dg`) in their place, and fc1's bias gradient as a bf16 `reduce_kernel` of its own "
+             "([gelu-epilogue-microbench.txt](gelu-epilogue-microbench.txt)); summing that gradient in the "
+             "weight-gradient GEMM's epilogue costs more than it saves, and cuBLASLt's first algorithm is already its "
+             "fastest for both epilogues ([epilogue-algorithms-microbench.txt](epilogue-algorithms-microbench.txt)). "
+             "That profile ran while nvmath still logged every GEMM call, which slows the host, not the kernels.")
     if (bench_dir / GRAPH_WAITS).exists():  # a profile here runs without the graph, so its optimizer reads slow
         intro += (f" These profiles run without the CUDA graph and with synchronising timers, so they overstate "
                   f"some kernels (`_adamw_flat`: 23 ms here, 15.8 ms timed inside a plain run) and cannot show where "

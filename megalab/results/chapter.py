@@ -19,7 +19,7 @@ from megalab.core import catalog, infile, yamlfile
 from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core import provenance
-from megalab.core.records import RunRecord, load_records, num
+from megalab.core.records import RunRecord, num
 
 REFERENCE_DIR = ROOT / "configs" / "reference"
 RUNS_DIR = ROOT / "results" / "runs"
@@ -239,7 +239,7 @@ def context(chapter: int, records: dict[str, RunRecord] | None, reference: pd.Da
     return Context(
         chapter=chapter, kind=kind,
         exps=[e for e in catalog.catalog().values() if e.chapter == chapter] if exps is None else list(exps),
-        records=load_records(RUNS_DIR, provenance.setup_key) if records is None else records,
+        records=provenance.load_rows(RUNS_DIR, "megalab") if records is None else records,
         reference=load_reference() if reference is None and kind == "anchor" else reference,
         twogpu=load_twogpu_reference() if twogpu is None and kind == "twogpu" else twogpu,
         tree=tree,

@@ -2,7 +2,7 @@
 
 The claims are data (configs/checks.yaml); this module knows a small fixed set of metric kinds
 (KINDS) and expectations, evaluates every claim against the newest usable record per target
-(records.load_records), writes results/checks.md and fills the verdict beside every tutorial
+(provenance.load_rows), writes results/checks.md and fills the verdict beside every tutorial
 sentence that teaches a claim (checkmarks.py). Each claim ends as
 
   PASS     the measured value meets the expectation
@@ -39,7 +39,7 @@ from typing import Any
 from megalab.core.paths import ROOT
 from megalab.core import markdown, provenance, variables
 from megalab.core.gpus import short_gpu_name
-from megalab.core.records import USABLE, RunRecord, load_records, read_records, repeats, settings, stamp
+from megalab.core.records import USABLE, RunRecord, read_records, repeats, settings, stamp
 from megalab.core import catalog
 from megalab.core.catalog import CatalogError
 from megalab.results import checkmarks
@@ -280,8 +280,8 @@ def other_hosts(c: Claim, records: Mapping[str, RunRecord], root: Path = ROOT) -
 
 def machine_groups(root: Path, setup) -> dict[str, dict[str, RunRecord]]:
     """provenance.comparable_keys (one machine, one code; a run of today's code also in its commit's group)
-    -> the newest usable record per target among that key's runs in ROOT/results/runs, with its repeats
-    (`runs`), as load_records gives the newest overall."""
+    -> the newest usable record per target among that key's runs in ROOT/results/runs, a plain `make <target>`'s
+    where the key has one, with its repeats (`runs`), as provenance.load_rows picks overall."""
     groups: dict[str, list[RunRecord]] = {}
     for r in read_records(root / "results" / "runs", "megalab check"):
         for key in provenance.comparable_keys(r, root) if r.status in USABLE else ():
@@ -289,7 +289,8 @@ def machine_groups(root: Path, setup) -> dict[str, dict[str, RunRecord]]:
     out: dict[str, dict[str, RunRecord]] = {}
     for key, recs in groups.items():
         newest: dict[str, RunRecord] = {}
-        for r in sorted(recs, key=lambda r: (stamp(r.started), r.run_dir.name if r.run_dir else "")):
+        for r in sorted(recs, key=lambda r: (provenance.plain_make(r), stamp(r.started),
+                                             r.run_dir.name if r.run_dir else "")):
             newest[r.target] = r
         out[key] = {t: r.grouped(repeats(r, recs, setup)) for t, r in newest.items()}
     return out
@@ -509,7 +510,7 @@ def claims_file(root: Path) -> Path | None:
 def evaluate_root(root: Path = ROOT, claims_path: Path | None = None) -> list[Result]:
     """Every claim against ROOT's committed records: the newest per target, or one machine's runs."""
     setup = lambda r: provenance.setup_key(r, root)  # noqa: E731
-    records = load_records(root / "results" / "runs", setup, "megalab check")
+    records = provenance.load_rows(root / "results" / "runs", "megalab check", root)
     claims = load_claims(claims_path or claims_file(root))
     return evaluate_all(claims, records, catalog.catalog(), machine_groups(root, setup), root)
 

@@ -420,7 +420,7 @@ def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunR
     """
     root = Path(root) if root is not None else ROOT
     if records is None:
-        records = run_records.load_records(root / "results" / "runs", who="megalab plots")
+        records = provenance.load_rows(root / "results" / "runs", "megalab plots", root)
     reference, twogpu = chapters.load_reference(), chapters.load_twogpu_reference()
     folder = out or root / "results" / PLOTS  # every chapter page lives in results/
     wanted: dict[Path, tuple[Figure, pd.DataFrame, str]] = {}

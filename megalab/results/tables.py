@@ -40,7 +40,6 @@ from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
 from megalab.core.records import RunRecord
-from megalab.core import records as _records
 
 UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes) unless its column says otherwise; "
              "`ref GB (pub.)` is the published figure as printed (nvidia-smi MiB / 1000, see "
@@ -66,11 +65,11 @@ ANALOGUE_NOTE = ("`~Rn` rows are 2-GPU analogues of published row Rn: they stand
 # --------------------------------------------------------------------------- inputs
 
 def load_records(root: Path | None = None, tree: Path | None = None) -> dict[str, RunRecord]:
-    """Newest usable record per target (records.load_records) from ROOT, default results/runs; repeats
-    are grouped by host, settings and code as git sees it in TREE (default: this checkout)."""
-    tree = Path(tree) if tree is not None else ROOT
-    return _records.load_records(Path(root) if root is not None else RUNS_DIR,
-                                 lambda r: provenance.setup_key(r, tree), "megalab tables")
+    """Newest usable record per target (records.load_records) from ROOT, default results/runs, one with
+    today's settings (a plain `make <target>`) where there is one; repeats are grouped by host, settings
+    and code as git sees it in TREE (default: this checkout)."""
+    return provenance.load_rows(Path(root) if root is not None else RUNS_DIR, "megalab tables",
+                                Path(tree) if tree is not None else ROOT)
 
 
 def machine_note(recs: list[RunRecord]) -> str | None:
