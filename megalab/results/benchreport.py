@@ -414,7 +414,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                 target = f"{target} + `{extra}` (not a catalog row)"
             shown = ",".join([*sorted(base), *(f"`{n}`" for n in sorted(base_flags))])
             if not both:
-                rows.append([label, target, shown, "", *[""] * 6,
+                rows.append([label, target, shown, *[""] * 7,
                              "not compared: no machine and code with both" if sides else "not run"])
                 continue
             # today's code first (a lever whose own file changed since is judged as it is now), then one that can give

@@ -508,7 +508,8 @@ def claims_file(root: Path) -> Path | None:
 
 
 def evaluate_root(root: Path = ROOT, claims_path: Path | None = None) -> list[Result]:
-    """Every claim against ROOT's committed records: the newest per target, or one machine's runs."""
+    """Every claim against ROOT's committed records: each target's row record (provenance.load_rows), or one
+    machine's runs."""
     setup = lambda r: provenance.setup_key(r, root)  # noqa: E731
     records = provenance.load_rows(root / "results" / "runs", "megalab check", root)
     claims = load_claims(claims_path or claims_file(root))
