@@ -787,8 +787,6 @@ def render(est: Estimate) -> str:
 
 # --------------------------------------------------------------------------- levers
 
-
-
 def lever_flags(fast) -> dict[str, bool]:
     """estimate()'s lever arguments from a run's fast path (its lever names, or MEGALAB_FAST's string)."""
     names = set(fast.split(",")) if isinstance(fast, str) else set(fast)

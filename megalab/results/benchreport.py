@@ -429,8 +429,7 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
             # a step time compares only within one machine and code: the row names both (an older code by the commit
             # of the lever's first run; the page's provenance rule says which changes count)
-            code = "today's code" if key[1] == provenance.CURRENT else \
-                f"older code ({str(on[0].versions.megalab_commit or '?')[:7]})"
+            code = pastref.code_label(key[1], on[0])
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
             par = parity(on[0], off[0], own_masks)

@@ -123,6 +123,11 @@ def _added(r, base: set[str], graph: list[str]) -> str | None:
     return ",".join(sorted(fast - base) + (graph if r.config.cuda_graph else []))
 
 
+def code_label(key: str, r: RunRecord) -> str:
+    """A code key (provenance.code_key) as the bench page names it: today's code, or the commit of a run `r` with it."""
+    return "today's code" if key == provenance.CURRENT else f"code at {str(r.versions.megalab_commit)[:7]}"
+
+
 def _step_row(exp, today: list[RunRecord], label: str, runs: list[RunRecord], ratio: str) -> list[str]:
     """A row of the lever and code tables: target, machine (today's runs'), what ran, its steps, the ratio given,
     tokens/s/GPU and MFU."""
@@ -180,11 +185,10 @@ def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
                 why = provenance.of(r, root).why
                 if provenance.host_key(r) == host and why.startswith(provenance.CODE_CHANGED):
                     then.setdefault(provenance.code_key(r, root), []).append(r)
-            for rs in sorted(then.values(), key=lambda rs: min(r.started or "" for r in rs)):
-                out.append(_step_row(exp, today, f"code at {str(rs[0].versions.megalab_commit)[:7]}", rs,
-                                     f"{_ms(rs) / _ms(today):.3f}x"))
+            for key, rs in sorted(then.items(), key=lambda kr: min(r.started or "" for r in kr[1])):
+                out.append(_step_row(exp, today, code_label(key, rs[0]), rs, f"{_ms(rs) / _ms(today):.3f}x"))
             if then:
-                out.append(_step_row(exp, today, "today's code", today, ""))
+                out.append(_step_row(exp, today, code_label(provenance.CURRENT, today[0]), today, ""))
     return out
 
 
