@@ -297,6 +297,12 @@ def test_a_preset_out_of_range_is_one_line(monkeypatch, tmp_path, fresh_catalog,
     ("target: 101-gpt2xl-dp1-gbs1-bf16, ref: R1}", "target: 999-nope, ref: R1}", "target '999-nope' is not a catalog"),
     ('cases: ["row 101, GBS 1"', 'cases: ["row 999"', "ablation.cases: no case named ['row 999']"),
     ("gbs: 4}", "gbs: 0}", "cases.1.gbs: Input should be greater than or equal to 1"),
+    ("issue_default: [fused_adam,", "issue_default: [warp_drive, fused_adam,",
+     "past_reference.beyond_catalog.issue_default: unknown lever(s) ['warp_drive']"),
+    ("issue_graph: [101-gpt2xl-dp1-gbs1-bf16,", "issue_graph: [113-gpt2xl-dp1-gbs15-zero2,",
+     "issue_graph: ['113-gpt2xl-dp1-gbs15-zero2'] are no goals' targets"),
+    ("beyond_catalog: {min_configs: 2,", "beyond_catalog: {min_configs: 0,", "min_configs: Input should be greater"),
+    ("round: [gelu_epilogue]", "round: [gelu_epilogo]", "past_reference.round: unknown lever(s) ['gelu_epilogo']"),
 ])
 def test_bench_yaml_is_typed_at_the_door(tmp_path, old, new, needle):
     text = (ROOT / "configs" / "bench.yaml").read_text()

@@ -142,6 +142,15 @@ class PastGoal(_Strict):
     bar: str | None = None  # a key of `bars`
 
 
+class BeyondCatalog(_Strict):
+    """Issue 32's rule for a lever that joins the default: it pays on `min_configs` configurations or more that
+    are not catalog rows (megalab/results/benchreport.py, beyond_section)."""
+    min_configs: Count
+    issue_default: list[str]  # the levers the goals' targets ran by default when the issue was filed
+    issue_graph: list[str] = []  # the goals' targets whose default ran the full-iteration CUDA graph then
+    issue_commit: str  # that commit, as the page names it
+
+
 class PastReference(_Strict):
     """Issue 32's one-GPU goals (megalab/results/pastref.py)."""
     min_runs: Count
@@ -149,6 +158,7 @@ class PastReference(_Strict):
     round_when: str  # which session's round, as the page names it
     goals: Annotated[list[PastGoal], Field(min_length=1)]
     bars: dict[str, Bar] = {}
+    beyond_catalog: BeyondCatalog | None = None
 
 
 class BenchConfig(_Strict):
@@ -206,6 +216,12 @@ class BenchConfig(_Strict):
             for g in self.past_reference.goals:
                 if g.bar and g.bar not in self.past_reference.bars:
                     raise ValueError(f"past_reference: goal {g.target}: no bar named {g.bar!r}")
+            levers(self.past_reference.round, "past_reference.round")
+            if self.past_reference.beyond_catalog:
+                rule = self.past_reference.beyond_catalog
+                levers(rule.issue_default, "past_reference.beyond_catalog.issue_default")
+                if bad := sorted(set(rule.issue_graph) - {g.target for g in self.past_reference.goals}):
+                    raise ValueError(f"past_reference.beyond_catalog.issue_graph: {bad} are no goals' targets")
         for pair in self.experts.pairs if self.experts else []:
             levers(pair.a + pair.b, f"experts '{pair.name}'")
         return self

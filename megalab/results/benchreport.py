@@ -5,6 +5,7 @@ test checks the committed page is what the records give.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -220,10 +221,12 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     mm_path = bench_dir / "matmul.json"
     mm = _matmul(mm_path)
     largest, search_lines = _search_section(cfg, recs)
+    trials = trial_rows(cfg, bench_dir, bench_dir.parent.parent)
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
-         *_ablation_section(cfg, get), *trials_section(cfg, bench_dir), *_parity_section(cfg, get),
+         *_ablation_section(cfg, get), *trials_section(cfg, bench_dir, rows=trials), *_parity_section(cfg, get),
          *_experts_section(cfg, get),
          *_goals_section(cfg, get, largest, bench_dir.parent.parent), *defaults.section(bench_dir.parent.parent), *pastref.section(cfg, bench_dir.parent.parent),
+         *beyond_section(cfg, trials, bench_dir.parent.parent),
          *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
     if any(r.concurrent for r in recs.values()):
         L += [columns.SHARED_NOTE, ""]
@@ -331,6 +334,9 @@ def _ablation_section(cfg: dict, get) -> list[str]:
             *_findings(cfg, get)]
 
 
+PAYS = "pays"  # a trial's verdict where every run with the lever beat every run without it
+
+
 def _trial_verdict(on: list[float], off: list[float]) -> str:
     """'pays' only if every run with the lever beat every run without it (and 'slower' the other way
     round), with two runs or more on each side: one command's launches spread by several percent, and a
@@ -338,7 +344,7 @@ def _trial_verdict(on: list[float], off: list[float]) -> str:
     if min(len(on), len(off)) < 2:
         return "no verdict: one run on a side"
     if max(on) < min(off):
-        return "pays"
+        return PAYS
     if min(on) > max(off):
         return "slower"
     return "within noise (the runs overlap)"
@@ -362,7 +368,29 @@ def _flag_levers(rec: RunRecord, flag_levers: dict[str, list[str]]) -> tuple[str
     return " ".join(ex), on
 
 
-def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
+NOT_RUN, NOT_COMPARED = "not run", "not compared: no machine and code with both"  # a trial row without a measurement
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRow:
+    """One row of "Levers tried against the default": the levers (bench.yaml names), the configuration (a catalog
+    target, and the EXTRA_ARGS that make it no catalog row, '' for the row itself), the table's cells."""
+    levers: tuple[str, ...]
+    target: str
+    extra: str
+    cells: tuple[str, ...]
+
+    @property
+    def verdict(self) -> str:
+        return self.cells[-1]
+
+    @property
+    def compared(self) -> bool:
+        """Whether runs with and without the levers met on one machine and code (the verdict is a measurement's)."""
+        return self.verdict not in (NOT_RUN, NOT_COMPARED)
+
+
+def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
     """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
     tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
     added, on the machine, code and CUDA-graph setting where both sides ran (today's code where both sides
@@ -410,12 +438,11 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                        None if graph else with_graph, flagged - added_flags)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [(k, s) for k, s in sides.items() if s[True] and s[False]]
-            if extra:
-                target = f"{target} + `{extra}` (not a catalog row)"
+            where = f"{target} + `{extra}` (not a catalog row)" if extra else target
             shown = ",".join([*sorted(base), *(f"`{n}`" for n in sorted(base_flags))])
             if not both:
-                rows.append([label, target, shown, *[""] * 7,
-                             "not compared: no machine and code with both" if sides else "not run"])
+                rows.append(TrialRow(tuple(names), target, extra, (label, where, shown, *[""] * 7,
+                                                                    NOT_COMPARED if sides else NOT_RUN)))
                 continue
             # today's code first (a lever whose own file changed since is judged as it is now), then one that can give
             # a verdict (two a side), the newest such (the lever as it was last measured), then the most runs
@@ -437,11 +464,17 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
             # a failed pair beside two base runs that fail the same rule: the configuration's losses cannot tell
             base_too = not par["pass"] and len(off) > 1 and not parity(off[1], off[0])["pass"]
             cell = "PASS" if par["pass"] else BASE_FAILS_TOO if base_too else "FAIL"
-            rows.append([label, target, shown, f"{defaults.hardware(on[0])}, {code}", pastref.spread(off),
-                         pastref.spread(on), f"{x:.3f}",
-                         f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
-                         f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
-                         f"{cell} {OWN_MASKS}" if own_masks else cell, verdict])
+            rows.append(TrialRow(tuple(names), target, extra, (
+                label, where, shown, f"{defaults.hardware(on[0])}, {code}", pastref.spread(off), pastref.spread(on),
+                f"{x:.3f}", f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
+                f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
+                f"{cell} {OWN_MASKS}" if own_masks else cell, verdict)))
+    return rows
+
+
+def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT, rows: list[TrialRow] | None = None) -> list[str]:
+    """The table of trial_rows (read once by the caller where another section reads them too)."""
+    rows = trial_rows(cfg, bench_dir, root) if rows is None else rows
     if not rows:
         return []
     return ["## Levers tried against the default", "",
@@ -465,7 +498,70 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[str]:
                                 "(`python -m megalab bench wgrad <target>`)." if (bench_dir / "fused-wgrad-microbench.txt").exists() else ""), "",
             *markdown.table(["lever", "target", "base (FAST, `flag levers`)", "machine, code", "base ms",
                              "with the lever ms", "with / without",
-                             "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"], rows), ""]
+                             "GiB without / with", "first steps: largest rel. diff", "parity", "verdict"],
+                            [list(r.cells) for r in rows]), ""]
+
+
+def _run_levers(r: RunRecord, cfg: dict) -> set[str]:
+    """The bench.yaml levers a run ran with: its fast path, the flag levers its Megatron command holds, and the
+    CUDA-graph lever where it ran the graph."""
+    by_fast = {v["fast"]: n for n, v in cfg["levers"].items() if v.get("fast")}
+    fast = ((r.intent.fastpath if r.intent else None) or "").split(",")
+    flags = _flag_levers(r, {n: v["args"].split() for n, v in cfg["levers"].items() if v.get("args")})[1]
+    graph = {n for n, v in cfg["levers"].items() if v.get("cuda_graph")} if r.config.cuda_graph else set()
+    return {by_fast.get(f, f) for f in fast if f} | flags | graph
+
+
+def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[list[str]]:
+    """Issue 32's rule, per lever that a goal's plain launch runs now and did not when the issue was filed
+    (`beyond_catalog.issue_default`): the configurations beyond the catalog (trials with EXTRA_ARGS) it was tried on,
+    those where it paid (the two-a-side verdict; a set of levers counts for each of them where all joined the
+    default), and whether they reach `min_configs`. A lever no trial tried beyond the catalog is a row too."""
+    block = cfg["past_reference"]
+    rule = block["beyond_catalog"]
+    graph = {n for n, v in cfg["levers"].items() if v.get("cuda_graph")}
+    todays = pastref._todays(block, root)
+    joined_at: dict[str, list[str]] = {}  # lever -> the goals whose default it joined
+    for g in block["goals"]:
+        runs = [r for group in todays[g["target"]] for r in group]
+        had = set(rule["issue_default"]) | (graph if g["target"] in rule.get("issue_graph", []) else set())
+        if runs:
+            for n in _run_levers(max(runs, key=lambda r: r.started or ""), cfg) - had:
+                joined_at.setdefault(n, []).append(g["target"].split("-")[0])
+    joined = set(joined_at)
+    out = []
+    for n in sorted(joined):
+        mine = [t for t in rows if t.extra and n in t.levers and t.compared]
+        tried = {(t.target, t.extra) for t in mine}
+        paid: dict[tuple, list[str]] = {}
+        for t in mine:
+            if t.verdict == PAYS and set(t.levers) <= joined:
+                paid.setdefault((t.target, t.extra), []).extend(o for o in t.levers if o != n)
+        where = "; ".join(f"{target.split('-')[0]} + `{extra}`" + (f" (with {', '.join(sorted({f'`{o}`' for o in w}))})"
+                                                                   if w else "") for (target, extra), w in sorted(paid.items()))
+        verdict = ("met" if len(paid) >= rule["min_configs"] else
+                   "missed: not tried beyond the catalog" if not tried else
+                   f"missed: pays on {len(paid)} of {len(tried)}")
+        out.append([f"`{n}`", ", ".join(joined_at[n]), f"{len(paid)} of {len(tried)}", where or "-", verdict])
+    return out
+
+
+def beyond_section(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[str]:
+    if not (cfg.get("past_reference") or {}).get("beyond_catalog"):
+        return []
+    rule = cfg["past_reference"]["beyond_catalog"]
+    table = beyond_rows(cfg, rows, root)
+    met = sum(r[-1] == "met" for r in table)
+    return [f"Beyond the catalog: issue 32 lets a lever join the default only if it also pays on {rule['min_configs']} "
+            "configurations or more that are not catalog rows (a target with EXTRA_ARGS: another hidden size, depth, "
+            "sequence or batch). Each lever a goal's newest plain launch runs that its default did not have when the "
+            f"issue was filed ({rule['issue_commit']}: {', '.join(rule['issue_default'])}, and the full-iteration CUDA "
+            f"graph at {', '.join(t.split('-')[0] for t in rule.get('issue_graph', [])) or 'none'}), with the rows of \"Levers "
+            "tried against the default\" beyond the catalog: the configurations it paid on (the two-a-side verdict) of "
+            "those it was tried on. A set of levers tried together counts for each where all of them joined. "
+            f"{met} of {len(table)} meet the rule.", "",
+            *markdown.table(["lever", "joined the default of", "beyond the catalog: pays / tried", "where it paid",
+                             "verdict"], table), ""]
 
 
 def _parity_row(pair: dict, a_run, b_run, get) -> list:
