@@ -66,9 +66,9 @@ def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_cod
     its change (0c57b23) between three launches of its own code on one H100: that is the one before and after; 101,
     112 and 600 ran no earlier commit there. With the fourteenth session's code pinned, its own pair (7f7d795 against
     80644e5) on its machine is read the same way."""
-    assert pastref.code_rows(pastref._todays(_cfg()["past_reference"], benchruns.ROOT)) == []
+    assert pastref.code_rows(pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)) == []
     pin_code(GRID_TUNING_COMMIT)
-    todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
+    todays = pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
     machine = "1x H100 80GB GPU-147ea2cb"
     rows = [r for r in pastref.code_rows(todays) if r[1] == machine]
     assert [r[:3] for r in rows] == [["111-gpt2xl-dp1-fit-80GB", machine, "code at 0c57b23"],
@@ -77,7 +77,7 @@ def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_cod
     assert then[3] == "334 (2 runs, 334–335)" and now[3].startswith("334 (3 runs")
     assert float(then[4].rstrip("x")) > 1 and now[4] == ""
     pin_code(PIPELINED_COMMIT)
-    todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
+    todays = pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
     machine = "1x H100 80GB GPU-ec840fa9"
     rows = [r for r in pastref.code_rows(todays) if r[1] == machine]
     assert [r[2] for r in rows] == ["code at 7f7d795", "today's code"]
@@ -89,7 +89,7 @@ def test_code_rows_need_an_earlier_commit_on_the_goals_machine(pin_code, before_
     under the default before gelu_epilogue, then hold all five launches of each of the two machines; the eighteenth
     session's two launches without it are its round's base, not goal launches)."""
     pin_code(GRID_TUNING_COMMIT, BEFORE_GRID_TUNING, PIPELINED_COMMIT, "7f7d7951750d1134e192f9a1db97487e09502be5")
-    todays = pastref._todays(_cfg()["past_reference"], benchruns.ROOT)
+    todays = pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
     assert pastref.code_rows(todays) == []
     assert sorted(len(rs) for rs in todays["111-gpt2xl-dp1-fit-80GB"]) == [5, 5]
 
@@ -349,12 +349,12 @@ def test_clock_rows_pool_the_busy_samples_of_a_goals_runs(tmp_path, monkeypatch)
     assert clocks.pooled(None) is None  # a record read without its run directory: no samples, no error
     # the page: the table after the code table, the same rows; with no goal run at all, one line instead
     goals = {g["target"]: [] for g in _cfg()["past_reference"]["goals"]}
-    monkeypatch.setattr(pastref, "_todays", lambda block, root: {**goals, **todays})
+    monkeypatch.setattr(pastref, "goal_runs", lambda block, root: {**goals, **todays})
     page = pastref.section(_cfg())
     head = page.index("| " + " | ".join(pastref.CLOCK_HEADER) + " |")
     assert [[c.strip() for c in ln.split("|")[1:-1]] for ln in page[head + 2:head + 5]] == [pooled, unsampled, damaged]
     assert page[head - 2].startswith("What the card ran at while busy") and page[head + 5] == ""
-    monkeypatch.setattr(pastref, "_todays", lambda block, root: goals)
+    monkeypatch.setattr(pastref, "goal_runs", lambda block, root: goals)
     assert "No goal run was sampled for clocks." in pastref.section(_cfg())
 
 

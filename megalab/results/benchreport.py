@@ -520,7 +520,7 @@ def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[list
     block = cfg["past_reference"]
     rule = block["beyond_catalog"]
     graph = {n for n, v in cfg["levers"].items() if v.get("cuda_graph")}
-    todays = pastref._todays(block, root)
+    todays = pastref.goal_runs(block, root)
     joined_at: dict[str, list[str]] = {}  # lever -> the goals whose default it joined
     for g in block["goals"]:
         runs = [r for group in todays[g["target"]] for r in group]

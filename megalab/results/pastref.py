@@ -49,7 +49,7 @@ def _today(exp, recs: dict[str, list], root, min_runs: int = 1) -> list[list[Run
     return enough or [max(groups.values(), key=lambda rs: (len(rs), max(r.started or "" for r in rs)))]
 
 
-def _todays(block: dict, root) -> dict[str, list[list[RunRecord]]]:
+def goal_runs(block: dict, root) -> dict[str, list[list[RunRecord]]]:
     """_today of every goal's target, from one read of the records."""
     recs = defaults.ok_records(root)
     return {g["target"]: _today(catalog.get(g["target"]), recs, root, block["min_runs"]) for g in block["goals"]}
@@ -74,7 +74,7 @@ def _mfu(runs: list[RunRecord]) -> float | None:
 def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
     block = cfg["past_reference"]
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
-    todays = _todays(block, root) if todays is None else todays
+    todays = goal_runs(block, root) if todays is None else todays
     bars = block.get("bars", {})
     rows = []
     for goal in block["goals"]:
@@ -145,7 +145,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
     # the round's CUDA-graph lever, known as the trials know it (a lever with `cuda_graph: true`)
     graph = [n for n in block["round"] if cfg["levers"].get(n, {}).get("cuda_graph")]
     out = []
-    todays = _todays(block, root) if todays is None else todays
+    todays = goal_runs(block, root) if todays is None else todays
     for goal, today in ((g, rs) for g in block["goals"] for rs in todays[g["target"]]):
         exp = catalog.get(goal["target"])
         base = base_fast(block, exp)
@@ -170,7 +170,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
 
 
 def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
-    """Per goal row of today's code (`todays`: _todays), the same target's runs on its machine with today's settings
+    """Per goal row of today's code (`todays`: goal_runs), the same target's runs on its machine with today's settings
     at an earlier commit (a code change measured before and after, run against run): one row per earlier code, then
     today's."""
     recs = defaults.ok_records(root)
@@ -198,7 +198,7 @@ CLOCK_HEADER = ["target", "machine", "runs sampled", "SM MHz, median (range), al
 
 
 def clock_rows(todays: dict) -> list[list[str]]:
-    """Per goal row (`todays`: _todays), what its runs' cards ran at while busy (core.clocks): the busy samples of
+    """Per goal row (`todays`: goal_runs), what its runs' cards ran at while busy (core.clocks): the busy samples of
     every sampled run and GPU pooled, their SM clock's median and range, the power's median and the share of them
     each reason held the clock down in. Runs without clock samples are left out, counted in "runs sampled"."""
     out = []
@@ -223,7 +223,7 @@ def section(cfg: dict, root=ROOT) -> list[str]:
     block = cfg["past_reference"]
     bars = "; ".join(f"{b['what']}: {b['tokens_per_s'] / 1000:.1f}K tokens/s/GPU ({b['source']})"
                      for b in block.get("bars", {}).values())
-    todays = _todays(block, root)  # both tables judge the same runs
+    todays = goal_runs(block, root)  # both tables judge the same runs
     return ["## One GPU, past the reference", "",
             "Issue 32's goals for plain `make <target>` on one GPU with today's defaults: the median of the "
             f"launches on one machine and code (a goal counts {block['min_runs']} launches or more), one row for "
