@@ -422,3 +422,10 @@ def test_the_committed_page_shows_the_beyond_the_catalog_table():
         assert "| " + " | ".join(r) + " |" in section
     met = sum(r[-1] == "met" for r in rows.values())
     assert f"{met} of {len(rows)} meet the rule." in section
+
+
+def test_without_a_goals_launch_the_beyond_the_catalog_part_says_so(monkeypatch):
+    monkeypatch.setattr(pastref, "goal_runs", lambda block, root: {g["target"]: [] for g in block["goals"]})
+    cfg = _cfg()
+    lines = benchreport.beyond_section(cfg, benchreport.trial_rows(cfg, benchruns.BENCH_DIR))
+    assert lines[0].startswith("Beyond the catalog: no goal's plain launch") and not any(ln.startswith("|") for ln in lines)

@@ -551,6 +551,9 @@ def beyond_section(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[s
         return []
     rule = cfg["past_reference"]["beyond_catalog"]
     table = beyond_rows(cfg, rows, root)
+    if not table:  # said, not an empty table: no goal ran with today's settings, or none runs a lever it lacked then
+        return [f"Beyond the catalog: no goal's plain launch with today's settings runs a lever its default lacked when "
+                f"issue 32 was filed ({rule['issue_commit']}), so no lever has the rule to meet.", ""]
     met = sum(r[-1] == "met" for r in table)
     return [f"Beyond the catalog: issue 32 lets a lever join the default only if it also pays on {rule['min_configs']} "
             "configurations or more that are not catalog rows (a target with EXTRA_ARGS: another hidden size, depth, "
