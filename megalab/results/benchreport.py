@@ -221,13 +221,16 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     mm_path = bench_dir / "matmul.json"
     mm = _matmul(mm_path)
     largest, search_lines = _search_section(cfg, recs)
-    trials = trial_rows(cfg, bench_dir, bench_dir.parent.parent)
+    root = bench_dir.parent.parent
+    trials = trial_rows(cfg, bench_dir, root)
+    # the goals' launches, read once for "One GPU, past the reference" and its beyond-the-catalog table
+    todays = pastref.goal_runs(cfg["past_reference"], root) if cfg.get("past_reference") else None
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *trials_section(cfg, bench_dir, rows=trials), *_parity_section(cfg, get),
          *_experts_section(cfg, get),
-         *_goals_section(cfg, get, largest, bench_dir.parent.parent), *defaults.section(bench_dir.parent.parent), *pastref.section(cfg, bench_dir.parent.parent),
-         *beyond_section(cfg, trials, bench_dir.parent.parent),
-         *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(bench_dir.parent.parent)]
+         *_goals_section(cfg, get, largest, root), *defaults.section(root), *pastref.section(cfg, root, todays),
+         *beyond_section(cfg, trials, root, todays),
+         *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(root)]
     if any(r.concurrent for r in recs.values()):
         L += [columns.SHARED_NOTE, ""]
     if any(f"| {columns.OTHER_HOST} |" in line for line in L):
@@ -400,7 +403,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
     # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
             for r in read_records(d, "megalab bench-report")]
-    flag_levers = {n: v["args"].split() for n, v in cfg["levers"].items() if v.get("args")}
+    flag_levers = _flag_lever_args(cfg)
     rows = []
     for trial in cfg.get("trials", []):
         names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
@@ -502,25 +505,36 @@ def trials_section(cfg: dict, bench_dir: Path, root: Path = ROOT, rows: list[Tri
                             [list(r.cells) for r in rows]), ""]
 
 
+def _flag_lever_args(cfg: dict) -> dict[str, list[str]]:
+    """The levers of Megatron flags (bench.yaml `args`): name -> the flags, as a run's command holds them."""
+    return {n: v["args"].split() for n, v in cfg["levers"].items() if v.get("args")}
+
+
+def _graph_levers(cfg: dict) -> set[str]:
+    """The levers that are the full-iteration CUDA graph (bench.yaml `cuda_graph: true`)."""
+    return {n for n, v in cfg["levers"].items() if v.get("cuda_graph")}
+
+
 def _run_levers(r: RunRecord, cfg: dict) -> set[str]:
     """The bench.yaml levers a run ran with: its fast path, the flag levers its Megatron command holds, and the
     CUDA-graph lever where it ran the graph."""
     by_fast = {v["fast"]: n for n, v in cfg["levers"].items() if v.get("fast")}
     fast = ((r.intent.fastpath if r.intent else None) or "").split(",")
-    flags = _flag_levers(r, {n: v["args"].split() for n, v in cfg["levers"].items() if v.get("args")})[1]
-    graph = {n for n, v in cfg["levers"].items() if v.get("cuda_graph")} if r.config.cuda_graph else set()
+    flags = _flag_levers(r, _flag_lever_args(cfg))[1]
+    graph = _graph_levers(cfg) if r.config.cuda_graph else set()
     return {by_fast.get(f, f) for f in fast if f} | flags | graph
 
 
-def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[list[str]]:
+def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT, todays: dict | None = None) -> list[list[str]]:
     """Issue 32's rule, per lever that a goal's plain launch runs now and did not when the issue was filed
     (`beyond_catalog.issue_default`): the configurations beyond the catalog (trials with EXTRA_ARGS) it was tried on,
     those where it paid (the two-a-side verdict; a set of levers counts for each of them where all joined the
-    default), and whether they reach `min_configs`. A lever no trial tried beyond the catalog is a row too."""
+    default), and whether they reach `min_configs`. A lever no trial tried beyond the catalog is a row too. TODAYS:
+    pastref.goal_runs, where the caller has read them already."""
     block = cfg["past_reference"]
     rule = block["beyond_catalog"]
-    graph = {n for n, v in cfg["levers"].items() if v.get("cuda_graph")}
-    todays = pastref.goal_runs(block, root)
+    graph = _graph_levers(cfg)
+    todays = pastref.goal_runs(block, root) if todays is None else todays
     joined_at: dict[str, list[str]] = {}  # lever -> the goals whose default it joined
     for g in block["goals"]:
         runs = [r for group in todays[g["target"]] for r in group]
@@ -546,11 +560,11 @@ def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[list
     return out
 
 
-def beyond_section(cfg: dict, rows: list[TrialRow], root: Path = ROOT) -> list[str]:
+def beyond_section(cfg: dict, rows: list[TrialRow], root: Path = ROOT, todays: dict | None = None) -> list[str]:
     if not (cfg.get("past_reference") or {}).get("beyond_catalog"):
         return []
     rule = cfg["past_reference"]["beyond_catalog"]
-    table = beyond_rows(cfg, rows, root)
+    table = beyond_rows(cfg, rows, root, todays)
     if not table:  # said, not an empty table: no goal ran with today's settings, or none runs a lever it lacked then
         return [f"Beyond the catalog: no goal's plain launch with today's settings runs a lever its default lacked when "
                 f"issue 32 was filed ({rule['issue_commit']}), so no lever has the rule to meet.", ""]
