@@ -418,8 +418,83 @@ def test_nvmath_logs_to_a_quiet_logger_of_its_own(monkeypatch):
     monkeypatch.setattr(GE, "MatmulEpilog", SimpleNamespace(DGELU="DGELU"))
     monkeypatch.setattr(GE, "_PLANS", {})
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(GE, "_make_current", lambda device: None)  # no cuda.core here
     monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)  # as Megatron sets it
     assert GE._run("DGELU", torch.ones(8, 8), torch.ones(8, 8), {}) == "result"
     log = given.get("logger")
     assert log is not None and log is not logging.getLogger(), "nvmath would log to the root logger"
     assert not log.isEnabledFor(logging.INFO) and log.isEnabledFor(logging.WARNING)
+
+
+def _thread_run(fn):
+    """fn() on a thread of its own, as autograd runs the backward (and full recompute's forward): its result or error."""
+    import threading
+
+    out = {}
+
+    def target():
+        try:
+            out["result"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed back to the test
+            out["error"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    return out
+
+
+@pytest.mark.parametrize("made_current", [True, False], ids=["per-thread", "check-can-fail"])
+def test_a_plan_made_on_one_thread_runs_on_another(monkeypatch, made_current):
+    """Row 300 (full recompute) failed with "Device 0 is not yet initialized": its MLP forward ran again on autograd's
+    thread with a plan made on the main thread. cuda.core's device is made current per thread and refuses work where it
+    is not; nvmath makes it current only while planning. _run makes it current on each thread it runs on, once a
+    thread. Without that (check-can-fail) the second thread fails as the GPU did."""
+    import threading
+    from types import SimpleNamespace
+
+    current, calls = set(), []  # (thread, device) made current; set_current's threads
+
+    class _Device:
+        def __init__(self, index):
+            self.index = index
+
+        def set_current(self):
+            calls.append(threading.get_ident())
+            current.add((threading.get_ident(), self.index))
+
+    class _Matmul:
+        def __init__(self, a, b, options=None, stream=None):
+            current.add((threading.get_ident(), 0))  # nvmath makes the device current while it plans
+
+        def plan(self, **kwargs):
+            pass
+
+        def reset_operands_unchecked(self, **kwargs):
+            pass
+
+        def execute(self, stream=None):
+            if (threading.get_ident(), 0) not in current:
+                raise RuntimeError("Device 0 is not yet initialized, perhaps you forgot to call .set_current() first?")
+            return "result"
+
+        def release_operands(self):
+            pass
+
+    monkeypatch.setattr(GE, "Matmul", _Matmul)
+    monkeypatch.setattr(GE, "Device", _Device)
+    monkeypatch.setattr(GE, "MatmulEpilog", SimpleNamespace(GELU_AUX_BIAS="GELU_AUX_BIAS"))
+    monkeypatch.setattr(GE, "_PLANS", {})
+    monkeypatch.setattr(GE, "_THREAD", threading.local())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # CPU tensors here have no device index
+    if not made_current:
+        monkeypatch.setattr(GE, "_make_current", lambda device: None)
+    run = lambda: GE._run("GELU_AUX_BIAS", torch.ones(8, 8), torch.ones(8, 8), {})  # noqa: E731
+    assert run() == "result" and run() == "result"  # planned, then reused, on this thread
+    other = _thread_run(run)
+    if made_current:
+        assert other == {"result": "result"}
+        assert len(calls) == 2 and len(set(calls)) == 2, "once on each thread"
+    else:
+        assert "not yet initialized" in str(other.get("error"))

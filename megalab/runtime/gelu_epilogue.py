@@ -22,20 +22,24 @@ bias runs along the result's rows, as cuBLASLt's epilogue wants, and the column-
 transpose is the row-major [T, 4h] activation, with no copy.
 
 Plans (descriptors, the heuristic's algorithm, a workspace) are made once per shape, outside any CUDA graph
-capture (Megatron's graphs capture after eager warm-up steps), then reused with new pointers. The plumbing is
+capture (Megatron's graphs capture after eager warm-up steps), then reused with new pointers. A plan may run on
+another thread than the one that made it: autograd runs the backward, and with full recompute the forward again, on
+a thread of its own, where cuda.core's per-thread device must first be made current (_make_current). The plumbing is
 checked on the CPU with the two epilogue calls replaced by their torch equivalents: tests/test_gelu_epilogue.py.
 """
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 import torch.nn.functional as F
 
 try:  # NVIDIA's Python interface to cuBLASLt (pip install nvmath-python): on GPU machines only
     from nvmath.linalg.advanced import Matmul, MatmulEpilog
+    from cuda.core import Device  # nvmath's own device handle (cuda-core, one of its dependencies)
 except Exception:  # pragma: no cover - no nvmath (CPU CI) or no CUDA driver: no lever
-    Matmul = MatmulEpilog = None
+    Matmul = MatmulEpilog = Device = None
 
 _PLANS: dict = {}  # (epilogue, shapes, strides, dtype, device) -> a planned nvmath Matmul
 # nvmath logs each execute() at INFO to the root logger unless given its own, and Megatron sets the root logger to
@@ -45,8 +49,26 @@ _LOG = logging.getLogger("megalab.nvmath")
 _LOG.setLevel(logging.WARNING)
 
 
+_THREAD = threading.local()  # .devices: the device indices cuda.core has made current on this thread
+
+
+def _make_current(device: torch.device) -> None:
+    """Make `device` current for cuda.core on the calling thread, once per thread. cuda.core's Device is a per-thread
+    singleton that refuses work until set_current() ran on that thread; nvmath calls it only while planning, so a plan
+    made on the main thread failed on autograd's thread when full recompute ran the forward there (row 300: "Device 0
+    is not yet initialized"). Torch uses the same primary context, so this changes nothing for torch."""
+    done = getattr(_THREAD, "devices", None)
+    if done is None:
+        done = _THREAD.devices = set()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in done:
+        Device(index).set_current()
+        done.add(index)
+
+
 def _run(epilog: str, a: torch.Tensor, b: torch.Tensor, inputs: dict):
     """a @ b with cuBLASLt's `epilog`, on the current stream; planned once per shape, operands released after."""
+    _make_current(a.device)
     stream = torch.cuda.current_stream(a.device)
     key = (epilog, a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device)
     mm = _PLANS.get(key)
