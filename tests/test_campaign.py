@@ -147,15 +147,16 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     assert catalog.get("118").id not in today
 
 
-def test_todays_runs_are_the_twentieth_sessions_launches_and_600s():
-    """The nineteenth session changed gelu_epilogue.py (nvmath's logger), a file only runs with that lever execute;
-    the twentieth changed no run code. Today's runs are then the twentieth's plain launches on one H100: 111, 101
-    and 112 three times, 121 twice and 113 once; and the nineteenth's three of 600 (Llama-style: no GeLU MLP, so the
-    change left their code as it was). A target's count is its largest on one machine: 121's launch after the fix
-    ran on another card. Launches without the lever ran other settings than today's."""
+def test_todays_runs_are_the_twenty_first_sessions_launches_and_600s():
+    """The twenty-first session changed gelu_epilogue.py (cuda.core's device made current on each thread: row 300,
+    with full recompute, had failed), a file only runs with that lever execute. Today's runs are then its plain
+    launches after the fix on one H100: 111, 101 and 112 three times, 300 once and 301's out-of-memory run; and the
+    nineteenth's three of 600 (Llama-style: no GeLU MLP, so neither change touched their code). The twentieth's and
+    the twenty-first's launches before the fix (113, 121, and 001, 211, 221, 231, 241) ran older code."""
     today = campaign.todays_runs()
-    assert today == {catalog.get(t).id: (n, False) for t, n in
-                     (("111", 3), ("101", 3), ("112", 3), ("121", 2), ("113", 1), ("600", 3))}
+    assert today == {catalog.get(t).id: n for t, n in
+                     (("111", (3, False)), ("101", (3, False)), ("112", (3, False)), ("300", (1, False)),
+                      ("301", (0, True)), ("600", (3, False)))}
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine
