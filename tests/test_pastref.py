@@ -366,12 +366,12 @@ def _beyond(cfg=None):
     return {r[0].strip("`"): r for r in benchreport.beyond_rows(cfg, benchreport.trial_rows(cfg, benchruns.BENCH_DIR))}
 
 
-def _graph_on_catalog_rows_only(cfg):
-    """CFG with the CUDA graph's trials on catalog rows only (as they were until the twentieth session planned two
-    configurations beyond the catalog, whose runs had no base beside them then)."""
+def _on_catalog_rows_only(cfg, lever):
+    """CFG with LEVER's trials (alone or in a set) on catalog rows only: for the CUDA graph, as they were until the
+    twentieth session planned two configurations beyond the catalog."""
     cfg = copy.deepcopy(cfg)
     for trial in cfg["trials"]:
-        if "cuda_graph" in (trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]):
+        if lever in (trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]):
             trial["targets"] = [t for t in trial["targets"] if isinstance(t, str)]
     return cfg
 
@@ -384,7 +384,7 @@ def test_every_lever_that_joined_a_goals_default_has_a_row_and_the_graph_can_mis
     assert not set(rows) & {"fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias"}
     assert {"gelu_epilogue", "triton_norm", "no_rerun", "sdpa_gqa", "cuda_graph"} <= set(rows)
     assert rows["cuda_graph"][1] == "111, 112"
-    graph = _beyond(_graph_on_catalog_rows_only(_cfg()))["cuda_graph"]
+    graph = _beyond(_on_catalog_rows_only(_cfg(), "cuda_graph"))["cuda_graph"]
     assert graph[1:] == ["111, 112", "0 of 0", "-", "missed: not tried beyond the catalog"]
     assert rows["gelu_epilogue"][1] == "111, 101, 112" and rows["gelu_epilogue"][-1] == "met"
     assert rows["sdpa_gqa"][1] == "600" and rows["sdpa_gqa"][2] == "2 of 3"  # one configuration within noise
@@ -395,10 +395,7 @@ def test_a_lever_misses_without_enough_configurations_that_paid():
     cfg["past_reference"]["beyond_catalog"]["min_configs"] = 3
     rows = _beyond(cfg)
     assert rows["bias_gelu"][-1] == "missed: pays on 2 of 2" and rows["fused_wgrad"][-1] == "met"  # 3 of 3
-    cfg = copy.deepcopy(_cfg())
-    for trial in cfg["trials"]:  # gelu_epilogue's trials on catalog rows only
-        if trial["lever"] == "gelu_epilogue":
-            trial["targets"] = [t for t in trial["targets"] if isinstance(t, str)]
+    cfg = _on_catalog_rows_only(_cfg(), "gelu_epilogue")
     assert _beyond(cfg)["gelu_epilogue"][-1] == "missed: not tried beyond the catalog"
 
 

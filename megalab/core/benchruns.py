@@ -299,6 +299,12 @@ class Run:
         return f"{self.id} [{self.spec}{': ' + ' + '.join(extra) if extra else ''}]"
 
 
+def graph_levers(cfg: dict) -> set[str]:
+    """The levers that are the full-iteration CUDA graph (bench.yaml `cuda_graph: true`): a run's side of them is its
+    CUDA_GRAPH, not a fast path or a flag."""
+    return {n for n, v in cfg["levers"].items() if v.get("cuda_graph")}
+
+
 def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None, extra_args="",
              zero2=None) -> Run:
     fast, graph, args = [], False, [extra_args] if extra_args else []
@@ -337,7 +343,7 @@ def ablation_runs(cfg: dict) -> list[tuple[str, list[str], Run]]:
 def parity_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
     """(pair, a, b): megalab's side runs the spec's fast path; its CUDA graph only where the pair says."""
     par = cfg["parity"]
-    fast_levers = [n for n in cfg["specs"]["megalab"]["levers"] if not cfg["levers"][n].get("cuda_graph")]
+    fast_levers = [n for n in cfg["specs"]["megalab"]["levers"] if n not in graph_levers(cfg)]
     out = []
     for pair in par["pairs"]:
         a, b = (make_run(cfg, side["target"], side["spec"],

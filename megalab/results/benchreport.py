@@ -412,7 +412,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
         added = {cfg["levers"][n]["fast"] for n in names if cfg["levers"][n].get("fast")}
         added_flags = frozenset(n for n in names if cfg["levers"][n].get("args"))
         # the CUDA graph as a lever: its side is the run's CUDA_GRAPH, not a setting both sides share
-        graph = any(cfg["levers"][n].get("cuda_graph") for n in names)
+        graph = bool(benchruns.graph_levers(cfg) & set(names))
         own_masks = any(cfg["levers"][n].get("own_masks") for n in names)
         asked = set(trial.get("base", variables.DEFAULT_FAST))
         base_flags = frozenset(n for n in asked if cfg["levers"].get(n, {}).get("args"))
@@ -510,18 +510,13 @@ def _flag_lever_args(cfg: dict) -> dict[str, list[str]]:
     return {n: v["args"].split() for n, v in cfg["levers"].items() if v.get("args")}
 
 
-def _graph_levers(cfg: dict) -> set[str]:
-    """The levers that are the full-iteration CUDA graph (bench.yaml `cuda_graph: true`)."""
-    return {n for n, v in cfg["levers"].items() if v.get("cuda_graph")}
-
-
 def _run_levers(r: RunRecord, cfg: dict) -> set[str]:
     """The bench.yaml levers a run ran with: its fast path, the flag levers its Megatron command holds, and the
     CUDA-graph lever where it ran the graph."""
     by_fast = {v["fast"]: n for n, v in cfg["levers"].items() if v.get("fast")}
     fast = ((r.intent.fastpath if r.intent else None) or "").split(",")
     flags = _flag_levers(r, _flag_lever_args(cfg))[1]
-    graph = _graph_levers(cfg) if r.config.cuda_graph else set()
+    graph = benchruns.graph_levers(cfg) if r.config.cuda_graph else set()
     return {by_fast.get(f, f) for f in fast if f} | flags | graph
 
 
@@ -533,7 +528,7 @@ def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT, todays: dict
     pastref.goal_runs, where the caller has read them already."""
     block = cfg["past_reference"]
     rule = block["beyond_catalog"]
-    graph = _graph_levers(cfg)
+    graph = benchruns.graph_levers(cfg)
     todays = pastref.goal_runs(block, root) if todays is None else todays
     joined_at: dict[str, list[str]] = {}  # lever -> the goals whose default it joined
     for g in block["goals"]:

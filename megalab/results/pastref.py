@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from megalab.core import catalog, clocks, markdown, provenance, variables
+from megalab.core import benchruns, catalog, clocks, markdown, provenance, variables
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
 from megalab.results import chapter, defaults
@@ -143,7 +143,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
     runs = [r for d in (root / "results" / "runs", root / "results" / "bench" / "runs")
             for r in read_records(d, "megalab bench-report")]
     # the round's CUDA-graph lever, known as the trials know it (a lever with `cuda_graph: true`)
-    graph = [n for n in block["round"] if cfg["levers"].get(n, {}).get("cuda_graph")]
+    graph = [n for n in block["round"] if n in benchruns.graph_levers(cfg)]
     out = []
     todays = goal_runs(block, root) if todays is None else todays
     for goal, today in ((g, rs) for g in block["goals"] for rs in todays[g["target"]]):
