@@ -410,6 +410,32 @@ def test_a_machine_without_a_gpu_uuid_is_also_known_by_its_gpu_count():
     assert provenance.machine_of(uuid) == provenance.host_key(uuid)  # the UUID names the machine
 
 
+def test_a_record_is_dirty_only_where_its_run_code_differs_from_the_commit(monkeypatch, repo):
+    """`-dirty` marks what provenance compares (CODE_PATHS): a page `make tables` rewrote, or committed records a
+    copied tree (the GPU rig's) left out, leave the record at its commit; an edit to run code makes it -dirty, and
+    such a record's code is unknown, named as uncommitted rather than as a commit this clone lacks."""
+    from megalab.harness import record
+
+    monkeypatch.delenv("MEGALAB_COMMIT", raising=False)
+    head = _git(repo, "rev-parse", "HEAD")
+    (repo / "results").mkdir()
+    (repo / "results" / "page.md").write_text("a page\n")
+    (repo / "README.md").write_text("docs\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "pages")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert record._git_commit(repo) == head
+    (repo / "results" / "page.md").unlink()  # a tree copied without its records
+    (repo / "README.md").write_text("rebuilt\n")  # a page rewritten
+    assert record._git_commit(repo) == head
+    (repo / "megalab" / "runtime" / "x.py").write_text("a = 3\n")  # the run code itself
+    dirty = record._git_commit(repo)
+    assert dirty == head + "-dirty"
+    provenance._code_state.cache_clear()
+    assert provenance.code_state(dirty, repo) == (
+        provenance.UNKNOWN, f"run code changed before the run, uncommitted ({head[:7]}-dirty)")
+
+
 def test_a_records_commit_comes_from_git_with_a_timeout_or_from_megalab_commit(monkeypatch):
     """record._git_commit asks git through core/git.py (a timeout, no exception): where git cannot answer (not
     installed, hung, no .git) the record says None instead of the run hanging; MEGALAB_COMMIT names it on a rig."""

@@ -132,6 +132,8 @@ def code_state(commit: str | None, root: Path = ROOT, unused: frozenset[str] = f
 def _code_state(commit: str | None, root: Path, unused: frozenset[str], tree_commit: str | None) -> tuple[str, str]:
     if not commit:
         return OLDER, "no commit"
+    if commit.endswith("-dirty"):  # record.py: the run code had uncommitted changes, which git cannot show
+        return UNKNOWN, f"run code changed before the run, uncommitted ({commit[:7]}-dirty)"
     # Where git cannot compare (a tree copied without our .git: the GPU rig), the tree's own commit, which
     # the launching side names in MEGALAB_COMMIT as the records made from it do (record.py), still can:
     # a run of that very commit ran this code.

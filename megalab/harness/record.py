@@ -18,19 +18,23 @@ from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = 
 
 from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none  # 2 adds `intent`, `observed`
 from megalab.core import git, infile, logparse
+from megalab.core.provenance import CODE_PATHS
 from megalab.harness.monitor import describe_busy
 
 
-def _git_commit() -> str | None:
+def _git_commit(root: Path = ROOT) -> str | None:
     # A copied working tree (a GPU rig, a container) may have no .git: the launching side can
     # pass the commit in MEGALAB_COMMIT.
     if os.environ.get("MEGALAB_COMMIT"):
         return os.environ["MEGALAB_COMMIT"]
-    sha = git.run(ROOT, "rev-parse", "HEAD")  # None, not a hang, where git cannot answer (core/git.py)
+    sha = git.run(root, "rev-parse", "HEAD")  # None, not a hang, where git cannot answer (core/git.py)
     if sha is None or sha.returncode != 0 or not sha.stdout.strip():
         return None
-    dirty = git.run(ROOT, "status", "--porcelain", "--untracked-files=no")
-    return sha.stdout.strip() + ("-dirty" if dirty is not None and dirty.stdout.strip() else "")
+    # `-dirty`: the run code differs from the commit's, which makes the record's code unknown. Only the
+    # paths provenance compares (CODE_PATHS) count: pages `make tables` rewrote, or committed records a
+    # copied tree left out, change nothing that runs.
+    dirty = git.run(root, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
+    return sha.stdout.strip() + ("-dirty" if dirty is None or dirty.returncode != 0 or dirty.stdout.strip() else "")
 
 
 def _version(dist: str) -> str | None:
