@@ -97,7 +97,7 @@ def _run_common() -> list[tuple[Col, Callable[[RunRecord], Any]]]:
     return [
         (Col("status", "text", "", "how the run ended: ok, oom, failed, incomplete, killed, hung, oom_busy"), lambda r: r.status),
         (Col("started", "time", "UTC", "when training started (ISO 8601)"), lambda r: _utc(r.started)),
-        (Col("commit", "text", "", "megalab commit the run ran (`-dirty`: with uncommitted changes)"),
+        (Col("commit", "text", "", "megalab commit the run ran (`-dirty`: its run code, megalab/runtime, had uncommitted changes)"),
          lambda r: _text(r.versions.megalab_commit)),
         (Col("host", "text", "", "the machine: host name, first GPU's name and UUID (provenance.host_key)"),
          lambda r: _text(provenance.host_key(r))),
