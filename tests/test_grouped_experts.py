@@ -8,6 +8,9 @@ expert with no tokens. float64 runs the per-expert-loop kernel (torch._grouped_m
 float32 with 16-byte-aligned sizes runs torch._grouped_mm's CPU kernel, forward and backward.
 """
 
+import os
+from unittest import mock
+
 import pytest
 from conftest import free_port as _free_port, start_ranks
 
@@ -19,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from megalab.runtime import grouped_experts
+from megalab.runtime import grouped_experts, levers
 from megalab.core import plan
 from megalab.harness import launch  # noqa: E402
 from megalab.core.catalog import get as target  # noqa: E402
@@ -45,14 +48,17 @@ def _config(dtype=torch.float64, **kw) -> TransformerConfig:
     return TransformerConfig(**(base | kw))
 
 
-def _pair(cfg: TransformerConfig, num_local: int | None = None):
-    """SequentialMLP and GroupedMLP of the same config, the grouped one holding the same weights."""
+def _pair(cfg: TransformerConfig, num_local: int | None = None, stacked: bool = False):
+    """SequentialMLP and GroupedMLP of the same config, the grouped one holding the same weights (stacked: with
+    the expert_stack lever, one tensor per linear for all experts)."""
     pg = ProcessGroupCollection.use_mpu_process_groups()
     n = num_local or cfg.num_moe_experts
     sub = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
     torch.manual_seed(0)
     seq = SequentialMLP(n, cfg, sub, pg_collection=pg)
-    grp = GroupedMLP(n, cfg, sub, pg_collection=pg)
+    with mock.patch.dict(os.environ, {"MEGALAB_FAST": levers.EXPERT_STACK if stacked else ""}):
+        grp = GroupedMLP(n, cfg, sub, pg_collection=pg)
+    assert grp.stacked == (stacked and n > 1)
     with torch.no_grad():  # biases start at zero: make them count
         for p in seq.parameters():
             if p.dim() == 1:
@@ -75,8 +81,17 @@ def _run(module, x, counts, probs, upstream):
     out, bias = module(x, torch.tensor(counts), probs)
     assert bias is None
     out.backward(upstream)
+    return out.detach(), x.grad, probs.grad, _per_expert_grads(module)
+
+
+def _per_expert_grads(module):
+    """Parameter gradients by SequentialMLP's names (a stacked GroupedMLP's split per expert)."""
     grads = {n: p.grad for n, p in module.named_parameters()}
-    return out.detach(), x.grad, probs.grad, grads
+    if getattr(module, "stacked", False):
+        for name in [n for n in grads if n.startswith("linear_fc")]:
+            for i, g in enumerate(grads.pop(name).unbind(0)):
+                grads[f"local_experts.{i}.{name}"] = g
+    return grads
 
 
 def _compare(seq, grp, counts=COUNTS, dtype=torch.float64, seed=1, probs_dtype=None):
@@ -105,25 +120,31 @@ ACTIVATIONS = {
 }
 
 
+STACKED = pytest.mark.parametrize("stacked", [False, True], ids=["per-expert", "stacked"])
+
+
+@STACKED
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("act", list(ACTIVATIONS))
-def test_float64_matches_sequential_mlp(world1, act, bias):
-    seq, grp = _pair(_config(add_bias_linear=bias, **ACTIVATIONS[act]))
+def test_float64_matches_sequential_mlp(world1, act, bias, stacked):
+    seq, grp = _pair(_config(add_bias_linear=bias, **ACTIVATIONS[act]), stacked=stacked)
     _compare(seq, grp)
     assert grp.last_kernels == {"loop"}  # torch._grouped_mm has no float64 kernel
 
 
+@STACKED
 @pytest.mark.parametrize("act", ["gelu", "swiglu"])
-def test_float32_through_torch_grouped_mm_matches_sequential_mlp(world1, act):
-    seq, grp = _pair(_config(torch.float32, **ACTIVATIONS[act]))
+def test_float32_through_torch_grouped_mm_matches_sequential_mlp(world1, act, stacked):
+    seq, grp = _pair(_config(torch.float32, **ACTIVATIONS[act]), stacked=stacked)
     grp.kernel = "grouped_mm"  # must run: an unusable kernel raises instead of looping
     _compare(seq, grp, dtype=torch.float32)
     assert grp.last_kernels == {"torch._grouped_mm"}  # forward, input grad and weight grad
 
 
-def test_bfloat16_with_float32_probs_as_in_training(world1):
+@STACKED
+def test_bfloat16_with_float32_probs_as_in_training(world1, stacked):
     """The GPU case: bf16 weights and tokens, fp32 router probs (torch._grouped_mm's CPU kernel)."""
-    seq, grp = _pair(_config(torch.bfloat16, **ACTIVATIONS["swiglu"]))
+    seq, grp = _pair(_config(torch.bfloat16, **ACTIVATIONS["swiglu"]), stacked=stacked)
     grp.kernel = "grouped_mm"
     out = _compare(seq, grp, dtype=torch.bfloat16, probs_dtype=torch.float32)[0]
     assert out.dtype == torch.bfloat16
@@ -141,9 +162,10 @@ def test_auto_kernel_picks_grouped_mm_where_it_can_and_loops_where_it_cannot(wor
 
 @pytest.mark.parametrize("counts", [[0, 0, 7, 0, 0], [2, 2, 2, 2, 2], [0, 0, 0, 0, 0]],
                          ids=["one-busy-expert", "even", "no-tokens"])
-def test_token_distributions(world1, counts):
+@STACKED
+def test_token_distributions(world1, counts, stacked):
     for dtype, kernel in ((torch.float64, "loop"), (torch.float32, "grouped_mm")):
-        seq, grp = _pair(_config(dtype, **ACTIVATIONS["swiglu"]))
+        seq, grp = _pair(_config(dtype, **ACTIVATIONS["swiglu"]), stacked=stacked)
         grp.kernel = kernel if sum(counts) else "auto"
         got = _compare(seq, grp, counts=counts, dtype=dtype)
         for e, c in enumerate(counts):  # an expert without tokens: exactly zero weight gradient
@@ -157,8 +179,9 @@ def test_probs_on_input_with_top1(world1):
     _compare(seq, grp)
 
 
-def test_one_local_expert_is_sequential_mlps_own_path(world1):
-    seq, grp = _pair(_config(num_moe_experts=1), num_local=1)
+@STACKED
+def test_one_local_expert_is_sequential_mlps_own_path(world1, stacked):
+    seq, grp = _pair(_config(num_moe_experts=1), num_local=1, stacked=stacked)
     _compare(seq, grp, counts=[5])
 
 
@@ -182,6 +205,44 @@ def test_same_parameters_and_state_dict_as_sequential_mlp(world1):
     meta = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
     assert grp.sharded_state_dict("mlp.experts.", metadata=meta).keys() == \
         seq.sharded_state_dict("mlp.experts.", metadata=meta).keys()
+
+
+def test_stacked_experts_keep_sequential_mlps_state_dict_and_checkpoint(world1):
+    """expert_stack: two Parameters per linear instead of one per expert, with SequentialMLP's attributes (the
+    tensor-parallel axis one along), state-dict keys and distributed-checkpoint tensors, which share the stacked
+    memory (a checkpoint load writes into them)."""
+    seq, grp = _pair(_config(add_bias_linear=True, **ACTIVATIONS["swiglu"]), stacked=True)
+    assert sorted(n for n, _ in grp.named_parameters()) == [
+        "linear_fc1.bias", "linear_fc1.weight", "linear_fc2.bias", "linear_fc2.weight"]
+    assert sum(p.numel() for p in grp.parameters()) == sum(p.numel() for p in seq.parameters())
+    for name in ("linear_fc1.weight", "linear_fc2.weight"):
+        p, q = grp.get_parameter(name), seq.local_experts[0].get_parameter(name)
+        assert (p.allreduce, p.tensor_model_parallel, p.partition_dim) == (
+            q.allreduce, q.tensor_model_parallel, q.partition_dim + 1)
+    assert grp.state_dict().keys() == seq.state_dict().keys()
+    torch.testing.assert_close(grp.state_dict(), seq.state_dict(), rtol=0, atol=0)
+    meta = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+    ours = grp.sharded_state_dict("mlp.experts.", metadata=meta)
+    assert ours.keys() == seq.sharded_state_dict("mlp.experts.", metadata=meta).keys()
+    stacked = grp.linear_fc2.weight
+    fc2 = [t for k, t in ours.items() if k.endswith("linear_fc2.weight")]
+    assert fc2 and all(t.data.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+                       for t in fc2)
+    assert all(e.linear_fc1.weight is None for e in grp.local_experts)  # the views are gone again
+    with torch.no_grad():  # and a per-expert state dict loads into the stacked tensors
+        for p in seq.parameters():
+            p.add_(1.0)
+    grp.load_state_dict(seq.state_dict())
+    torch.testing.assert_close(grp.state_dict(), seq.state_dict(), rtol=0, atol=0)
+
+
+def test_stacked_experts_fire_their_two_modules_pre_hooks(world1):
+    _, grp = _pair(_config(), stacked=True)
+    fired = []
+    for m in (grp.linear_fc1, grp.linear_fc2):
+        m.register_forward_pre_hook(lambda m, args: fired.append(m))
+    grp(torch.randn(12, 16, dtype=torch.float64), torch.tensor(COUNTS), torch.rand(12, dtype=torch.float64))
+    assert [id(m) for m in fired] == [id(grp.linear_fc1), id(grp.linear_fc2)]
 
 
 def test_expert_modules_forward_pre_hooks_fire(world1):
@@ -209,11 +270,13 @@ def _parallel_worker(rank: int, port: int, ep: int, etp: int):
         for act in ("gelu", "swiglu"):
             cfg = _config(expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                           num_moe_experts=4, add_bias_linear=etp == 1, **ACTIVATIONS[act])
-            seq, grp = _pair(cfg, num_local=4 // ep)
-            ffn = cfg.moe_ffn_hidden_size * (2 if cfg.gated_linear_unit else 1) // etp
-            assert grp.local_experts[0].linear_fc1.weight.shape == (ffn, cfg.hidden_size)
-            counts = [3, 0, 2, 4][: 4 // ep]
-            _compare(seq, grp, counts=counts, seed=rank)
+            for stacked in (False, True):
+                seq, grp = _pair(cfg, num_local=4 // ep, stacked=stacked)
+                ffn = cfg.moe_ffn_hidden_size * (2 if cfg.gated_linear_unit else 1) // etp
+                w1 = grp.linear_fc1.weight[0] if stacked else grp.local_experts[0].linear_fc1.weight
+                assert w1.shape == (ffn, cfg.hidden_size)
+                counts = [3, 0, 2, 4][: 4 // ep]
+                _compare(seq, grp, counts=counts, seed=rank)
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()

@@ -145,6 +145,8 @@ def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tupl
                           f"kernels; fix: keep one of the two in FAST")
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
         names = [n for n in names if n not in levers.SPEC_LEVERS]
+    if opts.save or opts.load:  # Megatron's optimizer checkpoint maps its state per expert Parameter
+        names = [n for n in names if n != levers.EXPERT_STACK]
     if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers
         names = [n for n in names if n in levers.SPEC_LEVERS]
     return tuple(names)

@@ -52,7 +52,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from megalab.runtime import levers
+from megalab.runtime import levers, moe_act
 from megatron.core.fusions.fused_bias_geglu import quick_gelu, weighted_bias_quick_geglu_impl
 from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -238,9 +238,10 @@ class _GroupedLinear(torch.autograd.Function):
     def forward(ctx, x, groups, kernel, *weights):
         ctx.groups, ctx.kernel = groups, kernel
         ctx.save_for_backward(x, *weights)
+        w = _stacked(weights)
         if x.shape[0] == 0:  # no tokens reached this rank's experts
-            return x.new_empty(0, weights[0].shape[0])
-        return _fc(x.contiguous(), torch.stack(weights), groups, kernel)
+            return x.new_empty(0, w.shape[1])
+        return _fc(x.contiguous(), w, groups, kernel)
 
     @staticmethod
     def backward(ctx, dy):
@@ -253,15 +254,45 @@ class _GroupedLinear(torch.autograd.Function):
             return (dx, None, None, *dws)
         dy = dy.contiguous()
         if need_x:
-            dx = _dgrad(dy, torch.stack(weights), ctx.groups, ctx.kernel)
+            dx = _dgrad(dy, _stacked(weights), ctx.groups, ctx.kernel)
         if any(need_w):
             dw = _wgrad(dy, x.contiguous(), ctx.groups, ctx.kernel)
-            dws = [g if n else None for g, n in zip(dw.unbind(0), need_w)]
+            dws = [dw] if len(weights) == 1 and weights[0].dim() == 3 else [
+                g if n else None for g, n in zip(dw.unbind(0), need_w)]
         return (dx, None, None, *dws)
+
+
+def _stacked(weights) -> torch.Tensor:
+    """[experts, out, in]: the one stacked weight of expert_stack as it is, per-expert weights stacked (a copy)."""
+    return weights[0] if len(weights) == 1 and weights[0].dim() == 3 else torch.stack(weights)
+
+
+class _Stacked(torch.nn.Module):
+    """One linear's weights (and biases) of every local expert, stacked: weight [experts, out, in], bias
+    [experts, out]. Never called: GroupedMLP reads its tensors (its DDP pre-hooks are fired by GroupedMLP)."""
+
+    def __init__(self, linears):
+        super().__init__()
+        self.weight = _stack_parameters([lin.weight for lin in linears])
+        self.bias = _stack_parameters([lin.bias for lin in linears]) if linears[0].bias is not None else None
+
+
+def _stack_parameters(params) -> torch.nn.Parameter:
+    """The per-expert parameters as one [experts, ...] Parameter with their attributes (tensor-parallel axis one
+    further along); the per-expert ones are dropped by the caller."""
+    stacked = torch.nn.Parameter(torch.stack([p.detach() for p in params]), requires_grad=params[0].requires_grad)
+    for name, value in vars(params[0]).items():
+        if not name.startswith("_") and name not in ("main_grad", "grad_added_to_main_grad"):
+            setattr(stacked, name, value + 1 if name == "partition_dim" else value)
+    return stacked
 
 
 class GroupedMLP(SequentialMLP):
     """SequentialMLP's experts and parameters, computed with grouped GEMMs (see the module doc).
+
+    With the expert_stack lever each linear's expert weights are one stacked Parameter (`linear_fc1.weight`
+    [experts, out, in]), initialised exactly as SequentialMLP's and presented under SequentialMLP's per-expert
+    keys in every state dict and checkpoint; without it the weights stay per expert and are stacked per call.
 
     forward(permuted_local_hidden_states [tokens, hidden], tokens_per_expert [local experts],
     permuted_probs [tokens]) -> (output [tokens, hidden], None), as MoELayer calls every experts
@@ -270,20 +301,37 @@ class GroupedMLP(SequentialMLP):
 
     kernel = "auto"  # "auto" | "grouped_mm" (must run, tests) | "loop" (per-expert matmuls)
 
-    def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
-        experts = list(self.local_experts)
-        if (self.num_local_experts == 1 or self.config.fp8 or self.config.fp4
-                or any(getattr(lin, "gtp_remat_size", 1) > 1
-                       for e in experts for lin in (e.linear_fc1, e.linear_fc2))):
-            # One expert is one GEMM already; fp8/fp4 padding and GTP-wrapped weights are
-            # SequentialMLP's business.
-            return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
+    def __init__(self, num_local_experts, config, submodules, pg_collection=None, name=None):
+        super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
+        self.stacked = levers.EXPERT_STACK in levers.requested() and not self._sequential()
+        if self.stacked:
+            experts = list(self.local_experts)
+            self.linear_fc1 = _Stacked([e.linear_fc1 for e in experts])
+            self.linear_fc2 = _Stacked([e.linear_fc2 for e in experts])
+            for e in experts:
+                for lin in (e.linear_fc1, e.linear_fc2):
+                    lin.weight = lin.bias = None  # now views of the stacked tensors, made where asked for
+            self._register_state_dict_hook(_per_expert_keys)
+            self._register_load_state_dict_pre_hook(_stacked_keys, with_module=True)
 
-        # The expert MLPs are not called, so fire their forward pre-hooks ourselves: Megatron's DDP
-        # waits there for each module's parameter all-gather (--overlap-param-gather with ZeRO-2).
-        for e in experts:
-            for m in e.modules():
-                _run_forward_pre_hooks(m)
+    def _sequential(self) -> bool:
+        """One local expert is one GEMM already; fp8/fp4 padding and GTP-wrapped weights are SequentialMLP's."""
+        return (self.num_local_experts == 1 or self.config.fp8 or self.config.fp4
+                or any(getattr(lin, "gtp_remat_size", 1) > 1
+                       for e in self.local_experts for lin in (e.linear_fc1, e.linear_fc2)))
+
+    def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
+        if not self.stacked and self._sequential():
+            return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
+        experts = list(self.local_experts)
+        if self.stacked:
+            fc1, fc2 = [self.linear_fc1], [self.linear_fc2]
+        else:
+            fc1, fc2 = [e.linear_fc1 for e in experts], [e.linear_fc2 for e in experts]
+        # The linears are not called, so fire their forward pre-hooks ourselves: Megatron's DDP waits there for
+        # each module's parameter all-gather (--overlap-param-gather with ZeRO-2).
+        for m in (*fc1, *fc2) if self.stacked else (m for e in experts for m in e.modules()):
+            _run_forward_pre_hooks(m)
 
         x, probs = permuted_local_hidden_states, permuted_probs
         if self.config.moe_apply_probs_on_input:  # as SequentialMLP.forward does
@@ -293,8 +341,6 @@ class GroupedMLP(SequentialMLP):
             probs = torch.ones_like(probs)
 
         groups = _Groups(tokens_per_expert, x.shape[0], x.device)
-        fc1 = [e.linear_fc1 for e in experts]
-        fc2 = [e.linear_fc2 for e in experts]
         h = _GroupedLinear.apply(x, groups, self.kernel, *(lin.weight for lin in fc1))
         bias1 = self._per_token_bias(fc1, groups)
         h = self._activation(experts[0], h, bias1, probs)
@@ -308,12 +354,22 @@ class GroupedMLP(SequentialMLP):
         self._report(groups)
         return out, None
 
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """SequentialMLP's checkpoint, per expert, whose tensors are views of the stacked ones (so a load writes
+        into them): a checkpoint of either layout loads into the other."""
+        if not self.stacked:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        with _per_expert_views(self):
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+
     @staticmethod
     def _per_token_bias(linears, groups):
         """Each token's expert's bias [tokens, out], or None without biases (--disable-bias-linear)."""
         if linears[0].bias is None:
             return None
-        return torch.stack([lin.bias for lin in linears])[groups.expert_of_each_token()]
+        bias = linears[0].bias if len(linears) == 1 and linears[0].bias.dim() == 2 else torch.stack(
+            [lin.bias for lin in linears])
+        return bias[groups.expert_of_each_token()]
 
     def _activation(self, expert, h, bias, probs):
         """Megatron's MLP.forward between its two linears, with per_token_scale = the router probs.
@@ -339,6 +395,9 @@ class GroupedMLP(SequentialMLP):
             raise ValueError("Only support fusion of swiglu and quick_gelu with per_token_scale in MLP.")
         if bias is not None:
             h = h + bias
+        if (act is F.gelu and not cfg.gated_linear_unit and moe_act.LEVER in levers.requested()
+                and moe_act.eligible(h, probs)):
+            return moe_act.weighted_gelu(h, probs)  # one kernel each way instead of three passes
         if cfg.gated_linear_unit:
             x_glu, x_linear = torch.chunk(h, 2, dim=-1)
             if (val := cfg.activation_func_clamp_value) is not None:
@@ -349,15 +408,62 @@ class GroupedMLP(SequentialMLP):
             h = act(h)
         return (h * scale).to(h.dtype)
 
-    @staticmethod
-    def _report(groups):
-        """Once per process, on the first rank: which kernel the experts' forward GEMMs ran."""
+    def _report(self, groups):
+        """Once per process, on the first rank: which kernel the experts' forward GEMMs ran, on which layout."""
         global _REPORTED
         if _REPORTED or not groups.used:
             return
         _REPORTED = True
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            print(f"megalab: moe_experts_kernel={'+'.join(sorted(groups.used))}", flush=True)
+            print(f"megalab: moe_experts_kernel={'+'.join(sorted(groups.used))} "
+                  f"expert_weights={'stacked' if self.stacked else 'per-expert'}", flush=True)
+
+
+_STACKED_NAMES = ("linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight", "linear_fc2.bias")
+
+
+def _per_expert_keys(module, state_dict, prefix, local_metadata):
+    """state_dict hook: the stacked tensors under SequentialMLP's keys (local_experts.<i>.linear_fc1.weight ...)."""
+    for name in _STACKED_NAMES:
+        stacked = state_dict.pop(prefix + name, None)
+        if stacked is not None:
+            for i, t in enumerate(stacked.unbind(0)):
+                state_dict[f"{prefix}local_experts.{i}.{name}"] = t
+
+
+def _stacked_keys(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    """load_state_dict pre-hook: SequentialMLP's per-expert keys stacked into this module's tensors."""
+    for name in _STACKED_NAMES:
+        keys = [f"{prefix}local_experts.{i}.{name}" for i in range(module.num_local_experts)]
+        if all(k in state_dict for k in keys):
+            state_dict[prefix + name] = torch.stack([state_dict.pop(k) for k in keys])
+
+
+class _per_expert_views:
+    """Within: each expert linear's weight/bias is a Parameter sharing the stacked tensor's memory (SequentialMLP's
+    sharded_state_dict reads them there); after: gone again."""
+
+    def __init__(self, module: GroupedMLP):
+        self.module = module
+
+    def __enter__(self):
+        for stack_name in ("linear_fc1", "linear_fc2"):
+            stacked = getattr(self.module, stack_name)
+            for i, e in enumerate(self.module.local_experts):
+                lin = getattr(e, stack_name)
+                for attr in ("weight", "bias"):
+                    t = getattr(stacked, attr)
+                    if t is not None:
+                        view = torch.nn.Parameter(t.detach()[i], requires_grad=t.requires_grad)
+                        for k, v in vars(t).items():
+                            if not k.startswith("_") and k not in ("main_grad", "grad_added_to_main_grad"):
+                                setattr(view, k, v - 1 if k == "partition_dim" else v)
+                        setattr(lin, attr, view)
+
+    def __exit__(self, *exc):
+        for e in self.module.local_experts:
+            for lin in (e.linear_fc1, e.linear_fc2):
+                lin.weight = lin.bias = None
 
 
 def _run_forward_pre_hooks(module: torch.nn.Module) -> None:

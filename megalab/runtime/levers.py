@@ -27,11 +27,14 @@ QKV_PACK = "qkv_pack"  # megalab/runtime/qkv_split.py: the QKV gradient's cat an
 SDPA_GQA = "sdpa_gqa"  # megalab/runtime/spec.py: grouped-query attention read by the kernel, K/V not repeated
 ZERO_OVERLAP = "zero_overlap"  # megalab/runtime/zero_overlap.py: the grad buffer zeroed beside the forward
 GELU_EPILOGUE = "gelu_epilogue"  # megalab/runtime/gelu_epilogue.py: the MLP's bias and GeLU in cuBLASLt's epilogues
+MOE_GATHER = "moe_gather"  # megalab/runtime/moe_dispatch.py: MoE tokens permuted by gathers, no host sync (EP = ETP = 1)
+EXPERT_STACK = "expert_stack"  # megalab/runtime/grouped_experts.py: a layer's expert weights as one tensor each
+MOE_ACT = "moe_act"  # megalab/runtime/moe_act.py: the experts' GeLU times the router's probability, one kernel each way
 PATCHES = ("fused_adam", "foreach_norm", "foreach_scale", FUSED_WGRAD, "cudnn_sdpa", BF16_CE, ADDMM_BIAS,
            GROUPED_GEMM, COMPILED_ROPE, CLIP_IN_ADAM, EMBED_WGRAD, SDPA_GQA, FLAT_ADAM, DEVICE_NORM,
            COMPILED_NORM, TRITON_NORM, BIAS_GELU, NORM_RESIDUAL, DROPOUT_ADD, QKV_PACK, ZERO_OVERLAP,
-           GELU_EPILOGUE)
-SPEC_LEVERS = (GROUPED_GEMM,)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
+           GELU_EPILOGUE, MOE_GATHER, EXPERT_STACK, MOE_ACT)
+SPEC_LEVERS = (GROUPED_GEMM, MOE_GATHER, EXPERT_STACK, MOE_ACT)  # read by megalab/runtime/spec.py, so fastpath.apply leaves them alone
 
 CP_MODES = ("p2p", "all_gather", "a2a")  # Megatron's --cp-comm-type values megalab's CP attention has
 

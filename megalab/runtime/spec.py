@@ -33,6 +33,7 @@ Use it with `--transformer-impl local --spec megalab.runtime.spec megalab_layer_
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Optional
 
@@ -40,7 +41,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab.runtime import cp_attention, dropout_add, grouped_experts, norm, triton_norm  # noqa: E402
+from megalab.runtime import cp_attention, dropout_add, grouped_experts, moe_dispatch, norm, triton_norm  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -376,6 +377,14 @@ class _GroupedExpertsBackend(LocalSpecProvider):
         return super().grouped_mlp_modules(moe_use_grouped_gemm)
 
 
+def _moe_layer(mlp):
+    """A MoE layer's builder with megalab's MoELayer (Megatron's, whose dispatcher the moe_gather lever may swap for
+    megalab/runtime/moe_dispatch.py's); a dense MLP's spec as it is."""
+    if isinstance(mlp, functools.partial) and mlp.func is moe_dispatch.MoELayer.__mro__[1]:
+        return functools.partial(moe_dispatch.MoELayer, *mlp.args, **mlp.keywords)
+    return mlp
+
+
 def megalab_transformer_layer_spec(
     num_experts: Optional[int] = None,
     moe_grouped_gemm: bool = False,
@@ -413,7 +422,7 @@ def megalab_transformer_layer_spec(
             pre_mlp_layernorm=ResidualNorm,
             # Dense MLP or, with num_experts, Megatron's local MoE layer (its router and token
             # dispatcher) with SequentialMLP or, with moe_grouped_gemm, GroupedMLP experts.
-            mlp=(
+            mlp=_moe_layer(
                 get_moe_module_spec_for_backend(
                     backend=_GroupedExpertsBackend(), num_experts=num_experts, moe_grouped_gemm=True
                 )
