@@ -10,8 +10,10 @@ def _check(wrong: str = ""):
 
     from megalab.runtime import moe_act as M
 
-    if wrong == "no-prob-in-dh":  # a derivative that forgets the prob must fail the check below
-        M.INV_SQRT_2PI = 0.0
+    if wrong == "no-prob-in-dh":  # an input gradient that forgets the prob must fail the check below
+        backward = M._WeightedGeLU.backward
+        M._WeightedGeLU.backward = staticmethod(lambda ctx, dy: (lambda dh, dp: (dh / ctx.saved_tensors[1][:, None].to(
+            dh.dtype), dp))(*backward(ctx, dy)))
     # rows: one, a ragged last block; columns: fewer than a block, not a power of two, more than a block
     for rows, n in ((1, 8), (M.BLOCK_ROWS * 2 + 3, 40), (5, M.BLOCK_COLS + 24)):
         for dtype in (torch.float32, torch.bfloat16):

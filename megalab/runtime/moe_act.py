@@ -26,8 +26,6 @@ except ImportError:  # pragma: no cover
 LEVER = levers.MOE_ACT
 BLOCK_ROWS = 16  # rows per program; a row (ffn columns) is walked in BLOCK_COLS steps
 BLOCK_COLS = 1024
-SQRT_HALF = 0.7071067811865476
-INV_SQRT_2PI = 0.3989422804014327
 
 
 def _forward(h_ptr, p_ptr, y_ptr, rows, n, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -39,7 +37,7 @@ def _forward(h_ptr, p_ptr, y_ptr, rows, n, BLOCK_R: tl.constexpr, BLOCK_C: tl.co
         m = rmask[:, None] & (c[None, :] < n)
         offs = r[:, None].to(tl.int64) * n + c[None, :]
         x = tl.load(h_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        g = 0.5 * x * (1.0 + tl.math.erf(x * SQRT_HALF))
+        g = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # exact GeLU: x * Phi(x)
         tl.store(y_ptr + offs, (g * p[:, None]).to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -54,8 +52,8 @@ def _backward(h_ptr, p_ptr, dy_ptr, dh_ptr, dp_ptr, rows, n, BLOCK_R: tl.constex
         offs = r[:, None].to(tl.int64) * n + c[None, :]
         x = tl.load(h_ptr + offs, mask=m, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        cdf = 0.5 * (1.0 + tl.math.erf(x * SQRT_HALF))
-        pdf = INV_SQRT_2PI * tl.exp(-0.5 * x * x)
+        cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        pdf = 0.3989422804014327 * tl.exp(-0.5 * x * x)  # Phi'(x): gelu'(x) = Phi(x) + x Phi'(x)
         tl.store(dh_ptr + offs, (dy * p[:, None] * (cdf + x * pdf)).to(dh_ptr.dtype.element_ty), mask=m)
         acc += tl.sum(tl.where(m, dy * x * cdf, 0.0), axis=1)
     tl.store(dp_ptr + r, acc, mask=rmask)
