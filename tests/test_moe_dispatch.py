@@ -123,3 +123,29 @@ def test_the_moe_layer_swaps_its_dispatcher_only_with_the_lever(world1, monkeypa
     assert type(layer_spec(config=cfg).token_dispatcher) is MoEAllGatherTokenDispatcher
     monkeypatch.setenv("MEGALAB_FAST", f"{levers.GROUPED_GEMM},{levers.MOE_GATHER}")
     assert type(layer_spec(config=cfg).token_dispatcher) is moe_dispatch.GatherDispatcher
+
+
+def _check_gather_sum():
+    """In Triton's interpreter: the kernel's sum of each token's k rows against the gather-and-sum in float64."""
+    import torch
+
+    from megalab.runtime import moe_dispatch as D
+
+    for tokens, k, hidden in ((1, 1, 8), (D.BLOCK_T * 2 + 3, 8, 40), (7, 3, D.BLOCK_H + 24)):
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator().manual_seed(tokens * hidden + k)
+            x = torch.randn(tokens * k, hidden, generator=g).to(dtype)
+            rows = torch.randperm(tokens * k, generator=g).view(tokens, k)
+            got = D._gather_sum(x, rows)
+            want = x.double()[rows].sum(1)
+            tol = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}[dtype]
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    print("ok")
+
+
+def test_gather_sum_kernel_sums_each_tokens_rows():
+    from tests.conftest import interpreted
+
+    r = interpreted("import test_moe_dispatch as t; t._check_gather_sum()")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

@@ -102,9 +102,10 @@ class _Groups:
     then pays a sync to read it.
     """
 
-    def __init__(self, tokens_per_expert: torch.Tensor, num_tokens: int, device: torch.device):
+    def __init__(self, tokens_per_expert: torch.Tensor, num_tokens: int, device: torch.device,
+                 on_host: bool | None = None):
         self.num_tokens = num_tokens
-        if tokens_per_expert.device.type == "cpu":
+        if tokens_per_expert.device.type == "cpu" if on_host is None else on_host:
             self.counts = [int(c) for c in tokens_per_expert.tolist()]
             if sum(self.counts) != num_tokens:  # torch.split in SequentialMLP would fail as well
                 raise ValueError(f"tokens_per_expert sums to {sum(self.counts)}, but {num_tokens} "
@@ -203,25 +204,35 @@ def _dgrad(dy, w, groups, kernel):
     return dx
 
 
-def _wgrad(dy, x, groups, kernel):
+def _wgrad(dy, x, groups, kernel, into=None):
     """dW[experts, out, in] = dy_e^T @ x_e: _grouped_mm's 2D x 2D form, the groups cutting the
     token (contraction) dimension. dy.t() is a column-major view, so no copy and no alignment
-    requirement on the token count."""
+    requirement on the token count.
+
+    into: a main_grad [experts, out, in] (fp32, Megatron's DDP) to add the gradient into instead of returning
+    it (None returned): one pass that also masks out the empty experts, where DDP's hook would add it after a pass
+    of its own."""
     dw = _try_grouped_mm(kernel, dy.t(), x, groups)
     if dw is None:
         groups.used.add("loop")
         dw = dy.new_empty(len(groups.offs), dy.shape[1], x.shape[1])
         for e, s in enumerate(groups.slices()):
             torch.mm(dy[s].t(), x[s], out=dw[e])  # an expert without tokens gets zeros
-        return dw
     # An expert without tokens must get a zero gradient; do not rely on the kernel writing its
     # group (pytorch/pytorch#172439: non-zero gradients for empty groups on Blackwell).
-    if groups.counts is not None:
+    elif groups.counts is not None:
         for e, c in enumerate(groups.counts):
             if c == 0:
                 dw[e].zero_()
-    else:
-        dw.masked_fill_((groups.device_counts == 0).view(-1, 1, 1), 0)
+    else:  # counts on the device: a mask, no host sync
+        keep = (groups.device_counts != 0).view(-1, 1, 1)
+        if into is not None:
+            into.addcmul_(dw, keep.to(into.dtype))
+            return None
+        return dw.mul_(keep.to(dw.dtype))
+    if into is not None:
+        into.add_(dw)
+        return None
     return dw
 
 
@@ -256,10 +267,28 @@ class _GroupedLinear(torch.autograd.Function):
         if need_x:
             dx = _dgrad(dy, _stacked(weights), ctx.groups, ctx.kernel)
         if any(need_w):
-            dw = _wgrad(dy, x.contiguous(), ctx.groups, ctx.kernel)
-            dws = [dw] if len(weights) == 1 and weights[0].dim() == 3 else [
-                g if n else None for g, n in zip(dw.unbind(0), need_w)]
+            stacked = len(weights) == 1 and weights[0].dim() == 3
+            if stacked and _into_main_grad(weights[0]):
+                dws = [_added_to_main_grad(weights[0], dy, x.contiguous(), ctx.groups, ctx.kernel)]
+            else:
+                dw = _wgrad(dy, x.contiguous(), ctx.groups, ctx.kernel)
+                dws = [dw] if stacked else [g if n else None for g, n in zip(dw.unbind(0), need_w)]
         return (dx, None, None, *dws)
+
+
+def _into_main_grad(w) -> bool:
+    """Megatron's DDP holds this weight's fp32 gradient (main_grad) and reads grad_added_to_main_grad."""
+    return getattr(w, "main_grad", None) is not None and hasattr(w, "grad_added_to_main_grad")
+
+
+def _added_to_main_grad(w, dy, x, groups, kernel):
+    """The stacked weight's gradient added into its main_grad here, as Megatron's linear layers do with
+    --gradient-accumulation-fusion: DDP's hook then sees grad_added_to_main_grad and adds nothing; the returned
+    tensor is Megatron's placeholder (uninitialised; zeros where the parameter asks for zero_out_wgrad)."""
+    _wgrad(dy, x, groups, kernel, into=w.main_grad)
+    w.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(w, "zero_out_wgrad", False) else torch.empty
+    return make(w.shape, dtype=w.dtype, device=w.device)
 
 
 def _stacked(weights) -> torch.Tensor:

@@ -24,8 +24,9 @@ except ImportError:  # pragma: no cover
     triton = None
 
 LEVER = levers.MOE_ACT
-BLOCK_ROWS = 16  # rows per program; a row (ffn columns) is walked in BLOCK_COLS steps
+BLOCK_ROWS = 8  # rows per program; a row (ffn columns) is walked in BLOCK_COLS steps
 BLOCK_COLS = 1024
+WARPS = 8
 
 
 def _forward(h_ptr, p_ptr, y_ptr, rows, n, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -67,7 +68,8 @@ class _WeightedGeLU(torch.autograd.Function):
         y = torch.empty_like(h)
         if rows:
             kernel(_forward)[(triton.cdiv(rows, BLOCK_ROWS),)](h, probs, y, rows, n, BLOCK_R=BLOCK_ROWS,
-                                                               BLOCK_C=min(BLOCK_COLS, triton.next_power_of_2(n)))
+                                                               BLOCK_C=min(BLOCK_COLS, triton.next_power_of_2(n)),
+                                                               num_warps=WARPS)
         return y
 
     @staticmethod
@@ -79,7 +81,8 @@ class _WeightedGeLU(torch.autograd.Function):
         dp = torch.empty(rows, dtype=torch.float32, device=h.device)
         if rows:
             kernel(_backward)[(triton.cdiv(rows, BLOCK_ROWS),)](h, probs, dy, dh, dp, rows, n, BLOCK_R=BLOCK_ROWS,
-                                                                BLOCK_C=min(BLOCK_COLS, triton.next_power_of_2(n)))
+                                                                BLOCK_C=min(BLOCK_COLS, triton.next_power_of_2(n)),
+                                                                num_warps=WARPS)
         return dh, dp.to(probs.dtype)
 
 

@@ -12,7 +12,7 @@ orders them), built from two index vectors on the GPU:
   - token_of_row [T*k]: the token each permuted row copies (the permutation: a gather);
   - rows_of_token [T, k]: the k rows holding each token's expert outputs (the combine: a gather and a sum over k).
 Each direction's backward is the other's forward, so no atomics and no host sync anywhere; the sum over k runs in
-fp32 and rounds once (Megatron's scatter_add rounds after every add). The counts per expert stay on the GPU, where
+fp32 and rounds once (Megatron's scatter_add rounds after every add), in one Triton kernel on a GPU. The counts per expert stay on the GPU, where
 GroupedMLP hands them to torch._grouped_mm as offsets (megalab/runtime/grouped_experts.py).
 
 Scope. Dropless top-k routing (no capacity factor, no padding for quantization), EP = ETP = 1, no shared-expert
@@ -21,9 +21,18 @@ forward and backward: tests/test_moe_dispatch.py.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from megalab.runtime import levers
+from megalab.runtime.jit import kernel
+
+try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
 from megatron.core.transformer.moe.moe_layer import MoELayer as _MegatronMoELayer
 from megatron.core.transformer.moe.moe_layer import get_default_pg_collection
 from megatron.core.transformer.moe.token_dispatcher import (
@@ -35,10 +44,40 @@ from megatron.core.transformer.moe.token_dispatcher import (
 LEVER = levers.MOE_GATHER
 
 
+BLOCK_T = 16  # gather_sum's tile: tokens x hidden columns per program
+BLOCK_H = 256
+
+
+def _gather_sum_kernel(x_ptr, rows_ptr, out_ptr, tokens, hidden, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_H: tl.constexpr):
+    """out[t, h] = sum over j < K of x[rows[t, j], h], in fp32, rounded once."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tmask = t < tokens
+    m = tmask[:, None] & (h[None, :] < hidden)
+    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for j in tl.static_range(K):
+        r = tl.load(rows_ptr + t * K + j, mask=tmask, other=0)
+        acc += tl.load(x_ptr + r[:, None].to(tl.int64) * hidden + h[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t[:, None].to(tl.int64) * hidden + h[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
 def _gather_sum(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """out[t] = sum_j x[rows[t, j]]: one gather, then a sum over j in fp32, rounded once to x's dtype."""
+    """out[t] = sum_j x[rows[t, j]], summed in fp32 and rounded once to x's dtype: one Triton kernel on a GPU (it
+    reads each row once and writes no [T * k, hidden] intermediate), a gather and a sum elsewhere."""
     t, k = rows.shape
-    return x.index_select(0, rows.reshape(-1)).view(t, k, x.shape[-1]).sum(1)
+    hidden = x.shape[-1]
+    if triton is None or not (x.is_cuda or _interpreted()) or not x.is_contiguous() or x.dim() != 2:
+        return x.index_select(0, rows.reshape(-1)).view(t, k, hidden).sum(1)
+    out = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    if t:
+        grid = (triton.cdiv(t, BLOCK_T), triton.cdiv(hidden, BLOCK_H))
+        kernel(_gather_sum_kernel)[grid](x, rows.contiguous(), out, t, hidden, K=k, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H)
+    return out
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class _Expand(torch.autograd.Function):
