@@ -22,6 +22,7 @@ OLDER = checks.Basis((("142", "older (schema 1)", "2x H200 (no GPU UUID)", "0aa8
 
 def result(status, basis=TODAY, measured="1.04 (401 / 385)", why=""):
     return SimpleNamespace(status=status, basis=basis, measured=measured, why=why or "measured x; expected y",
+                           stands_on=basis.text,
                            claim=SimpleNamespace(expect=SimpleNamespace(text=lambda: "between 0.9 and 1.1")))
 
 

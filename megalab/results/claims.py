@@ -74,6 +74,14 @@ def _field(v: str) -> str:
     return v
 
 
+def _facet(v: str) -> str:
+    from megalab.results.alike import NAMES  # the facets two compared runs must share
+
+    if v not in NAMES:
+        raise ValueError(f"differs: '{v}' is no facet of a run; fix: name one of {', '.join(NAMES)}")
+    return v
+
+
 def _sentence(v: str) -> str:
     if not v.strip():
         raise ValueError("must be a non-empty sentence")
@@ -314,6 +322,8 @@ class Claim(_Frozen):
     metric: Metric
     expect: Expect
     published: Published
+    # differences between the runs it compares that the claim accepts (alike.NAMES -> why): shown on the page
+    differs: dict[Annotated[str, AfterValidator(_facet)], Annotated[Str, AfterValidator(_sentence)]] = {}
 
     @model_validator(mode="before")
     @classmethod
