@@ -323,11 +323,13 @@ def csv_text(df: pd.DataFrame) -> str:
 
 
 def write(root: Path, records: dict[str, RunRecord], reference: pd.DataFrame | None, twogpu: pd.DataFrame | None,
-          *, check: bool = False, hosts: Hosts | None = None) -> list[Path]:
+          *, check: bool = False, hosts: Hosts | None = None, rows: pd.DataFrame | None = None) -> list[Path]:
     """results/runs.csv (where ROOT has committed records: not for `make compare`'s pages) and
-    results/rows.csv; the paths whose content changed (with check, would change)."""
+    results/rows.csv (ROWS where the caller made it already); the paths whose content changed (with check,
+    would change)."""
     hosts = hosts if hosts is not None else Hosts.under(root / "results", "megalab tables", records.values())
-    outputs = [(root / ROWS_CSV, rows_frame(records, reference, twogpu, root, hosts))]
+    rows = rows if rows is not None else rows_frame(records, reference, twogpu, root, hosts)
+    outputs = [(root / ROWS_CSV, rows)]
     if (root / RUN_DIRS["runs"]).is_dir():
         outputs.insert(0, (root / RUNS_CSV, runs_frame(root, hosts)))
     return [path for path, df in outputs if markdown.write_if_changed(path, csv_text(df), check=check)]

@@ -34,8 +34,8 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import infile, logparse, markdown, provenance, variables
-from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, keep, plots,
-                             predicted, quotes)
+from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, keep, overview,
+                             plots, predicted, quotes)
 from megalab.results import chapter as chapter_inputs
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
@@ -304,10 +304,13 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         if not check:
             path.unlink()
         changed.append(path)
-    changed += dataset.write(root, records, reference, twogpu, check=check, hosts=hosts)  # runs.csv, rows.csv
+    rows = dataset.rows_frame(records, reference, twogpu, root, hosts)
+    changed += dataset.write(root, records, reference, twogpu, check=check, hosts=hosts, rows=rows)  # runs/rows.csv
+    drawn, said = overview.write(root / "results", rows, check=check)  # the index's first figure
+    changed += drawn
     if (root / datareport.RUNS).is_dir():  # before the index, which lists the pages there are
         changed += datareport.write_report(root, check=check)  # results/data/README.md
-    changed += index.write(root, frames, check=check, **(index_page or {}))  # results/README.md
+    changed += index.write(root, frames, check=check, overview=said, **(index_page or {}))  # results/README.md
     for path, (text, moved) in tutorials.items():
         for line in moved:
             print(f"megalab tables: {path.relative_to(root)}: {line}: re-read the sentence around it")
