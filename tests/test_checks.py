@@ -535,7 +535,7 @@ def test_runs_that_may_have_shared_a_machine_are_refused():
     metric = {"kind": "ratio", "a": B, "b": A}
     recs = {A: rec(ms=100.0, **_host(**at(0, 10))), B: rec(ms=100.0, **_host(**at(5, 15)))}
     r = run(metric, "< 2", recs)
-    assert r.status == NOT_RUN and "ran while another run may have shared its machine: 901 (beside 902)" in r.why
+    assert r.status == NOT_RUN and "another run beside it: 901 (beside 902)" in r.why
     recs = {A: rec(ms=100.0, **_host(gpu_uuids=["GPU-a1", "GPU-a2"], **at(0, 10))),
             B: rec(ms=100.0, **_host(gpu_uuids=["GPU-b1", "GPU-b2"], **at(5, 15)))}
     r = run(metric, "< 2", recs)  # two whole machines: no run beside the other, but not one machine either

@@ -138,7 +138,7 @@ def differences(runs: Mapping[str, Sequence[RunRecord]], hosts: Hosts, root: Pat
     beside = tuple((_short(t), "(beside " + ", ".join(dict.fromkeys(_short(o.target) for o in others)) + ")")
                    for t, rs in runs.items() if (others := [o for r in rs for o in hosts.beside(r)]))
     if beside:
-        out.append(Difference(BESIDE, "ran while another run may have shared its machine", beside))
+        out.append(Difference(BESIDE, "another run beside it", beside))
     return out
 
 

@@ -82,7 +82,7 @@ def value(rows: str, column: str, row: Row, unlike: Unlike | None = None) -> str
         return out
     if unlike is not None:
         differ = unlike(a, b)
-        return f"{out} (unlike runs: {differ} differ)" if differ else out
+        return f"{out} (not like for like: {differ})" if differ else out
     where = [(r.get("machine"), str(r.get("provenance", ""))) for r in found]
     return f"{out} {OTHER_MACHINE}" if where[0] != where[1] else out
 
