@@ -113,3 +113,16 @@ def test_the_overview_divides_ours_by_the_published_and_counts_the_rows_at_or_be
     assert said.startswith("2 rows have a published number and one of ours (1 of them today's code and defaults): "
                            "1 of 2 take at most the published step time and 2 of 2 use at most")
     assert overview.draw(pts) == overview.draw(pts)  # the same bytes for the same rows
+
+
+def test_every_page_with_older_rows_says_what_they_carry():
+    """A chapter page whose rows are not all today's names them and the verdicts that read them."""
+    rows = pd.read_csv(ROOT / "results" / "rows.csv", **dataset.read_csv_args(dataset.row_columns()))
+    for chapter, meta in catalog.chapters().items():
+        mine = rows[(rows["chapter"] == chapter) & rows["ran"] & (rows["provenance"] != "today")]
+        page = (ROOT / meta["table"]).read_text(encoding="utf-8")
+        if mine.empty:
+            assert "- older rows (" not in page
+            continue
+        note = next(line for line in page.splitlines() if line.startswith("- older rows ("))
+        assert note.split(": ", 1)[1].split(". ")[0] == ", ".join(sorted(t.split("-", 1)[0] for t in mine["target"]))

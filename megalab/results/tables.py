@@ -25,6 +25,7 @@ Public API:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 import re
 import sys
 from pathlib import Path
@@ -96,6 +97,23 @@ def machine_note(recs: list[RunRecord], hosts: Hosts) -> str | None:
             "compare rows of one machine, code and settings only, as the ratio columns and `make check` do.")
 
 
+def older_note(ctx: Context, verdicts: Mapping[str, checks.Result]) -> str | None:
+    """The page's rows that are not today's code and defaults, and the verdicts (results/checks.md) that read
+    them: what the page's older rows carry (None where every row that ran is today's)."""
+    older = [e for e in ctx.exps if (r := ctx.rec(e)) is not None
+             and provenance.of(r, ctx.tree).state != provenance.CURRENT]
+    if not older:
+        return None
+    ids = {e.id.split("-", 1)[0] for e in older}
+    resting = [f"`{cid}` ({r.status})" for cid, r in verdicts.items()
+               if r.status != checks.NOT_RUN and ids & {t for t, *_ in r.basis.runs}]
+    return (f"older rows (not today's code and defaults, the provenance column): {', '.join(sorted(ids))}. Their "
+            "numbers stand for the code and settings their runs had, and so do the conclusions drawn from them: "
+            + (f"the verdicts of results/checks.md that read them are {', '.join(resting)}; " if resting else
+               "no verdict of results/checks.md reads them; ")
+            + "the tutorial says which of its sentences rest on them.")
+
+
 def _ours_sentence(recs: list[RunRecord]) -> str:
     gpus = sorted({short_gpu_name(r.gpu_name) for r in recs if r.gpu_name})
     impls = {r.transformer_impl for r in recs}
@@ -164,11 +182,14 @@ def table_frame(chapter: int, records: dict[str, RunRecord] | None = None,
 
 def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
                    reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
-                   block_only: bool = False, tree: Path | None = None, hosts: Hosts | None = None) -> str:
+                   block_only: bool = False, tree: Path | None = None, hosts: Hosts | None = None,
+                   verdicts: Mapping[str, checks.Result] | None = None) -> str:
     """Markdown page for one chapter: title, provenance sentence, table, footnotes.
 
     block_only: just the provenance sentence, table and footnotes (what tutorials embed).
     tree: the checkout whose git history judges each record's code (default: this one).
+    verdicts: the claims' results (checks.Verdicts); where given, a note names the older rows and the
+    verdicts that rest on them.
     """
     meta = catalog.chapters()[chapter]
     ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree), hosts)
@@ -193,6 +214,8 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     if cols.has_predictions(chapter):
         notes.append(predicted.note())
     notes.append(provenance.LEGEND)
+    if verdicts is not None and (note := older_note(ctx, verdicts)):
+        notes.append(note)
     if note := machine_note(recs, ctx.hosts):
         notes.append(note)
     if any(cols.UNLIKE in str(v) for v in df.values.ravel()):
@@ -278,10 +301,11 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     for chapter, meta in chapters.items():
         path = root / meta["table"]
         frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts)
-        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts)
+        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts,
+                                     verdicts=verdicts)
         pages[path.with_suffix(".csv")] = frames[chapter].to_csv(index=False, lineterminator="\n")  # same rows
-    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root, hosts=hosts)
-              for ch in chapters}
+    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root, hosts=hosts,
+                                 verdicts=verdicts) for ch in chapters}
     unlike = lambda a, b: row_differences(records, hosts, root, a, b)  # noqa: E731  (what a quote's two rows differ in)
     tutorials: dict[Path, tuple[str, list[str]]] = {}
     for path in sorted((root / "tutorials").glob("*.md")):
