@@ -272,12 +272,13 @@ def test_published_values_match_the_reference_rows():
 
 @pytest.fixture(scope="module")
 def committed():
-    """Every claim on the committed records, as `make check` evaluates them, and the rows they read."""
-    return checks.evaluate_root(), tables.load_records()
+    """Every claim on the committed records, as `make check` evaluates them, the rows they read and the machines."""
+    hosts = Hosts.under(ROOT / "results")
+    return checks.evaluate_root(hosts=hosts), tables.load_records(), hosts
 
 
 def test_page_on_the_committed_records(committed):
-    results, records = committed
+    results, records, _ = committed
     claims = checks.load_claims()
     text = checks.render(results)
     counts = checks.summary(results)
@@ -298,7 +299,7 @@ def test_page_on_the_committed_records(committed):
 def test_every_verdict_names_the_runs_its_pages_rows_stand_on(committed):
     """No PASS or FAIL rests on a run that no page's row stands on: each folder it names is one of its
     target's row runs (rows.csv `median_of`), and results/checks.md lists them."""
-    results, _ = committed
+    results, _, _ = committed
     rows = pd.read_csv(ROOT / "results" / "rows.csv", dtype=str, keep_default_na=False)
     shown = {t.split("-", 1)[0]: set(runs.split()) for t, runs in zip(rows["target"], rows["median_of"])}
     page = (ROOT / "results" / "checks.md").read_text()
@@ -324,10 +325,9 @@ def _mutated(records: dict, target: str, **config) -> dict:
 def test_a_run_with_another_cuda_graph_or_fast_path_turns_the_verdict_into_a_refusal(committed, field, value, label):
     """ch1-zero2-step-time-flat-dp1 compares 113 with 111, two like runs: change one thing of 113's record
     and the claim refuses in one line naming that difference and the fix."""
-    results, records = committed
+    results, records, hosts = committed
     c = next(r.claim for r in results if r.claim.id == "ch1-zero2-step-time-flat-dp1")
     cat = catalog.catalog()
-    hosts = Hosts.under(ROOT / "results")
     assert checks.evaluate(c, records, cat, hosts).status in (PASS, FAIL)
     t113 = next(t for t in c.reads if t.startswith("113"))
     if field == "fastpath":  # the record's fast path is its plan's (intent) where it has one
