@@ -70,7 +70,7 @@ def fmt_mem(gib: list[float] | tuple[float, ...]) -> tuple[str, float | None]:
 
 SHARED_NOTE = ("† ran while another run may have shared its machine (its own GPUs, but the machine's CPUs, host "
                "memory and links), as the run records' start and end times and GPU UUIDs show "
-               "(megalab/results/hosts.py): its times are not compared with another row's.")
+               "(megalab/results/hosts.py).")
 
 
 OVER_CAP_NOTE = ("‡ ended ok under its GPU_MEM_GB cap, yet its NVML peak is above the cap: the cap limits "

@@ -135,6 +135,13 @@ class Hosts:
         return out
 
 
+def mark(recs: dict, results: Path, who: str = "megalab") -> dict:
+    """RECS (any key -> RunRecord) with `concurrent` set on each: the targets of the runs that may have shared its
+    machine while it ran (Hosts.beside over every record under RESULTS), for the pages that mark them †."""
+    hosts = Hosts.under(results, who, recs.values())
+    return {k: r.grouped(r.runs, [o.target for o in hosts.beside(r)]) for k, r in recs.items()}
+
+
 _COMMITTED: dict[str, tuple[tuple, Hosts]] = {}
 
 
