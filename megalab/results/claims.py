@@ -20,6 +20,7 @@ from megalab.core import yamlfile
 from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core.schema import field_known
+from megalab.results.alike import NAMES
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 
@@ -75,9 +76,7 @@ def _field(v: str) -> str:
 
 
 def _facet(v: str) -> str:
-    from megalab.results.alike import NAMES  # the facets two compared runs must share
-
-    if v not in NAMES:
+    if v not in NAMES:  # the facets two compared runs must share (alike.py)
         raise ValueError(f"differs: '{v}' is no facet of a run; fix: name one of {', '.join(NAMES)}")
     return v
 
