@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from megalab.core import catalog
-from megalab.results import checks, claims, tables
+from megalab.core.paths import ROOT
+from megalab.results import checkmarks, checks, claims, tables
+from megalab.results.hosts import Hosts
 from megalab.results.checks import FAIL, NOT_RUN, PASS
 from conftest import typed
 from megalab.__main__ import main
@@ -268,28 +270,77 @@ def test_published_values_match_the_reference_rows():
     assert checked >= 28
 
 
-def test_page_on_the_committed_records():
+@pytest.fixture(scope="module")
+def committed():
+    """Every claim on the committed records, as `make check` evaluates them, the rows they read and the machines."""
+    hosts = Hosts.under(ROOT / "results")
+    return checks.evaluate_root(hosts=hosts), tables.load_records(), hosts
+
+
+def test_page_on_the_committed_records(committed):
+    results, records, _ = committed
     claims = checks.load_claims()
-    records = tables.load_records()
-    cat = catalog.catalog()
-    results = checks.evaluate_all(claims, records, cat)
     text = checks.render(results)
     counts = checks.summary(results)
-    assert f"{len(claims)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN." in text
+    assert f"{len(claims)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN (" in text
     assert text.count("A finding, reported as is") == counts[FAIL]
-    from megalab.core import provenance
-
+    cat = catalog.catalog()
     measured = 0
     for r in results:
         usable = all(t in cat and t in records and records[t].status in ("ok", "oom") for t in r.claim.reads)
-        # a claim that pairs runs divides runs of one machine with one code and defaults only
-        keys = {provenance.comparable_key(records[t]) for t in r.claim.reads if usable} - {None}
-        if usable and (not checks.pairs_runs(r.claim) or len(keys) <= 1):
+        if usable and not r.why.startswith("unlike runs"):
             measured += 1
             assert r.status in (PASS, FAIL), f"{r.claim.id}: {r.why}"
         else:
             assert r.status == NOT_RUN and r.why
-    assert measured >= 15  # chapters 0 and 1 are measured
+    assert measured >= 15
+
+
+def test_every_verdict_names_the_runs_its_pages_rows_stand_on(committed):
+    """No PASS or FAIL rests on a run that no page's row stands on: each folder it names is one of its
+    target's row runs (rows.csv `median_of`), and results/checks.md lists them."""
+    results, _, _ = committed
+    rows = pd.read_csv(ROOT / "results" / "rows.csv", dtype=str, keep_default_na=False)
+    shown = {t.split("-", 1)[0]: set(runs.split()) for t, runs in zip(rows["target"], rows["median_of"])}
+    page = (ROOT / "results" / "checks.md").read_text()
+    offenders = []
+    for r in results:
+        if r.status == NOT_RUN:
+            continue
+        assert r.basis.folders and {t for t, _ in r.basis.folders} == {t.split("-", 1)[0] for t in r.claim.reads}
+        offenders += [f"{r.claim.id}: {t} {name}" for t, names in r.basis.folders for name in names
+                      if name not in shown.get(t, ())]
+        assert f"- `{r.claim.id}` ({r.status}): " in page, r.claim.id
+    assert not offenders, f"verdicts resting on runs no row stands on: {offenders}"
+
+
+def _mutated(records: dict, target: str, **config) -> dict:
+    """RECORDS with TARGET's row record changed in memory (its folder's copy: what the check reads)."""
+    r = records[target]
+    return {**records, target: r.model_copy(update={"config": r.config.model_copy(update=config)})}
+
+
+@pytest.mark.parametrize("field,value,label", [("cuda_graph", False, "CUDA graph: 111 on, 113 off"),
+                                               ("fastpath", "fused_adam", "FAST: 111 +")])
+def test_a_run_with_another_cuda_graph_or_fast_path_turns_the_verdict_into_a_refusal(committed, field, value, label):
+    """ch1-zero2-step-time-flat-dp1 compares 113 with 111, two like runs: change one thing of 113's record
+    and the claim refuses in one line naming that difference and the fix."""
+    results, records, hosts = committed
+    c = next(r.claim for r in results if r.claim.id == "ch1-zero2-step-time-flat-dp1")
+    cat = catalog.catalog()
+    assert checks.evaluate(c, records, cat, hosts).status in (PASS, FAIL)
+    t113 = next(t for t in c.reads if t.startswith("113"))
+    if field == "fastpath":  # the record's fast path is its plan's (intent) where it has one
+        r = records[t113]
+        mutated = {**records, t113: r.model_copy(update={"intent": r.intent.model_copy(update={"fastpath": value})})}
+    else:
+        mutated = _mutated(records, t113, **{field: value})
+    res = checks.evaluate(c, mutated, cat, hosts)
+    assert res.status == NOT_RUN and res.why.startswith("unlike runs") and label in res.why
+    assert "\n" not in res.why and "fix: " in res.why and 'make campaign IDS="111 113"' in res.why
+    declared = c.model_copy(update={"differs": {field: "a test declares it"}})
+    res = checks.evaluate(declared, mutated, cat, hosts)
+    assert res.status in (PASS, FAIL) and res.declared and "a test declares it" in res.stands_on
 
 
 # --------------------------------------------------------------------------- cli
@@ -405,12 +456,12 @@ def test_a_claim_that_pairs_runs_of_two_machines_is_not_run_and_names_them():
     metric = {"kind": "ratio", "a": B, "b": A}
     same = {A: rec(ms=100.0, **_host()), B: rec(ms=105.0, **_host())}
     r = run(metric, {"between": [0.9, 1.1]}, same)
-    assert r.status == PASS and r.basis.runs[0][2] == "2x H200 (no GPU UUID)" and not r.basis.today
+    assert r.status == PASS and r.basis.runs[0][2] == "2 GPUs on H200x2-noid" and not r.basis.today
     # without a GPU UUID, a 2-GPU and an 8-GPU run of one host name are two machines, never one
     other = {A: rec(ms=100.0, **_host()), B: rec(ms=105.0, **_host(num_gpus=8, gpus_on_node=8))}
     r = run(metric, {"between": [0.9, 1.1]}, other)
-    assert r.status == NOT_RUN and "pairs runs of different machines or code" in r.why
-    assert "2x H200 (no GPU UUID)" in r.why and "8x H200 (no GPU UUID)" in r.why and "fix: " in r.why
+    assert r.status == NOT_RUN and r.why.startswith("unlike runs, machine: 901 H200x2-noid, 902 H200x8-noid")
+    assert "fix: " in r.why
     uuid = {A: rec(ms=100.0, **_host(gpu_uuids=["GPU-aaaa1111-2222"])),
             B: rec(ms=105.0, **_host(gpu_uuids=["GPU-bbbb1111-2222"]))}
     assert run(metric, {"between": [0.9, 1.1]}, uuid).status == NOT_RUN  # two UUIDs: two machines
@@ -419,8 +470,8 @@ def test_a_claim_that_pairs_runs_of_two_machines_is_not_run_and_names_them():
 def test_what_pairs_nothing_is_evaluated_across_machines_and_says_where_each_ran():
     recs = {A: rec(status="oom", **_host()), B: rec(**_host(num_gpus=8, gpus_on_node=8))}
     r = run({"kind": "status", "targets": [A, B]}, {"equals": ["oom", "ok"]}, recs)
-    assert r.status == PASS and r.basis.text.startswith("901: older (schema 1), 2x H200 (no GPU UUID)")
-    assert "; 902: older (schema 1), 8x H200 (no GPU UUID)" in r.basis.text
+    assert r.status == PASS and r.basis.text.startswith("901: older (schema 1), 2 GPUs on H200x2-noid")
+    assert "; 902: older (schema 1), 8 GPUs on H200x8-noid" in r.basis.text
     r = run({"kind": "value", "field": "mem_peak_gib", "a": [A, B]}, "< 20", {t: rec(**_host(num_gpus=n, gpus_on_node=n))
                                                                               for t, n in ((A, 2), (B, 8))})
     assert r.status == PASS
@@ -444,6 +495,7 @@ def test_between_machines_is_derived_from_runs_of_one_command(tmp_path):
         (runs / name).mkdir(parents=True)
         (runs / name / "run.json").write_text(json.dumps({
             "target": A if name != "c" else B, "status": "ok", "step_ms_median": ms, "hostname": host,
+            "gpu_uuids": [f"GPU-{host}"],
             "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "versions": {"megalab_commit": "c1"}}))
     spread = checks.between_machines(tmp_path)
     assert [(t, round(x, 3)) for t, x in spread] == [("901", 0.1)]
@@ -456,6 +508,47 @@ def test_between_machines_is_derived_from_runs_of_one_command(tmp_path):
 def test_the_page_names_each_verdicts_runs_and_where_it_is_taught():
     r = run({"kind": "ratio", "a": B, "b": A}, "> 2", {A: rec(**_host()), B: rec(**_host())})
     page = checks.render([r], {"c1": ["tutorials/00-two-gpu-tour.md"]})
-    assert "| runs " in page and "| taught in" in page and "older (schema 1), 2x H200 (no GPU UUID)" in page
+    assert "| runs " in page and "| taught in" in page and "older (schema 1), 2 GPUs on H200x2-noid" in page
     assert "Explained where it is taught: tutorials/00-two-gpu-tour.md." in page
     assert "Of the 1 evaluated, 0 read runs of today's code and defaults only and 1 read older runs" in page
+
+
+def test_a_declared_difference_is_evaluated_and_shown_beside_the_verdict():
+    """A claim may accept a difference between its runs (`differs`): it is evaluated, and both results/checks.md
+    and the marker in the prose show the difference and why."""
+    recs = {A: rec(ms=100.0, **_host(config={"cuda_graph": True})), B: rec(ms=105.0, **_host(config={"cuda_graph": False}))}
+    metric = {"kind": "ratio", "a": B, "b": A}
+    r = run(metric, {"between": [0.9, 1.1]}, recs)
+    assert r.status == NOT_RUN and "CUDA graph: 901 on, 902 off" in r.why and "differs: {cuda_graph: why}" in r.why
+    r = run(metric, {"between": [0.9, 1.1]}, recs, differs={"cuda_graph": "the graph replays the same kernels"})
+    assert r.status == PASS
+    said = "declared difference: CUDA graph: 901 on, 902 off (the graph replays the same kernels)"
+    assert said in r.stands_on and said in checkmarks.verdict(r) and said in checks.render([r])
+    with pytest.raises(claims.ChecksError, match="differs: 'graph' is no facet of a run; fix: name one of machine"):
+        claim(metric, "< 2", differs={"graph": "no such facet"})
+
+
+def test_runs_that_may_have_shared_a_machine_are_refused():
+    """Two runs whose times overlap on a machine they may have shared (no UUID: it cannot be told) are not
+    compared; with UUIDs of two whole machines they are."""
+    at = lambda s, e: {"started": f"2026-01-01T10:{s:02d}:00+00:00", "ended": f"2026-01-01T10:{e:02d}:00+00:00"}  # noqa: E731
+    metric = {"kind": "ratio", "a": B, "b": A}
+    recs = {A: rec(ms=100.0, **_host(**at(0, 10))), B: rec(ms=100.0, **_host(**at(5, 15)))}
+    r = run(metric, "< 2", recs)
+    assert r.status == NOT_RUN and "another run beside it: 901 (beside 902)" in r.why
+    recs = {A: rec(ms=100.0, **_host(gpu_uuids=["GPU-a1", "GPU-a2"], **at(0, 10))),
+            B: rec(ms=100.0, **_host(gpu_uuids=["GPU-b1", "GPU-b2"], **at(5, 15)))}
+    r = run(metric, "< 2", recs)  # two whole machines: no run beside the other, but not one machine either
+    assert r.status == NOT_RUN and "beside" not in r.why and "machine: 901 H200-a1, 902 H200-b1" in r.why
+    recs[B] = rec(ms=100.0, **_host(gpu_uuids=["GPU-a1", "GPU-a2"], **at(10, 15)))
+    assert run(metric, "< 2", recs).status == PASS  # one after the other on one machine
+
+
+def test_compared_sets_leave_out_what_reads_one_run():
+    """A ratio of one run's own GPUs, or of each target's own largest to smallest GPU, compares no runs."""
+    own = claim({"kind": "ratio", "field": "mem_peak_gib", "a": {"targets": [A, B], "gpu": "max"},
+                 "b": {"targets": [A, B], "gpu": "min"}}, "< 1.05")
+    assert checks.compared(own) == []
+    assert checks.compared(claim({"kind": "ratio", "a": [A, B], "b": C}, "< 2")) == [{A, C}, {B, C}]
+    assert checks.compared(claim({"kind": "value", "a": {"target": A, "minus": B}}, "< 2")) == [{A, B}]
+    assert checks.compared(claim({"kind": "status", "targets": [A, B]}, {"equals": ["ok", "ok"]})) == []

@@ -87,12 +87,33 @@ def test_rows_csv_types_and_every_table_row(rows):
                 else f"{r['timed_steps_min']:.0f}–{r['timed_steps_max']:.0f}")
             assert cell["timed steps"] == steps
             assert cell["provenance"].split(" ")[0] == r["provenance"] if r["ran"] else cell["provenance"] == ""
+            assert cell["machine"] == r["machine"]  # one key for a machine, page and file alike
+            # the runs of the median, named: as many as `runs` counts, the row's own run among them
+            names = r["median_of"].split()
+            assert len(names) == r["runs"] or (r["runs"] == 0 and len(names) <= 1)
+            assert not r["ran"] or r["run"] in names
             if "predicted GiB" in page.columns:
                 assert (cell["predicted GiB"] == "") == pd.isna(r["predicted_mem_gib"])
     # predictions only for rows no machine here runs, and never in a measured column
     assert rows.loc[rows["gpus"] <= 2, "predicted_mem_gib"].isna().all()
     assert rows.loc[rows["gpus"] > 2, "predicted_mem_gib"].notna().all()
     assert rows.loc[~rows["ran"], "step_ms"].isna().all()
+
+
+def test_the_readme_one_liner_runs_as_written():
+    """results/README.md's pandas line, run as a reader pastes it (from the checkout's root)."""
+    import os
+    import re
+
+    line = re.search(r"`(pd\.read_csv\('results/runs\.csv'[^`]*)`", (ROOT / "results" / "README.md").read_text()).group(1)
+    here = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        df = eval(line, {"pd": pd})  # noqa: S307  (our own page's example)
+    finally:
+        os.chdir(here)
+    assert str(df["started"].dt.tz) == "UTC" and df["cuda"].map(type).eq(str).all()
+    assert {"loss_first", "loss_last", "machine"} <= set(df.columns) and df["loss_last"].notna().any()
 
 
 def test_the_schema_is_documented_in_results_readme():

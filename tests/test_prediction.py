@@ -72,6 +72,15 @@ def test_plan_prints_the_preflights_prediction_for_every_target(no_gpu, capsys, 
     assert len(TARGETS) > 100  # every catalog target, not a sample
 
 
+@pytest.mark.parametrize("argv,needle", [(["111", "FOO=1"], "FOO: not a make variable; fix: "),
+                                         (["GPU=h100"], "plan needs a TARGET"),
+                                         (["111", "112"], "plan takes one TARGET, then VAR=value words")])
+def test_plan_takes_make_variables_as_documented_and_names_a_bad_word(no_gpu, capsys, argv, needle):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
 def test_predicted_columns_are_what_plan_prints_for_an_h100(no_gpu, capsys):
     """The results pages' `predicted GiB` / `predicted ms` for a row no machine here runs are the figures
     `python -m megalab plan TARGET GPU=h100` prints (one code path: plan.estimate_of)."""
@@ -79,9 +88,8 @@ def test_predicted_columns_are_what_plan_prints_for_an_h100(no_gpu, capsys):
 
     wanted = [e for e in catalog.catalog().values() if predicted.wanted(e)]
     assert wanted and all(e.gpus > predicted.RIG_GPUS for e in wanted)
-    no_gpu.setenv("GPU", "h100")
-    for exp in wanted:
-        assert main(["plan", exp.id]) == 0
+    for exp in wanted:  # the documented form: the make variable on the command line
+        assert main(["plan", exp.id, "GPU=h100"]) == 0
         out = capsys.readouterr().out
         cells = columns.predicted_cells(exp)
         peak = f"{_peak(out):.1f}"

@@ -6,7 +6,9 @@ import io
 from pathlib import Path
 
 from megalab.core import catalog
-from megalab.results import columns, index, tables
+import pandas as pd
+
+from megalab.results import columns, dataset, index, overview, tables
 from megalab.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +59,10 @@ def test_the_index_links_every_chapter_page_csv_and_figure():
     text = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
     records = tables.load_records()
     frames = {ch: tables.table_frame(ch, records) for ch in catalog.chapters()}
-    assert text == index.render(ROOT, frames)  # current (make tables writes it)
+    rows = pd.read_csv(ROOT / "results" / "rows.csv", **dataset.read_csv_args(dataset.row_columns()))
+    said = overview.sentence(overview.points(rows))
+    assert text == index.render(ROOT, frames, overview=said)  # current (make tables writes it)
+    assert text.index("](overview.svg)") < text.index("| chapter |")  # the picture first
     for meta in catalog.chapters().values():
         name = Path(meta["table"]).name
         assert f"]({name})" in text and f"]({Path(name).with_suffix('.csv')})" in text
@@ -93,3 +98,31 @@ def test_compare_refuses_a_missing_outdir_and_results_itself(tmp_path, capsys):
     assert "fix:" in capsys.readouterr().err
     (tmp_path / "o").mkdir()
     assert main(["compare", str(tmp_path / "o"), "--out", str(ROOT)]) == 2
+
+
+def test_the_overview_divides_ours_by_the_published_and_counts_the_rows_at_or_below():
+    rows = pd.DataFrame({"target": ["101-a", "111-b", "121-c", "130-d"], "chapter": [1, 1, 1, 1],
+                         "row_status": ["ok", "ok", "ok", "oom"], "step_ms": [50.0, 400.0, 380.0, float("nan")],
+                         "ref_step_ms": [200.0, 380.0, float("nan"), 500.0],
+                         "mem_peak_gib_max": [30.0, 70.0, 75.0, 80.0], "ref_mem_gib": [32.0, 76.0, float("nan"), 78.0],
+                         "ref_oom": [False, False, True, False], "provenance": ["today", "older", "today", "older"]})
+    pts = overview.points(rows)
+    assert list(pts["target"]) == ["101-a", "111-b"]  # 121: the reference ran out of memory; 130: ours did
+    assert list(pts["ms"].round(3)) == [0.25, 1.053] and list(pts["today"]) == [True, False]
+    said = overview.sentence(pts)
+    assert said.startswith("2 rows have a published number and one of ours (1 of them today's code and defaults): "
+                           "1 of 2 take at most the published step time and 2 of 2 use at most")
+    assert overview.draw(pts) == overview.draw(pts)  # the same bytes for the same rows
+
+
+def test_every_page_with_older_rows_says_what_they_carry():
+    """A chapter page whose rows are not all today's names them and the verdicts that read them."""
+    rows = pd.read_csv(ROOT / "results" / "rows.csv", **dataset.read_csv_args(dataset.row_columns()))
+    for chapter, meta in catalog.chapters().items():
+        mine = rows[(rows["chapter"] == chapter) & rows["ran"] & (rows["provenance"] != "today")]
+        page = (ROOT / meta["table"]).read_text(encoding="utf-8")
+        if mine.empty:
+            assert "- older rows (" not in page
+            continue
+        note = next(line for line in page.splitlines() if line.startswith("- older rows ("))
+        assert note.split(": ", 1)[1].split(". ")[0] == ", ".join(sorted(t.split("-", 1)[0] for t in mine["target"]))

@@ -137,7 +137,7 @@ def test_a_bogus_newest_record_never_blanks_its_row(tmp_path, capsys):
     _write(runs, "20260109_000000___bogus", json.dumps(GOOD | {"notes": 5, "started": "2026-01-09T10:00:00+00:00"}))
     row = tables.table_frame(1, tables.load_records(runs, tmp_path)).set_index("make target").loc[T101]
     assert (row["our ms"], row["status"]) == ("100", "ok")
-    assert checks.machine_groups(tmp_path, records.setup_key)  # the checks' reader skips it too
+    assert checks.Hosts.under(tmp_path / "results").runs  # the checks' reader skips it too
     assert [r.target for r in datareport.load(runs)] == [T101]
     assert capsys.readouterr().err.count("skipping") == 1
 

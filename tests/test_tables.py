@@ -385,9 +385,12 @@ def test_chapter_footnotes_explain_computed_columns():
 # --------------------------------------------------------------------------- writing and --check
 
 def test_write_and_check(tmp_path, capsys):
+    """Pages from nothing in one pass (the index after the data page and the overview it lists), then
+    unchanged; --check sees what a new record moves."""
     root = tmp_path
     runs = root / "results" / "runs"
     _write(runs, "r1")
+    (root / "results" / "data" / "runs").mkdir(parents=True)
     pages = {ch: root / m["table"] for ch, m in catalog.chapters().items()}
 
     assert main(["tables", "--check", "--root", str(root)]) == 1  # nothing written yet
@@ -399,6 +402,10 @@ def test_write_and_check(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "wrote results/01-dp-zero2.md" in out and "wrote results/00-two-gpu-tour.md" in out
     assert all(p.exists() for p in pages.values())
+    index = (root / "results" / "README.md").read_text()
+    assert "[data/README.md](data/README.md)" in index and (root / "results" / "data" / "README.md").exists()
+    assert index.split("\n")[4] == "![Every row with a published number: ours over theirs, step time and memory per " \
+        "GPU](overview.svg)" and (root / "results" / "overview.svg").exists()
     assert list(pages[1].parent.glob("*.tmp")) == []
     mtimes = [p.stat().st_mtime_ns for p in pages.values()]
 
@@ -413,5 +420,6 @@ def test_write_and_check(tmp_path, capsys):
     # (then the page's CSV of the same rows and the index's status line)
     assert tables.write_tables(root) == [root / "results" / "plots" / "01-dp-zero2-memory.svg", pages[1],
                                          pages[1].with_suffix(".csv"), root / "results" / "runs.csv",
-                                         root / "results" / "rows.csv", root / "results" / "README.md"]
+                                         root / "results" / "rows.csv", root / "results" / "overview.svg",
+                                         root / "results" / "README.md"]
     assert T111 in pages[1].read_text()

@@ -32,8 +32,7 @@ WHY = {
     "MODEL": "The model: preset {preset} (configs/models.yaml). Attention backend auto: 'local' would swap "
              "megalab's spec attention back to Megatron's own; RoPE unfused: the fused one needs TE >= 1.4.",
     "TRAINING": "The catalog's batch; the reference tutorial's hyper-parameters (configs/reference/README.md).",
-    "PARALLEL": "The catalog's layout. DP > 1 overlaps the gradient reduce with the backward pass; ZeRO-2 is "
-                "Megatron's distributed optimizer (fp32 master weights, Adam state, grads sharded over DP).",
+    "PARALLEL": "The catalog's layout.{parallel}",
     "MOE": "Mixture of experts (the preset's moe_* keys); force-balanced routing: a throughput benchmark without "
            "load imbalance. Grouped GEMM and permute fusion need TE: without it the first is megalab's "
            "grouped_gemm lever, the second is dropped (the record: substituted_flags, dropped_flags).",
@@ -64,6 +63,17 @@ WHY = {
 # grouped_gemm lever (on by default for such a preset; FAST=none or a FAST list without it turns it
 # off). The record keeps both (config.substituted_flags: flag -> lever, config.dropped_flags).
 TE_ONLY_PRESET_FLAGS = {"moe_grouped_gemm": "--moe-grouped-gemm", "moe_permute_fusion": "--moe-permute-fusion"}
+
+
+def parallel_why(dp: int, zero2: bool) -> str:
+    """What the PARALLEL group does with the data-parallel ranks, for this layout (its comment in launch.sh)."""
+    if zero2:
+        return (f" ZeRO-2 is Megatron's distributed optimizer: the fp32 master weights and Adam state are split over "
+                f"the {dp} DP ranks, the gradients reduce-scattered and the weights all-gathered, overlapped with "
+                "compute." if dp > 1 else " ZeRO-2 is Megatron's distributed optimizer; at DP=1 there is no other rank "
+                "to split the optimizer state with, so this GPU keeps all of it.")
+    return (f" DP={dp}: every rank keeps the whole model and optimizer state; the fp32 gradients are all-reduced, "
+            "overlapped with the backward pass." if dp > 1 else " DP=1: no gradient is exchanged.")
 
 
 def profile_start(iters: int) -> int:

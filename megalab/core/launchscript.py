@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 import textwrap
 
-from megalab.core.flags import GROUPS, RUN_DIR_PLACEHOLDER, WHY
+from megalab.core.flags import GROUPS, RUN_DIR_PLACEHOLDER, WHY, parallel_why
 
 NAME = "launch.sh"
 WIDTH = 100
@@ -68,7 +68,10 @@ def render(plan) -> str:
            ""]
     graph = f"{'on' if plan.cuda_graph else 'off'}, {plan.cuda_graph_reason}"
     for g in GROUPS:
-        out += [*_comment(WHY[g].format(preset=exp.model, graph=graph)), *_array(f"{g}_ARGS", plan.groups[g]), ""]
+        why = WHY[g].format(preset=exp.model, graph=graph, parallel=parallel_why(exp.dp, exp.zero2))
+        if not plan.groups[g]:
+            why += " (Nothing of this in this run.)"  # the group's comment says what it would hold
+        out += [*_comment(why), *_array(f"{g}_ARGS", plan.groups[g]), ""]
     rest = [f'"${{{g}_ARGS[@]}}"' for g in GROUPS[1:]]
     out.append(f'exec torchrun "${{DISTRIBUTED_ARGS[@]}}" {shlex.quote(plan.entry)} \\')
     for i in range(0, len(rest), 4):

@@ -328,6 +328,7 @@ class RunRecord(_Part):
     num_gpus: Size | None = None
     gpus_on_node: Count | None = None  # observed: 0 on a machine without GPUs (a run that failed there)
     gpu_uuids: list[Str] | None = None  # the physical GPUs: what tells two hosts apart (provenance)
+    node_gpu_uuids: list[Str] | None = None  # every GPU of the node, visible or not: runs that may share it
     cuda_visible_devices: Str | None = None
     gpu_memory_mib: Amount | None = None
     hostname: Str | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 
 from megalab.core import plan as planner, ports, variables
@@ -65,6 +66,8 @@ def script_main(args: argparse.Namespace) -> int:
 
 def plan_arguments(p: argparse.ArgumentParser) -> None:
     add_target(p, nargs="?")
+    p.add_argument("assignments", nargs="*", metavar="VAR=value",
+                   help="make variables as on a make line (GPU=h100 GPU_MEM_GB=80): as if set in the environment")
     p.add_argument("--gpu-mem-gb", type=lambda text: _parsed("GPU_MEM_GB", text), default=None,
                    help="memory to fit in, nominal GB as GPU_MEM_GB (80 = 81559 MiB, an H100 80GB)")
     p.add_argument("--spec", choices=("megalab", "local"), default=None, help="as SPEC=")
@@ -85,16 +88,34 @@ def _parsed(name: str, text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _assigned(words) -> dict[str, str]:
+    """`VAR=value` words (the documented `plan TARGET GPU=h100`) as environment entries; a name that is no make
+    variable, or a second target, is one line with the fix."""
+    out = {}
+    for w in words:
+        name, eq, text = w.partition("=")
+        if not eq:
+            raise LaunchError(f"plan takes one TARGET, then VAR=value words; got '{w}' as well; fix: python -m "
+                              "megalab plan 101 GPU=h100")
+        if name not in variables.BY_NAME:
+            raise LaunchError(f"{name}: not a make variable; fix: name one `make help` lists, e.g. GPU=h100")
+        out[name] = text
+    return out
+
+
 def plan_main(args: argparse.Namespace) -> int:
     """`python -m megalab plan TARGET`: the preflight's prediction alone, from the same plan a launch
     would build here (the make variables GPU, GPU_MEM_GB, FAST, CUDA_GRAPH, EXTRA_ARGS, SPEC included);
     the options override those variables."""
-    if not args.target:
-        raise LaunchError("plan needs a TARGET (or --validate); fix: python -m megalab plan 101")
+    words = [w for w in (args.target, *args.assignments) if w]
+    target = next((w for w in words if "=" not in w), None)
+    if not target:
+        raise LaunchError("plan needs a TARGET (or --validate); fix: python -m megalab plan 101 GPU=h100")
     overrides = {k: v for k, v in (("gpu_mem_gb", args.gpu_mem_gb), ("spec", args.spec), ("gpu", args.gpu))
                  if v is not None}
-    opts = dataclasses.replace(Options.from_env(), dry_run=True, **overrides)
-    exp, variant = launch.resolve(args.target)
+    opts = dataclasses.replace(Options.from_env({**os.environ, **_assigned(w for w in words if w != target)}),
+                               dry_run=True, **overrides)
+    exp, variant = launch.resolve(target)
     if variant == "profile":
         exp, opts = launch.profiled(exp, opts)
     exp.validate()

@@ -113,6 +113,9 @@ def gpu_inventory() -> dict:
         # which physical GPUs: the rig's machines all call themselves "vm", so the host name alone
         # cannot tell two hosts apart; the GPUs' UUIDs can
         "uuids": [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles],
+        # every GPU of the node, CUDA_VISIBLE_DEVICES or not: two runs on other GPUs of one node shared it
+        "node_uuids": _optional(lambda: [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)))
+                                         for i in range(nvml.nvmlDeviceGetCount())]) or None,
     }
 
 

@@ -169,6 +169,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         "num_gpus": exp.gpus,
         "gpus_on_node": inventory.get("count"),
         "gpu_uuids": inventory.get("uuids"),  # the physical GPUs: what tells two hosts apart (provenance)
+        "node_gpu_uuids": inventory.get("node_uuids"),  # the node's every GPU: which runs may share it
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpu_memory_mib": inventory.get("memory_mib", [None])[0] if inventory.get("memory_mib") else None,
         "hostname": hostname,

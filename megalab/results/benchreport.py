@@ -14,8 +14,8 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, defaults, launchtime, pastref
-from megalab.core.records import RunRecord, mark_shared, num, read_records
+from megalab.results import columns, defaults, hosts, launchtime, pastref
+from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
 from megalab.core import provenance
@@ -216,7 +216,7 @@ def checked(cfg: dict) -> dict:
 def render(bench_dir: Path, cfg: dict | None = None) -> str:
     """The page: the header, then one section per part of configs/bench.yaml, then the runs it read."""
     cfg = checked(cfg or benchruns.load_config())
-    recs = mark_shared(benchruns.load_runs(bench_dir / "runs"), bench_dir.parent, "megalab bench-report")
+    recs = hosts.mark(benchruns.load_runs(bench_dir / "runs"), bench_dir.parent, "megalab bench-report")
     get = lambda run: recs.get(run.key())  # noqa: E731
     mm_path = bench_dir / "matmul.json"
     mm = _matmul(mm_path)

@@ -19,7 +19,8 @@ from megalab.core import catalog, infile, yamlfile
 from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core import provenance
-from megalab.core.records import RunRecord, num
+from megalab.core.records import RecordError, RunRecord, num
+from megalab.results import hosts as machines
 
 REFERENCE_DIR = ROOT / "configs" / "reference"
 RUNS_DIR = ROOT / "results" / "runs"
@@ -177,6 +178,7 @@ class Context:
     reference: pd.DataFrame | None  # anchor_8xh100.csv, by (chapter, row)
     twogpu: pd.DataFrame | None  # twogpu_2xh200.csv, by row
     tree: Path = ROOT  # the checkout whose git history judges the records' code (provenance)
+    hosts: machines.Hosts | None = None  # which machine each run ran on, who ran beside it (hosts.py)
     _warned: set = dataclasses.field(default_factory=set)
 
     def rec(self, exp: catalog.Experiment) -> RunRecord | None:
@@ -205,11 +207,26 @@ class Context:
     def our_ms(self, exp: catalog.Experiment) -> float | None:
         return measured(self.rec(exp))[0]
 
-    def host(self, exp: catalog.Experiment) -> str | None:
-        """The host and code a row's record ran on (None without a record): a ratio of two rows' step
-        times is only made between runs of one host with one code and defaults (provenance.py)."""
+    def runs(self, exp: catalog.Experiment) -> list[RunRecord]:
+        """The runs a row stands on: its record's repeats (the median of their medians), else the record."""
         rec = self.rec(exp)
-        return None if rec is None else provenance.comparable_key(rec, self.tree)
+        return [] if rec is None else runs_behind(rec)
+
+
+def _load(path: Path) -> RunRecord | None:
+    try:
+        return RunRecord.load(path)
+    except RecordError:
+        return None
+
+
+def runs_behind(rec: RunRecord) -> list[RunRecord]:
+    """The runs a row's step time is the median of: its repeats (records.repeats, read from beside it), else
+    the record itself; the record stands for its own folder among them (what a reader changed in it counts)."""
+    if rec.runs is None or rec.run_dir is None:
+        return [rec]
+    found = [r for name in rec.runs.runs if (r := _load(rec.run_dir.parent / name / "run.json")) is not None]
+    return [rec if r.run_dir == rec.run_dir else r for r in found] or [rec]
 
 
 def measured(rec: RunRecord | None) -> tuple[float | None, ...]:
@@ -234,15 +251,20 @@ def reference_kind(chapter: int) -> str:
 
 
 def context(chapter: int, records: dict[str, RunRecord] | None, reference: pd.DataFrame | None,
-             twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None, tree: Path = ROOT) -> Context:
+            twogpu: pd.DataFrame | None, exps: list[catalog.Experiment] | None, tree: Path = ROOT,
+            hosts: machines.Hosts | None = None) -> Context:
+    """A chapter's Context. HOSTS default: every committed record's where the records are the committed rows,
+    else the given records' own (a test's)."""
     kind = reference_kind(chapter)
+    if hosts is None:
+        hosts = machines.committed(RUNS_DIR.parent) if records is None else machines.Hosts(records.values())
     return Context(
         chapter=chapter, kind=kind,
         exps=[e for e in catalog.catalog().values() if e.chapter == chapter] if exps is None else list(exps),
         records=provenance.load_rows(RUNS_DIR, "megalab") if records is None else records,
         reference=load_reference() if reference is None and kind == "anchor" else reference,
         twogpu=load_twogpu_reference() if twogpu is None and kind == "twogpu" else twogpu,
-        tree=tree,
+        tree=tree, hosts=hosts,
     )
 
 

@@ -65,9 +65,9 @@ def verdict(result: Any) -> str:
     if result.status == NOT_RUN:
         text = f"{NOT_RUN}: {result.why}"
     elif result.status == FAIL:
-        text = f"{FAIL}: {result.measured}, expected {result.claim.expect.text()}; {result.basis.text}"
+        text = f"{FAIL}: {result.measured}, expected {result.claim.expect.text()}; {result.stands_on}"
     else:
-        text = f"{PASS}: {result.measured}; {result.basis.text}"
+        text = f"{PASS}: {result.measured}; {result.stands_on}"
     # one line, and nothing that ends the comment or a table cell it may sit in
     return " ".join(text.split()).replace("-->", "->").replace("|", "/")
 

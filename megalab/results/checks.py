@@ -38,11 +38,12 @@ from typing import Any
 
 from megalab.core.paths import ROOT
 from megalab.core import markdown, provenance, variables
-from megalab.core.gpus import short_gpu_name
-from megalab.core.records import USABLE, RunRecord, read_records, repeats, settings, stamp
+from megalab.core.records import RunRecord, read_records, settings
 from megalab.core import catalog
 from megalab.core.catalog import CatalogError
-from megalab.results import checkmarks
+from megalab.results import alike, checkmarks
+from megalab.results.chapter import runs_behind
+from megalab.results.hosts import Hosts
 from megalab.results.claims import (  # noqa: F401  (checks.KINDS, checks.load_claims: the claims file's API)
     DEFAULT_FIELD, FAIL, KINDS, NOT_RUN, PASS, ChecksError, Claim, Operand, Published, is_num, load_claims,
     unit_bytes)
@@ -68,9 +69,11 @@ class _Fail(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Basis:
-    """What a verdict stands on: for every record it read, the record's provenance (`today`, or `older
-    (why)`: provenance.py), its machine and its megalab commit."""
+    """What a verdict stands on: for every target it read, the record's provenance (`today`, or `older
+    (why)`: provenance.py), its machine and its megalab commit, and the run folders behind it (the row's
+    repeats: every run its page's row stands on)."""
     runs: tuple[tuple[str, str, str, str], ...] = ()  # (short target id, provenance cell, machine, commit)
+    folders: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (short target id, its runs' folder names)
 
     @property
     def today(self) -> bool:
@@ -79,7 +82,7 @@ class Basis:
 
     @property
     def text(self) -> str:
-        """'today, 2x H200 GPU-446032a4, commit 41ddb22', or per group of targets where they differ."""
+        """'today, 1 GPU on H100-aed36c01, commit 6f90183', or per group of targets where they differ."""
         groups: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
         for target, cell, machine, commit in self.runs:
             targets, commits = groups.setdefault((cell, machine), ([], []))
@@ -93,19 +96,21 @@ class Basis:
         return "; ".join(parts)
 
 
-def machine_label(r: RunRecord) -> str:
-    """The machine of a record in words: its GPUs and first GPU's UUID ('2x H200 GPU-446032a4'); without a
-    UUID, the GPU count and model only (every rig machine is called `vm`: possibly several machines)."""
-    n = r.gpus_on_node or r.num_gpus
-    gpus = f"{n}x {short_gpu_name(r.gpu_name)}" if n else short_gpu_name(r.gpu_name)
-    return f"{gpus} {provenance.card(r) or '(no GPU UUID)'}"
+def machine_label(r: RunRecord, hosts: Hosts) -> str:
+    """Where a record ran, in words: its GPUs and its machine's key (hosts.py), '2 GPUs on H100-4fab5618'."""
+    n = r.num_gpus or 0
+    return f"{n or '?'} GPU{'s' * (n != 1)} on {hosts.key(r)}"
 
 
-def basis(targets: tuple[str, ...], records: Mapping[str, RunRecord], root: Path = ROOT) -> Basis:
+behind = runs_behind  # the runs a row stands on (its repeats), what a verdict reads
+
+
+def basis(targets: tuple[str, ...], records: Mapping[str, RunRecord], hosts: Hosts, root: Path = ROOT) -> Basis:
     """The Basis of the records TARGETS name (those with a record)."""
-    return Basis(tuple((_short(t), provenance.of(r, root).cell, machine_label(r),
-                        str(r.versions.megalab_commit or "no commit")[:7])
-                       for t in targets if (r := records.get(t)) is not None))
+    recs = [(t, r) for t in dict.fromkeys(targets) if (r := records.get(t)) is not None]
+    return Basis(tuple((_short(t), provenance.of(r, root).cell, machine_label(r, hosts),
+                        str(r.versions.megalab_commit or "no commit")[:7]) for t, r in recs),
+                 tuple((_short(t), tuple(x.run_dir.name for x in behind(r) if x.run_dir is not None)) for t, r in recs))
 
 
 @dataclasses.dataclass
@@ -115,7 +120,13 @@ class Result:
     measured: str  # the measured value(s) as shown, or the reason for NOT RUN
     values: list[Any] = dataclasses.field(default_factory=list)
     why: str = ""  # FAIL / NOT RUN explanation
-    basis: Basis = Basis()  # the records it read (PASS, FAIL): provenance, machine, commit
+    basis: Basis = Basis()  # the records it read (PASS, FAIL): provenance, machine, commit, run folders
+    declared: tuple[str, ...] = ()  # the differences between its runs that the claim declares, with why
+
+    @property
+    def stands_on(self) -> str:
+        """What the verdict stands on, with the differences its claim declares (the page shows them)."""
+        return self.basis.text + "".join(f"; declared difference: {d}" for d in self.declared)
 
 
 def _record(target: str, records: Mapping[str, RunRecord], known: Mapping[str, Any]) -> RunRecord:
@@ -253,72 +264,65 @@ def _meets(c: Claim, values: list[Any]) -> bool:
     return all(e.holds(v) for v in values)
 
 
-def pairs_runs(c: Claim) -> bool:
-    """Whether a claim sets runs against each other (divides, subtracts, ranks them or takes the largest
-    of several): such a claim reads runs of one machine and one code only. A status claim, or a value or
-    bytes per parameter of each target on its own, pairs nothing."""
+def _sets(op) -> list[frozenset[str]]:
+    """The targets behind each value an operand gives: one per target of a vector, else one, with `minus`'s."""
+    less = frozenset(op.minus.all_targets()) if op.minus is not None else frozenset()
+    return [frozenset({t}) | less for t in op.targets] if op.vector else [frozenset(op.targets) | less]
+
+
+def compared(c: Claim) -> list[frozenset[str]]:
+    """The sets of targets whose runs a claim sets against each other (divides, subtracts, ranks, takes the
+    largest of): one per value it computes that reads two targets or more. A status claim, a value of each
+    target on its own, or a ratio of one run's own GPUs compares no runs."""
     if c.kind == "status":
-        return False
-    if c.kind in ("value", "bytes_per_param"):
-        return any(op.minus is not None or (op.across is not None and len(op.targets) > 1)
-                   for op in c.operands.values())
-    return True
+        return []
+    if c.kind == "monotonic":
+        groups = [frozenset(c.operands["targets"].targets)]
+    elif "b" in c.operands:
+        groups = [x | y for x, y in _pairs(_sets(c.operands["a"]), _sets(c.operands["b"]))]
+    else:
+        groups = _sets(c.operands["a"])
+    return list(dict.fromkeys(g for g in groups if len(g) > 1))
 
 
-def other_hosts(c: Claim, records: Mapping[str, RunRecord], root: Path = ROOT) -> str:
-    """'' when a claim pairs no runs, or every record it reads ran on one machine with one code (or says
-    no host), else the reason: a ratio of two machines' or two codes' runs mixes their difference into it."""
-    if not pairs_runs(c):
-        return ""
-    keys = {provenance.comparable_key(records[t], root) for t in c.reads} - {None}
-    if len(keys) <= 1:
-        return ""
-    return (f"it pairs runs of different machines or code ({basis(c.reads, records, root).text}) and no one "
-            "machine with one code has them all; fix: run them on one machine with today's code "
-            f"(make campaign IDS=\"{' '.join(_short(t) for t in c.reads)}\")")
+def pairs_runs(c: Claim) -> bool:
+    """Whether a claim sets runs of two targets or more against each other (compared)."""
+    return bool(compared(c))
 
 
-def machine_groups(root: Path, setup) -> dict[str, dict[str, RunRecord]]:
-    """provenance.comparable_keys (one machine, one code; a run of today's code also in its commit's group)
-    -> the newest usable record per target among that key's runs in ROOT/results/runs, a plain `make <target>`'s
-    where the key has one, with its repeats (`runs`), as provenance.load_rows picks overall."""
-    groups: dict[str, list[RunRecord]] = {}
-    for r in read_records(root / "results" / "runs", "megalab check"):
-        for key in provenance.comparable_keys(r, root) if r.status in USABLE else ():
-            groups.setdefault(key, []).append(r)
-    out: dict[str, dict[str, RunRecord]] = {}
-    for key, recs in groups.items():
-        newest: dict[str, RunRecord] = {}
-        for r in sorted(recs, key=lambda r: (provenance.plain_make(r), stamp(r.started),
-                                             r.run_dir.name if r.run_dir else "")):
-            newest[r.target] = r
-        out[key] = {t: r.grouped(repeats(r, recs, setup)) for t, r in newest.items()}
-    return out
+def unlike(c: Claim, records: Mapping[str, RunRecord], hosts: Hosts, root: Path = ROOT) -> tuple[str, tuple[str, ...]]:
+    """('', declared) when the runs a claim compares differ only in the idea under test (alike.py) or in what
+    the claim declares (`differs`: the page shows it), else the one line that names the difference and the fix."""
+    diffs: list[alike.Difference] = []
+    for group in compared(c):
+        targets = [t for t in dict.fromkeys(c.reads) if t in group]
+        diffs += [d for d in alike.differences({t: behind(records[t]) for t in targets}, hosts, root) if d not in diffs]
+    declared = tuple(f"{d.text} ({c.differs[d.facet]})" for d in diffs if d.facet in c.differs)
+    undeclared = [d for d in diffs if d.facet not in c.differs]
+    if not undeclared:
+        return "", declared
+    ids = " ".join(_short(t) for t in dict.fromkeys(c.reads))
+    return (f"unlike runs, {'; '.join(d.text for d in undeclared)}; fix: run them one at a time on one machine "
+            f"with today's code (make campaign IDS=\"{ids}\"), or declare the difference in configs/checks.yaml "
+            f"(differs: {{{undeclared[0].facet}: why}}) and the page shows it"), declared
 
 
-def one_machine(c: Claim, groups: Mapping[str, Mapping[str, RunRecord]], known
-                ) -> tuple[str, Mapping[str, RunRecord]] | None:
-    """Where the newest records of a comparing claim ran on different machines or code: the group of runs
-    on one machine with one code that has a usable record of every target it reads; of several, today's
-    code first, then the group whose runs are newest. None if no machine has them all."""
-    fits = [(key, recs) for key, recs in groups.items() if not _not_run_reason(c.reads, recs, known)]
-    if not fits:
-        return None
-    return max(fits, key=lambda kr: (kr[0].endswith("@ today"), max(stamp(kr[1][t].started) for t in c.reads)))
-
-
-def evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, Any],
-             groups: Mapping[str, Mapping[str, RunRecord]] | None = None, root: Path = ROOT) -> Result:
-    """One claim against the records. `known`: target id -> catalog Experiment (or None). `groups`
-    (machine_groups): where the newest records of a claim that pairs runs are of two machines or codes,
-    the claim reads the runs of one machine and code that has them all instead. The result's `basis`
-    names the provenance, machine and commit of every record it read; ROOT's git judges the code."""
+def evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, Any], hosts: Hosts | None = None,
+             root: Path = ROOT) -> Result:
+    """One claim against the records the pages' rows stand on (provenance.load_rows: target -> its row's
+    record). `known`: target id -> catalog Experiment (or None). A claim that compares runs reads them only
+    where they are like for like (unlike); `hosts` (default: the records given) says which machine each ran
+    on and which ran beside another. The result's `basis` names the provenance, machine, commit and run
+    folders of every record it read; ROOT's git judges the code."""
+    hosts = hosts if hosts is not None else Hosts(records.values())
     why = _not_run_reason(c.reads, records, known)
-    if not why and (why := other_hosts(c, records, root)) and groups and (found := one_machine(c, groups, known)):
-        records, why = {**records, **found[1]}, ""
+    declared: tuple[str, ...] = ()
+    if not why:
+        why, declared = unlike(c, records, hosts, root)
     if why:
         return Result(c, NOT_RUN, "", why=why)
-    return dataclasses.replace(_evaluate(c, records, known), basis=basis(c.reads, records, root))
+    return dataclasses.replace(_evaluate(c, records, known), basis=basis(c.reads, records, hosts, root),
+                               declared=declared)
 
 
 def _evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, Any]) -> Result:
@@ -335,8 +339,9 @@ def _evaluate(c: Claim, records: Mapping[str, RunRecord], known: Mapping[str, An
 
 
 def evaluate_all(claims: list[Claim], records: Mapping[str, RunRecord], known: Mapping[str, Any],
-                 groups: Mapping[str, Mapping[str, RunRecord]] | None = None, root: Path = ROOT) -> list[Result]:
-    return [evaluate(c, records, known, groups, root) for c in claims]
+                 hosts: Hosts | None = None, root: Path = ROOT) -> list[Result]:
+    hosts = hosts if hosts is not None else Hosts(records.values())
+    return [evaluate(c, records, known, hosts, root) for c in claims]
 
 
 # --------------------------------------------------------------------------- the page
@@ -387,15 +392,17 @@ def summary(results: list[Result]) -> dict[str, int]:
     return {s: sum(r.status == s for r in results) for s in (PASS, FAIL, NOT_RUN)}
 
 
-def between_machines(root: Path = ROOT) -> list[tuple[str, float]]:
+def between_machines(root: Path = ROOT, hosts: Hosts | None = None) -> list[tuple[str, float]]:
     """How far one command's step time moves between machines, from the committed runs: for every target
-    run ok on two or more machines (provenance.machine_of) with the same run code (provenance.code_key)
-    and settings, (short id, highest / lowest of the machines' median step times - 1), smallest first."""
+    run ok on two or more machines (hosts.py's keys, a record without a GPU UUID left out: its machine is not
+    known) with the same run code (provenance.code_key) and settings, (short id, highest / lowest of the
+    machines' median step times - 1), smallest first."""
+    hosts = hosts if hosts is not None else Hosts.under(Path(root) / "results", "megalab check")
     by_command: dict[tuple, dict[str, list[float]]] = {}
     for r in read_records(root / "results" / "runs", "megalab check"):
-        if r.status == "ok" and r.step_ms_median is not None and (machine := provenance.machine_of(r)):
+        if r.status == "ok" and r.step_ms_median is not None and r.gpu_uuids:
             key = (r.target, provenance.code_key(r, root), repr(settings(r)))
-            by_command.setdefault(key, {}).setdefault(machine, []).append(float(r.step_ms_median))
+            by_command.setdefault(key, {}).setdefault(hosts.key(r), []).append(float(r.step_ms_median))
     out = []
     for (target, *_), machines in by_command.items():
         if len(machines) > 1:
@@ -413,14 +420,35 @@ def between_machines_text(spread: list[tuple[str, float]]) -> str:
             f"machines; their machines' median step times are {pct(spread[0][1])}–{pct(spread[-1][1])} apart ("
             + ", ".join(f"{t}: {pct(x)}" for t, x in spread) + "). A ratio of two runs made on different machines "
             "carries such a difference in it, and one of two codes what changed between them (results/bench "
-            "measures today's levers and CUDA graph): the claims above, the chapter tables' efficiency columns "
-            "and the tutorials' quotes pair runs of one machine and one code only.")
+            "measures today's levers and CUDA graph): the claims above, the chapter tables' ratio columns and the "
+            "tutorials' quotes compare like runs only (megalab/results/alike.py).")
+
+
+INTRO = (
+    "Each claim is computed from the records the chapter pages' rows stand on and from no other run "
+    "(provenance.load_rows: per target the newest ok/oom record of a plain `make <target>`, with its repeats; "
+    "memory: NVML peak per GPU, the largest over the run's GPUs unless stated; time: median step, or the median "
+    "of the repeats' medians, as `our ms` shows). `published` is the same metric on the published rows where it "
+    "names the tutorial or the two-GPU notes. A claim that compares runs (a ratio, a difference, an order) is "
+    "evaluated only where its runs are like for like: the same machine (the GPUs' UUIDs, megalab/results/hosts.py; "
+    "a record without one is assumed one machine with the others of its GPU model, count and commit), run code, "
+    "FAST levers, CUDA graph, ITERS, WARMUP, precision, GPU_MEM_GB cap, layer spec, EXTRA_ARGS and torch / "
+    "megatron-core, and none of them run while another run may have shared its machine "
+    "(megalab/results/alike.py). Otherwise it is NOT RUN with the difference and the fix in one line, unless the "
+    "claim declares that difference (`differs` in configs/checks.yaml), which `runs` then shows. `runs` names what "
+    "a verdict stands on: each record's provenance (`today`, or `older (why)` as on the chapter pages), machine and "
+    "megalab commit; \"Runs behind each verdict\" lists their folders under results/runs. NOT RUN also: a target "
+    "it reads is not in the catalog yet, has no record, or its record failed. `fails if` is generated from the "
+    "expectation: every claim can fail (tests/test_checks.py builds, for each, a record set that makes it FAIL). "
+    "`taught in`: the pages whose prose teaches the claim, with its verdict beside the sentence "
+    "(`<!-- check ID -->`, megalab/results/checkmarks.py). The claims are data: configs/checks.yaml.")
 
 
 def render(results: list[Result], taught: Mapping[str, list[str]] | None = None,
            spread: list[tuple[str, float]] | None = None) -> str:
     """results/checks.md: counts, the table, one footnote per FAIL (where it is explained, TAUGHT: claim
-    id -> the pages whose prose teaches it), and how far one command moves between machines (SPREAD)."""
+    id -> the pages whose prose teaches it), the run folders behind every verdict, and how far one command
+    moves between machines (SPREAD)."""
     taught = taught or {}
     counts = summary(results)
     rows, notes = [], []
@@ -429,7 +457,7 @@ def render(results: list[Result], taught: Mapping[str, list[str]] | None = None,
         pages = ", ".join(taught.get(r.claim.id, []))
         if r.status == FAIL:
             where = f"Explained where it is taught: {pages}." if pages else "No page teaches it yet."
-            notes.append(f"[{len(notes) + 1}] `{r.claim.id}`: {r.why} ({r.basis.text}). {where} A finding, "
+            notes.append(f"[{len(notes) + 1}] `{r.claim.id}`: {r.why} ({r.stands_on}). {where} A finding, "
                          "reported as is: the expectation is not loosened to make it pass.")
             status = f"FAIL [{len(notes)}]"
         elif r.status == NOT_RUN:
@@ -437,42 +465,38 @@ def render(results: list[Result], taught: Mapping[str, list[str]] | None = None,
         rows.append({"claim": f"`{r.claim.id}`: {r.claim.claim}", "source": r.claim.source,
                      "expected": r.claim.expect.text(), "fails if": fails_if(r.claim),
                      "published": _published_text(r.claim.published),
-                     "measured": r.measured, "runs": r.basis.text if r.status != NOT_RUN else "",
+                     "measured": r.measured, "runs": r.stands_on if r.status != NOT_RUN else "",
                      "status": status, "taught in": pages})
     header = ["claim", "source", "expected", "fails if", "published", "measured", "runs", "status", "taught in"]
     table = "\n".join(markdown.table(header, ([_cell(r[h]) for h in header] for r in rows), padded=True)) \
         if rows else "(no claims)"
     evaluated = [r for r in results if r.status != NOT_RUN]
     older = sum(not r.basis.today for r in evaluated)
+    refused = sum(r.why.startswith("unlike runs") for r in results)
     lines = [
         "# Checks: published claims against our runs",
         "",
         "<!-- generated by `make check` from configs/checks.yaml and results/runs/*/run.json; "
         "do not edit by hand -->",
         "",
-        f"{len(results)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN. "
+        f"{len(results)} claims: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN "
+        f"({refused} of them because the runs they would compare are not like for like). "
         f"Of the {len(evaluated)} evaluated, {len(evaluated) - older} read runs of today's code and defaults "
         f"only and {older} read older runs (`runs` says which).",
         "",
-        "Each claim is computed from the newest ok/oom record per target (memory: NVML peak per GPU, "
-        "the largest over the run's GPUs unless stated; time: median step, or the median of the runs' "
-        "medians where the target was repeated on one machine with the same code and settings). `published` is the same "
-        "metric on the published rows where it names the tutorial or the two-GPU notes. A claim that pairs runs "
-        "(a ratio, a difference, an order) reads runs of one machine and one code only: where the newest records "
-        "differ in machine or code, it reads the one machine and code that has every target's run (today's code "
-        "first, then the newest), and where none has them all it is NOT RUN, with the runs it would pair. A machine "
-        "is its first GPU's UUID; a record without one is known only by its GPU model and count (every rig machine "
-        "is called `vm`), so it may stand for several machines. `runs` names what a verdict stands on: each record's "
-        "provenance (`today`, or `older (why)` as on the chapter pages), machine and megalab commit. NOT RUN also: a "
-        "target it reads is not in the catalog yet, has no record, or its record failed. `fails if` is generated "
-        "from the expectation: every claim can fail (tests/test_checks.py builds, for each, a record set that makes "
-        "it FAIL). `taught in`: the pages whose prose teaches the claim, with its verdict beside the sentence "
-        "(`<!-- check ID -->`, megalab/results/checkmarks.py). The claims are data: configs/checks.yaml.",
+        INTRO,
         "",
         table,
     ]
     if notes:
         lines += ["", *notes]
+    lines += ["", "## Runs behind each verdict", "",
+              "The run folders (results/runs/) of every PASS and FAIL: the runs its page's rows stand on, a row's "
+              "repeats included.", ""]
+    lines += [f"- `{r.claim.id}` ({r.status}): " + "; ".join(f"{t}: {', '.join(names) or '(no folder)'}"
+                                                           for t, names in r.basis.folders)
+              for r in results if r.status != NOT_RUN] \
+        or ["None."]
     if spread is not None:
         lines += ["", "## Between machines", "", between_machines_text(spread)]
     return "\n".join(lines) + "\n"
@@ -482,13 +506,13 @@ class Verdicts(Mapping):
     """Claim id -> Result of ROOT's committed records, evaluated on first use (make tables: only where a
     page has a check marker)."""
 
-    def __init__(self, root: Path = ROOT, claims_path: Path | None = None):
-        self.root, self.claims_path, self._results = Path(root), claims_path, None
+    def __init__(self, root: Path = ROOT, claims_path: Path | None = None, hosts: Hosts | None = None):
+        self.root, self.claims_path, self.hosts, self._results = Path(root), claims_path, hosts, None
 
     @property
     def results(self) -> dict[str, Result]:
         if self._results is None:
-            self._results = {r.claim.id: r for r in evaluate_root(self.root, self.claims_path)}
+            self._results = {r.claim.id: r for r in evaluate_root(self.root, self.claims_path, self.hosts)}
         return self._results
 
     def __getitem__(self, cid: str) -> Result:
@@ -507,21 +531,22 @@ def claims_file(root: Path) -> Path | None:
     return path if path.exists() else None
 
 
-def evaluate_root(root: Path = ROOT, claims_path: Path | None = None) -> list[Result]:
-    """Every claim against ROOT's committed records: each target's row record (provenance.load_rows), or one
-    machine's runs."""
-    setup = lambda r: provenance.setup_key(r, root)  # noqa: E731
+def evaluate_root(root: Path = ROOT, claims_path: Path | None = None, hosts: Hosts | None = None) -> list[Result]:
+    """Every claim against ROOT's committed records: each target's row record (provenance.load_rows), the
+    runs the pages' rows stand on and no other."""
     records = provenance.load_rows(root / "results" / "runs", "megalab check", root)
     claims = load_claims(claims_path or claims_file(root))
-    return evaluate_all(claims, records, catalog.catalog(), machine_groups(root, setup), root)
+    hosts = hosts if hosts is not None else Hosts.under(Path(root) / "results", "megalab check")
+    return evaluate_all(claims, records, catalog.catalog(), hosts, root)
 
 
 def page(root: Path = ROOT, claims_path: Path | None = None) -> tuple[list[Result], list[checkmarks.Mark], str]:
     """ROOT's claims evaluated, the check markers of its pages (checkmarks.docs, filled in memory) and
     results/checks.md's text."""
-    results = evaluate_root(root, claims_path)
+    hosts = Hosts.under(Path(root) / "results", "megalab check")
+    results = evaluate_root(root, claims_path, hosts)
     _, marks = checkmarks.fill_docs(root, {r.claim.id: r for r in results}, write=False)
-    return results, marks, render(results, checkmarks.taught(marks), between_machines(root))
+    return results, marks, render(results, checkmarks.taught(marks), between_machines(root, hosts))
 
 
 def write_checks(root: Path | None = None, claims_path: Path | None = None
@@ -545,6 +570,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--claims", type=Path, default=None, help=argparse.SUPPRESS)
 
 
+def explained(results: list[Result], unsaid: list[str]) -> tuple[int, int]:
+    """(FAILs the prose explains, FAILs it does not): a FAIL is explained where a page's sentence says so
+    (its marker has `fail`), and no line of UNSAID (checkmarks.untaught_fails) names it."""
+    fails = [r.claim.id for r in results if r.status == FAIL]
+    untold = [cid for cid in fails if any(line.startswith(f"`{cid}` FAILs") for line in unsaid)]
+    return len(fails) - len(untold), len(untold)
+
+
 def main(args: argparse.Namespace) -> int:
     """Test the published claims (configs/checks.yaml) against the committed run records; write results/checks.md
     and the verdicts beside the tutorials' sentences that teach them."""
@@ -557,9 +590,11 @@ def main(args: argparse.Namespace) -> int:
     counts = summary(results)
     for r in results:
         if r.status == FAIL:
-            print(f"FAIL {r.claim.id}: {r.why} ({r.basis.text})")
+            print(f"FAIL {r.claim.id}: {r.why} ({r.stands_on})")
     for line in unsaid:
         print(f"megalab check: {line}", file=sys.stderr if strict else sys.stdout)
+    told, untold = explained(results, unsaid)
     print(f"checks: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NOT_RUN]} NOT RUN "
-          f"({len(results)} claims) -> {OUTPUT}" + (f"; {len(unsaid)} verdict(s) unsaid where taught" if unsaid else ""))
+          f"({len(results)} claims) -> {OUTPUT}" + (f"; {len(unsaid)} verdict(s) unsaid where taught" if unsaid else "")
+          + f"; FAILs the prose explains: {told}, does not: {untold}")
     return 1 if (strict and unsaid) else 0

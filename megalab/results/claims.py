@@ -20,6 +20,7 @@ from megalab.core import yamlfile
 from megalab.core.infile import InputError
 from megalab.core.paths import ROOT
 from megalab.core.schema import field_known
+from megalab.results.alike import NAMES
 
 CLAIMS_PATH = ROOT / "configs" / "checks.yaml"
 
@@ -71,6 +72,12 @@ def _field(v: str) -> str:
     if not field_known(v):
         raise ValueError(f"field '{v}' is not a run record field; fix: name one of megalab/core/schema.py "
                          "RunRecord's (a dotted name for a part: megatron_mem.max_allocated_mb)")
+    return v
+
+
+def _facet(v: str) -> str:
+    if v not in NAMES:  # the facets two compared runs must share (alike.py)
+        raise ValueError(f"differs: '{v}' is no facet of a run; fix: name one of {', '.join(NAMES)}")
     return v
 
 
@@ -314,6 +321,8 @@ class Claim(_Frozen):
     metric: Metric
     expect: Expect
     published: Published
+    # differences between the runs it compares that the claim accepts (alike.NAMES -> why): shown on the page
+    differs: dict[Annotated[str, AfterValidator(_facet)], Annotated[Str, AfterValidator(_sentence)]] = {}
 
     @model_validator(mode="before")
     @classmethod

@@ -8,18 +8,17 @@ its lesson (CHAPTER_COLUMNS: efficiencies, bubble, experts per GPU, ...).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 from megalab.core import catalog, provenance
 from megalab.core.gpus import nominal_gb_to_gib, short_gpu_name
-from megalab.core.records import RecordError, RunRecord, num as _num
-from megalab.results import predicted
+from megalab.core.records import RunRecord, num as _num
+from megalab.results import alike, predicted
 from megalab.results.chapter import (MISSING as _MISSING, REF_GB_TO_GIB, RIG_GPUS, Context, measured as _measured,
-                                     reference_kind, row_id as _row_id, scaling_series, virtual_stages)
+                                     reference_kind, row_id as _row_id, runs_behind, scaling_series, virtual_stages)
+from megalab.results.hosts import Hosts
 
 
 NO_REF = "—"  # reference cell of an analogue row: there is no published number
@@ -69,8 +68,9 @@ def fmt_mem(gib: list[float] | tuple[float, ...]) -> tuple[str, float | None]:
     return _fixed(top, 1), top
 
 
-SHARED_NOTE = ("† ran on a multi-GPU host while another run used its other GPUs (own GPUs and NVLink "
-               "ports, shared CPUs and host memory), as the run records' start and end times show.")
+SHARED_NOTE = ("† ran while another run may have shared its machine (its own GPUs, but the machine's CPUs, host "
+               "memory and links), as the run records' start and end times and GPU UUIDs show "
+               "(megalab/results/hosts.py).")
 
 
 OVER_CAP_NOTE = ("‡ ended ok under its GPU_MEM_GB cap, yet its NVML peak is above the cap: the cap limits "
@@ -92,11 +92,13 @@ def fmt_cap(cap: float | None) -> str:
     return "" if cap is None else f", capped {cap:g} GB"
 
 
-def fmt_hardware(r: RunRecord) -> str:
+def fmt_hardware(r: RunRecord, hosts: Hosts | None = None) -> str:
+    """'2x H200, capped 80 GB', with † where another run may have shared its machine (HOSTS; without them,
+    the record's own `concurrent`) and ‡ where its peak passed its cap."""
     hw = f"{r.num_gpus}x {short_gpu_name(r.gpu_name)}" if r.num_gpus else short_gpu_name(r.gpu_name)
     hw += fmt_cap(r.gpu_mem_cap)
-    if r.concurrent:
-        hw += " †"  # shared the host with another run on other GPUs (see SHARED_NOTE)
+    if hosts.beside(r) if hosts is not None else r.concurrent:
+        hw += " †"  # another run may have shared its machine (see SHARED_NOTE)
     if over_cap_gib(r):
         hw += " ‡"  # peak above its cap (see OVER_CAP_NOTE)
     return hw
@@ -128,28 +130,11 @@ def fmt_runs(rec: RunRecord | None) -> str:
     return "1" if not runs else f"{runs.n} ({_fixed(runs.lo_ms, 0)}–{_fixed(runs.hi_ms, 0)})"
 
 
-@functools.lru_cache(maxsize=1024)
-def _load(path: Path) -> RunRecord | None:
-    try:
-        return RunRecord.load(path)
-    except RecordError:
-        return None
-
-
-def repeat_records(rec: RunRecord) -> list[RunRecord]:
-    """The runs a row's step time is the median of: its repeats (records.repeats, read from beside it),
-    else the record itself."""
-    if rec.runs is None or rec.run_dir is None:
-        return [rec]
-    found = [r for name in rec.runs.runs if (r := _load(rec.run_dir.parent / name / "run.json")) is not None]
-    return found or [rec]
-
-
 def timed_steps(rec: RunRecord | None) -> tuple[int, int] | None:
     """(fewest, most) steps after warm-up that a run of the row's median timed; None without a step time."""
     if rec is None or _measured(rec)[0] is None:
         return None
-    counts = [r.step_count for r in repeat_records(rec) if r.step_count is not None]
+    counts = [r.step_count for r in runs_behind(rec) if r.step_count is not None]
     return (min(counts), max(counts)) if counts else None
 
 
@@ -176,25 +161,10 @@ def _measure_cells(rec: RunRecord | None, ctx: Context) -> dict[str, str]:
         "our p10–p90 ms": f"{_fixed(p10, 0)}–{_fixed(p90, 0)}" if (p10 is not None and p90 is not None) else "",
         "TFLOP/s/GPU": "" if tflops is None else _fixed(tflops, 0),
         "MFU": "" if mfu is None else f"{_fixed(mfu * 100, 1)}%",
-        "hardware": "" if rec is None else fmt_hardware(rec),
-        "machine": "" if rec is None else machine(rec),  # labelled m1, m2, ... by tables._frame
+        "hardware": "" if rec is None else fmt_hardware(rec, ctx.hosts),
+        "machine": "" if rec is None else ctx.hosts.key(rec),  # the same key on every page (hosts.py)
+        "graph": "" if rec is None else alike.graph(rec),
     }
-
-
-def machine(r: RunRecord) -> str:
-    """The machine a record ran on: its host key (GPU UUID), or without a UUID the host name, GPU and count."""
-    key = provenance.host_key(r) or ""
-    return key if (r.gpu_uuids or not key) else f"{key} x{r.num_gpus}"
-
-
-def machine_labels(recs: list[RunRecord]) -> dict[str, str]:
-    """host_key -> 'm1', 'm2', ... in the order the machines first ran a row of the page."""
-    first: dict[str, str] = {}
-    for r in sorted(recs, key=lambda r: r.started or ""):
-        key = machine(r)
-        if key and key not in first:
-            first[key] = f"m{len(first) + 1}"
-    return first
 
 
 # --------------------------------------------------------------------------- chapter-specific columns
@@ -256,7 +226,7 @@ def allreduce_mb_per_call(exp: catalog.Experiment) -> float | None:
     return 2 * exp.mbs * exp.seq_length * int(exp.model_cfg["hidden_size"]) / 1e6
 
 
-OTHER_HOST = "≠host"  # a ratio of two of our rows whose records ran on different hosts: not made
+OTHER_HOST = "≠host"  # the bench's and data page's ratio of runs of two hosts or codes: not made
 
 OTHER_HOST_NOTE = (f"`{OTHER_HOST}`: the two runs this ratio would divide ran on different machines (the records' "
                    "host and first GPU) or with different code or defaults (their provenance), so it is not given: "
@@ -264,16 +234,30 @@ OTHER_HOST_NOTE = (f"`{OTHER_HOST}`: the two runs this ratio would divide ran on
                    "measures how far on the committed runs), and today's defaults (a CUDA graph) move it more "
                    "(results/bench measures what each changes).")
 
+UNLIKE = "unlike"  # a chapter table's ratio of two rows whose runs are not like for like (alike.py): not made
+
+UNLIKE_NOTE = (f"`{UNLIKE}`: the two rows this ratio would divide did not run like for like: another machine, run "
+               "code, FAST levers, CUDA graph, ITERS, WARMUP, precision, cap, layer spec, EXTRA_ARGS or torch / "
+               "megatron-core, or another run may have shared the machine (megalab/results/alike.py names the "
+               "difference; results/checks.md does for the claims), so it is not given.")
+
 
 class _OtherHost(Exception):
     pass
 
 
+def unlike(ctx: Context, a: catalog.Experiment, b: catalog.Experiment) -> list[alike.Difference]:
+    """How the runs behind two rows differ in more than their layout ([] when like for like, or a row has
+    no record: nothing is divided then)."""
+    ra, rb = ctx.runs(a), ctx.runs(b)
+    if not (ra and rb) or a.id == b.id:
+        return []
+    return alike.differences({a.id: ra, b.id: rb}, ctx.hosts, ctx.tree)
+
+
 def same_host(ctx: Context, a: catalog.Experiment, b: catalog.Experiment) -> bool:
-    """False when both rows' records name their host and the hosts differ (every launcher-written
-    record has `hostname`; a record without one cannot be told apart and is not flagged)."""
-    ha, hb = ctx.host(a), ctx.host(b)
-    return ha is None or hb is None or ha == hb
+    """Whether a page may divide two rows' step times: their runs are like for like (unlike)."""
+    return not unlike(ctx, a, b)
 
 
 def _efficiency(exp: catalog.Experiment, ctx: Context, want: str, ms_of: Callable) -> float | None:
@@ -291,11 +275,11 @@ def _efficiency(exp: catalog.Experiment, ctx: Context, want: str, ms_of: Callabl
 
 
 def _ours(fn: Callable[[], Any]) -> Any:
-    """fn() for our side of a ratio; OTHER_HOST where its two runs ran on different hosts."""
+    """fn() for our side of a ratio; UNLIKE where its two rows' runs are not like for like."""
     try:
         return fn()
     except _OtherHost:
-        return OTHER_HOST
+        return UNLIKE
 
 
 def _ref_and_ours(ref: str | None, ours: str | None) -> str | None:
@@ -336,7 +320,7 @@ def _speedup_cell(exp: catalog.Experiment, ctx: Context) -> str | None:
     vals: list[Any] = [(b / ms if (b is not None and ms) else None) for b, ms in
                        ((f(base), f(exp)) for f in (ctx.ref_ms, ctx.our_ms))]
     if vals[1] is not None and not same_host(ctx, base, exp):
-        vals[1] = OTHER_HOST
+        vals[1] = UNLIKE
     return _ref_and_ours(*(v if isinstance(v, str) or v is None else f"{_fixed(v, 2)}x" for v in vals))
 
 
@@ -437,8 +421,12 @@ TWOGPU_RESULT = ["ref GiB GPU0", "ref GiB GPU1", "our GiB GPU0", "our GiB GPU1",
 # A chapter with rows no machine here runs shows the estimator's prediction for them (predicted.py), each
 # column just before our measured one of the same quantity: beside the published figure, never in ours.
 PREDICTED = {"predicted GiB": ("our GiB", "our GiB GPU0"), "predicted ms": ("our ms",)}
-TAIL = ["hardware", "machine", "provenance", "status"]
-_LEFT = {"Row", "make target", "model", "idea", "hardware", "machine", "provenance", "status"}
+TAIL = ["hardware", "machine", "graph", "provenance", "status"]
+_LEFT = {"Row", "make target", "model", "idea", "hardware", "machine", "graph", "provenance", "status"}
+GRAPH_NOTE = ("graph: whether Megatron's full-iteration CUDA graph was on in the row's run (one replay of the whole "
+              "step: no per-kernel launch cost). CUDA_GRAPH=auto decides it per row from the memory plan and the "
+              "layout (megalab/core/graphs.py), so two rows of one lesson can differ in it: their step times are then "
+              "not compared (`unlike` in a ratio column; results/checks.md refuses such a claim).")
 
 
 def has_predictions(chapter: int) -> bool:

@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 
 from megalab.core import flags, infile, logparse, markdown, records
-from megalab.results import columns, plots
+from megalab.results import columns, hosts, plots
 from megalab.core.records import RunRecord
 from megalab.core.paths import ROOT
 from megalab.core import provenance
@@ -42,7 +42,7 @@ VOCAB_LINE = re.compile(r"padded vocab \(size: (\d+)\)")
 def load(runs: Path) -> list[RunRecord]:
     """Every record under RUNS, oldest first; bad ones skipped (one line each)."""
     found = dict(enumerate(records.read_records(runs, "megalab data-report")))
-    out = records.mark_shared(found, runs.parent.parent, "megalab data-report").values()  # results/: runs beside it
+    out = hosts.mark(found, runs.parent.parent, "megalab data-report").values()  # results/: runs beside it
     return sorted(out, key=lambda r: (records.stamp(r.started), r.run_dir.name))
 
 

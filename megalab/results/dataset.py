@@ -28,6 +28,10 @@ from megalab.core.records import RunRecord, num, read_records
 from megalab.core.schema import stamp
 from megalab.results import columns as cols, predicted
 from megalab.results.chapter import REF_GB_TO_GIB, Context, context, row_id
+from megalab.results.hosts import Hosts
+
+MACHINE = ("the machine, the same key on every page: GPU model and the smallest UUID of the GPUs its records saw "
+           "together ('H100-aed36c01'; '<model>x<GPUs>-noid' for a record without a GPU UUID: megalab/results/hosts.py)")
 
 # Where committed records live: collection -> folder under the checkout.
 RUN_DIRS = {"runs": "results/runs", "bench": "results/bench/runs", "holdout": "results/holdout/runs",
@@ -136,36 +140,40 @@ def _run_common() -> list[tuple[Col, Callable[[RunRecord], Any]]]:
         *[(Col(k, "number", "", f"{k.upper()} degree"), lambda r, k=k: _num(getattr(c(r), k))) for k in ("tp", "pp", "cp", "ep", "dp")],
         (Col("seq_length", "number", "tokens", "sequence length of the model as built"), lambda r: _num(_seq_length(r))),
         (Col("model", "text", "", "model preset (configs/models.yaml)"), lambda r: _text(c(r).model)),
+        (Col("loss_first", "number", "", "lm loss of the first iteration Megatron logged (its log prints every step)", 4), lambda r: _num(r.loss_first)),
+        (Col("loss_last", "number", "", "lm loss of the last iteration Megatron logged", 4), lambda r: _num(r.loss_last)),
         (Col("extra_args", "text", "", "the user's EXTRA_ARGS"), lambda r: _text(c(r).extra_args)),
     ]
 
 
-def run_columns() -> list[tuple[Col, Callable[[RunRecord, str, Path], Any]]]:
-    """runs.csv: (column, value of (record, collection, tree))."""
+def run_columns() -> list[tuple[Col, Callable[[RunRecord, str, Path, Hosts], Any]]]:
+    """runs.csv: (column, value of (record, collection, tree, the machines of every run))."""
     own = [
-        (Col("run", "text", "", "the run's folder name (time___target)"), lambda r, k, t: r.run_dir.name),
+        (Col("run", "text", "", "the run's folder name (time___target)"), lambda r, k, t, h: r.run_dir.name),
         (Col("collection", "text", "", "where it is committed: " + ", ".join(f"{k} ({d})" for k, d in RUN_DIRS.items())),
-         lambda r, k, t: k),
+         lambda r, k, t, h: k),
         (Col("target", "text", "", "make target (a bench variant: target.variant; profile-/resume- runs keep the prefix)"),
-         lambda r, k, t: r.target),
-        (Col("chapter", "number", "", "catalog chapter of the target"), lambda r, k, t: _num(r.config.chapter)),
+         lambda r, k, t, h: r.target),
+        (Col("chapter", "number", "", "catalog chapter of the target"), lambda r, k, t, h: _num(r.config.chapter)),
+        (Col("machine", "text", "", MACHINE), lambda r, k, t, h: h.key(r)),
         (Col("provenance", "text", "", "today (today's code and defaults), older or unknown: provenance.py"),
-         lambda r, k, t: provenance.MARK[provenance.of(r, t).state]),
-        (Col("provenance_why", "text", "", "why a run is older or unknown"), lambda r, k, t: provenance.of(r, t).why),
+         lambda r, k, t, h: provenance.MARK[provenance.of(r, t).state]),
+        (Col("provenance_why", "text", "", "why a run is older or unknown"), lambda r, k, t, h: provenance.of(r, t).why),
         (Col("step_ms_median", "number", "ms", "this run's median step time after warm-up", 3),
-         lambda r, k, t: _num(r.step_ms_median if r.measured[0] is not None else None)),
-        (Col("step_ms_p10", "number", "ms", "10th percentile of its step times", 3), lambda r, k, t: _num(r.measured[1])),
-        (Col("step_ms_p90", "number", "ms", "90th percentile of its step times", 3), lambda r, k, t: _num(r.measured[2])),
+         lambda r, k, t, h: _num(r.step_ms_median if r.measured[0] is not None else None)),
+        (Col("step_ms_p10", "number", "ms", "10th percentile of its step times", 3), lambda r, k, t, h: _num(r.measured[1])),
+        (Col("step_ms_p90", "number", "ms", "90th percentile of its step times", 3), lambda r, k, t, h: _num(r.measured[2])),
     ]
-    shared = [(col, lambda r, k, t, f=f: f(r)) for col, f in _run_common()]
-    first, rest = own[:4], own[4:]
+    shared = [(col, lambda r, k, t, h, f=f: f(r)) for col, f in _run_common()]
+    first, rest = own[:5], own[5:]
     return [*first, *shared[:1], *rest, *shared[1:]]
 
 
-def runs_frame(root: Path) -> pd.DataFrame:
+def runs_frame(root: Path, hosts: Hosts | None = None) -> pd.DataFrame:
     """Every committed record under ROOT's RUN_DIRS, one row each (collection, then folder order)."""
     spec = run_columns()
-    rows = [[f(rec, key, root) for _, f in spec]
+    hosts = hosts if hosts is not None else Hosts.under(root / "results", "megalab tables")
+    rows = [[f(rec, key, root, hosts) for _, f in spec]
             for key, folder in RUN_DIRS.items() for rec in read_records(root / folder, "megalab tables")]
     return _typed(pd.DataFrame(rows, columns=[c.name for c, _ in spec]), [c for c, _ in spec])
 
@@ -212,6 +220,8 @@ def row_columns() -> list[Col]:
         Col("row_status", "text", "", "the row: ok, oom, ... as its record ended, or not run (not run yet / needs N GPUs)"),
         Col("ran", "bool", "", "a record stands in the row"),
         Col("run", "text", "", "the record's run folder (the newest of its repeats)"),
+        Col("median_of", "text", "", "the run folders (results/runs/) whose median step times the row's median is "
+            "taken over, space-separated: its repeats, else its one run; empty without a record"),
         Col("runs", "int", "runs", "how many runs the row's step time is the median of (0 without one)"),
         Col("runs_lo_ms", "number", "ms", "lowest median step time among those runs", 3),
         Col("runs_hi_ms", "number", "ms", "highest median step time among those runs", 3),
@@ -223,7 +233,7 @@ def row_columns() -> list[Col]:
         Col("tokens_per_s_per_gpu", "number", "tokens/s", "GBS x seq / step time / GPUs", 1),
         Col("provenance", "text", "", "today, older or unknown (provenance.py); empty without a record"),
         Col("provenance_why", "text", "", "why a row is older or unknown"),
-        Col("machine", "text", "", "the page's machine label (m1, m2, ...: the legend under each page)"),
+        Col("machine", "text", "", MACHINE),
         *[col for col, _ in _run_common() if col.name not in _ROW_OWN],
         Col("ref_mem_gb_published", "number", "GB (nvidia-smi MiB / 1000)", "published memory per GPU as printed (8x H100 reference)", 2),
         Col("ref_mem_gib", "number", "GiB", "published memory per GPU in GiB (two-GPU notes: the larger GPU)", 3),
@@ -238,7 +248,7 @@ def row_columns() -> list[Col]:
     ]
 
 
-def _row(exp: catalog.Experiment, ctx: Context, machines: dict[str, str]) -> dict[str, Any]:
+def _row(exp: catalog.Experiment, ctx: Context) -> dict[str, Any]:
     rec = ctx.rec(exp)
     ms = ctx.our_ms(exp)
     steps = cols.timed_steps(rec)
@@ -253,6 +263,7 @@ def _row(exp: catalog.Experiment, ctx: Context, machines: dict[str, str]) -> dic
         "seq_length": exp.seq_length,
         "row_status": rec.status if rec is not None else cols.not_run_reason(exp), "ran": rec is not None,
         "run": rec.run_dir.name if rec is not None and rec.run_dir else "",
+        "median_of": " ".join(r.run_dir.name for r in ctx.runs(exp) if r.run_dir is not None),
         "runs": 0 if ms is None else (runs.n if runs else 1),
         "runs_lo_ms": _num(runs.lo_ms if runs and ms is not None else ms),
         "runs_hi_ms": _num(runs.hi_ms if runs and ms is not None else ms),
@@ -260,7 +271,7 @@ def _row(exp: catalog.Experiment, ctx: Context, machines: dict[str, str]) -> dic
         "step_ms": _num(ms), "step_ms_p10": _num(rec.measured[1] if rec else None),
         "step_ms_p90": _num(rec.measured[2] if rec else None), "tokens_per_s_per_gpu": _num(tok),
         "provenance": provenance.MARK[prov.state] if prov else "", "provenance_why": prov.why if prov else "",
-        "machine": machines.get(cols.machine(rec), "") if rec is not None else "",
+        "machine": ctx.hosts.key(rec) if rec is not None else "",
         "ref_mem_gb_published": _num(ref["gb"]), "ref_mem_gib": _num(ref["gib"]), "ref_mem_gib_gpu0": _num(ref["gpu0"]),
         "ref_mem_gib_gpu1": _num(ref["gpu1"]), "ref_oom": ref["oom"], "ref_step_ms": _num(ref["ms"]),
         "predicted_for": predicted.machine_text(exp) if est is not None else "",
@@ -276,13 +287,12 @@ def _row(exp: catalog.Experiment, ctx: Context, machines: dict[str, str]) -> dic
 
 
 def rows_frame(records: dict[str, RunRecord], reference: pd.DataFrame | None, twogpu: pd.DataFrame | None,
-               tree: Path) -> pd.DataFrame:
+               tree: Path, hosts: Hosts | None = None) -> pd.DataFrame:
     """One row per chapter-table row (chapter, then catalog order), from the records the pages read."""
     rows = []
     for chapter in catalog.chapters():
-        ctx = context(chapter, records, reference, twogpu, None, tree)
-        machines = cols.machine_labels([ctx.records[e.id] for e in ctx.exps if e.id in ctx.records])
-        rows += [_row(e, ctx, machines) for e in ctx.exps]
+        ctx = context(chapter, records, reference, twogpu, None, tree, hosts)
+        rows += [_row(e, ctx) for e in ctx.exps]
     spec = row_columns()
     return _typed(pd.DataFrame(rows, columns=[c.name for c in spec]), spec)
 
@@ -313,12 +323,15 @@ def csv_text(df: pd.DataFrame) -> str:
 
 
 def write(root: Path, records: dict[str, RunRecord], reference: pd.DataFrame | None, twogpu: pd.DataFrame | None,
-          *, check: bool = False) -> list[Path]:
+          *, check: bool = False, hosts: Hosts | None = None, rows: pd.DataFrame | None = None) -> list[Path]:
     """results/runs.csv (where ROOT has committed records: not for `make compare`'s pages) and
-    results/rows.csv; the paths whose content changed (with check, would change)."""
-    outputs = [(root / ROWS_CSV, rows_frame(records, reference, twogpu, root))]
+    results/rows.csv (ROWS where the caller made it already); the paths whose content changed (with check,
+    would change)."""
+    hosts = hosts if hosts is not None else Hosts.under(root / "results", "megalab tables", records.values())
+    rows = rows if rows is not None else rows_frame(records, reference, twogpu, root, hosts)
+    outputs = [(root / ROWS_CSV, rows)]
     if (root / RUN_DIRS["runs"]).is_dir():
-        outputs.insert(0, (root / RUNS_CSV, runs_frame(root)))
+        outputs.insert(0, (root / RUNS_CSV, runs_frame(root, hosts)))
     return [path for path, df in outputs if markdown.write_if_changed(path, csv_text(df), check=check)]
 
 

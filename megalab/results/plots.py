@@ -35,7 +35,8 @@ import pandas as pd
 
 from megalab.core import catalog
 from megalab.core import provenance, gpus, infile, markdown, records as run_records, variables
-from megalab.results import chapter as chapters, keep
+from megalab.results import alike, chapter as chapters, hosts as machines, keep
+from megalab.results.hosts import Hosts
 from megalab.core.paths import ROOT, cache_root
 
 PLOTS = "plots"  # folder beside the pages (results/plots), linked as plots/NAME.svg
@@ -90,13 +91,13 @@ def _published(ref: pd.Series, kind: str, gpus: int) -> dict:
             "oom": oom, "step_ms": run_records.num(ref["step_ms"]), "gpu": None, "te": True, "host": "published"}
 
 
-def _ours(r: run_records.RunRecord) -> dict:
+def _ours(r: run_records.RunRecord, ctx: chapters.Context) -> dict:
     oom = r.status == "oom"  # its peak is the card's limit, not what the run needed
     mem = [] if oom else list(r.mem_peak_gib)
     return {"mem_gpu": max(mem) if mem else None, "mem_total": sum(mem) if mem else None, "oom": oom,
             "step_ms": r.measured[0], "gpu": gpus.short_gpu_name(r.gpu_name),
             "te": r.transformer_impl == "transformer_engine",
-            "host": provenance.comparable_key(r) or "unknown"}  # one series per host and code
+            "host": alike.key(r, ctx.hosts, ctx.tree)}  # a ratio divides like runs only (alike.py)
 
 
 def points(ctx: chapters.Context) -> pd.DataFrame:
@@ -117,7 +118,7 @@ def points(ctx: chapters.Context) -> pd.DataFrame:
                          "analogue": False})
         rec = ctx.rec(exp)
         if rec is not None and rec.status in ("ok", "oom", "incomplete"):
-            rows.append({**layout, **_ours(rec), "source": "megalab",
+            rows.append({**layout, **_ours(rec, ctx), "source": "megalab",
                          "analogue": bool(exp.analogue_of and not exp.ref)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -409,7 +410,8 @@ def _draw(fig: Figure, data: pd.DataFrame, kind: str, fmt: str) -> bytes:
 # --------------------------------------------------------------------------- output
 
 def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunRecord] | None = None,
-                out: Path | None = None, check: bool = False, force: bool = True) -> list[Path]:
+                out: Path | None = None, check: bool = False, force: bool = True, hosts: Hosts | None = None
+                ) -> list[Path]:
     """Draw every chapter's figures into `out` (default ROOT/results/plots); return the changed paths.
 
     A figure whose bytes are unchanged is not rewritten; an .svg there that no figure makes any more
@@ -421,11 +423,12 @@ def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunR
     root = Path(root) if root is not None else ROOT
     if records is None:
         records = provenance.load_rows(root / "results" / "runs", "megalab plots", root)
+        hosts = hosts or machines.committed(root / "results")
     reference, twogpu = chapters.load_reference(), chapters.load_twogpu_reference()
     folder = out or root / "results" / PLOTS  # every chapter page lives in results/
     wanted: dict[Path, tuple[Figure, pd.DataFrame, str]] = {}
     for chapter, meta in catalog.chapters().items():
-        ctx = chapters.context(chapter, records, reference, twogpu, None)
+        ctx = chapters.context(chapter, records, reference, twogpu, None, root, hosts)
         for fig, data in figures_of(ctx):
             wanted[folder / file_name(fig, meta["table"])] = (fig, data, ctx.kind)
     stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []

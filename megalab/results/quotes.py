@@ -25,6 +25,8 @@ NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 NOT_RUN = "not run"
 
 Row = Callable[[str], "dict[str, str] | None"]  # target id -> its table row (column -> cell); None: no such row
+# two target ids -> what their rows' runs differ in besides the layout ('' where like for like: alike.py)
+Unlike = Callable[[str, str], str]
 OTHER_MACHINE = "(two machines or codes: not comparable)"
 
 
@@ -45,11 +47,11 @@ def _missing(row: dict) -> str:
     return "out of memory" if str(row.get("status", "")).startswith("oom") else NOT_RUN
 
 
-def value(rows: str, column: str, row: Row) -> str:
+def value(rows: str, column: str, row: Row, unlike: Unlike | None = None) -> str:
     """The text a quote shows: a cell, or the ratio, change or difference of two rows' cells. A row with
-    nothing in the column says why ('not run', 'out of memory'); two rows of different machines or code
-    (the machine column, the whole provenance cell) are marked, as the tables' efficiency columns are: one
-    command's step time moves between machines (results/checks.md, "Between machines")."""
+    nothing in the column says why ('not run', 'out of memory'); two rows whose runs are not like for like
+    (UNLIKE names what differs; without it: the machine column or the provenance cell) are marked, as the
+    tables' ratio columns are, so that the sentence around says what the number mixes in."""
     m = ROWS.match(rows)
     if not m:
         raise QuoteError(f"quote '{rows} | {column}': rows must be A, A/B, A%B or A - B (target ids); "
@@ -76,11 +78,16 @@ def value(rows: str, column: str, row: Row) -> str:
     else:
         out = f"{x / y:.2f}" if op == "/" else f"{round((x / y - 1) * 100):+d}%"  # round: no "-0%"
     ours = column.startswith(("our", "Δ")) or column in ("TFLOP/s/GPU", "MFU", "tok/s/GPU")
+    if not ours:
+        return out
+    if unlike is not None:
+        differ = unlike(a, b)
+        return f"{out} (not like for like: {differ})" if differ else out
     where = [(r.get("machine"), str(r.get("provenance", ""))) for r in found]
-    return f"{out} {OTHER_MACHINE}" if ours and where[0] != where[1] else out
+    return f"{out} {OTHER_MACHINE}" if where[0] != where[1] else out
 
 
-def fill(text: str, row: Row, *, keep_missing: bool = False) -> tuple[str, list[str]]:
+def fill(text: str, row: Row, *, keep_missing: bool = False, unlike: Unlike | None = None) -> tuple[str, list[str]]:
     """TEXT with every quote's value brought up to date, and one line per value that changed. A quote of a
     row or column that is not there is a QuoteError; keep_missing (make tables FORCE=1): it keeps its text,
     and a line says so."""
@@ -89,7 +96,7 @@ def fill(text: str, row: Row, *, keep_missing: bool = False) -> tuple[str, list[
     def sub(m: re.Match) -> str:
         rows, column, old = m.group(1).strip(), m.group(2).strip(), m.group(3)
         try:
-            new = value(rows, column, row)
+            new = value(rows, column, row, unlike)
         except QuoteError as e:
             if not keep_missing:
                 raise

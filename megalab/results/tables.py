@@ -25,6 +25,7 @@ Public API:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 import re
 import sys
 from pathlib import Path
@@ -34,12 +35,14 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import infile, logparse, markdown, provenance, variables
-from megalab.results import checkmarks, checks, columns as cols, dataset, index, keep, plots, predicted, quotes
+from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, keep, overview,
+                             plots, predicted, quotes)
 from megalab.results import chapter as chapter_inputs
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
 from megalab.core.records import RunRecord
+from megalab.results.hosts import Hosts
 
 UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes) unless its column says otherwise; "
              "`ref GB (pub.)` is the published figure as printed (nvidia-smi MiB / 1000, see "
@@ -72,27 +75,43 @@ def load_records(root: Path | None = None, tree: Path | None = None) -> dict[str
                                 Path(tree) if tree is not None else ROOT)
 
 
-def machine_note(recs: list[RunRecord]) -> str | None:
-    """The legend of the machine column: each label's GPUs, GPU UUID and when its rows ran."""
-    labels = cols.machine_labels(recs)
-    if not labels:
+def machine_note(recs: list[RunRecord], hosts: Hosts) -> str | None:
+    """The legend of the machine column: each machine key's GPUs and when its rows ran."""
+    keys: dict[str, list[RunRecord]] = {}
+    for r in sorted(recs, key=lambda r: r.started or ""):
+        keys.setdefault(hosts.key(r), []).append(r)
+    if not keys:
         return None
     parts = []
-    for key, label in labels.items():
-        mine = [r for r in recs if cols.machine(r) == key]
+    for key, mine in keys.items():
         times = sorted(r.started for r in mine if r.started)
-        uuids = mine[0].gpu_uuids or []
         end = times[-1][11:16] if times and times[-1][:10] == times[0][:10] else (times[-1][:16].replace("T", " ") if times else "")
         span = f"{times[0][:16].replace('T', ' ')}–{end}" if times else "?"
-        on_node = max((r.gpus_on_node or r.num_gpus or 0 for r in mine), default=0)  # the machine's, not a run's
-        parts.append(f"{label} = {on_node or '?'}x {short_gpu_name(mine[0].gpu_name or '?')} "
-                     + (f"(GPU {uuids[0][:13]}…, rows run {span} UTC)" if uuids else
-                        f"(no GPU UUID recorded: rows run {span} UTC, possibly on several machines of that name)"))
-    return ("machine: the physical machine of the row's record, by its first GPU's UUID (every rig machine "
-            "has the host name `vm`; `Nx`: the GPUs its runs saw, the host's size only where a run saw them all): "
-            + "; ".join(parts) + ". One command's step time moves between machines "
+        seen = max((r.gpus_on_node or r.num_gpus or 0 for r in mine), default=0)  # the most GPUs a run saw there
+        parts.append(f"`{key}` = {short_gpu_name(mine[0].gpu_name or '?')}, runs saw {seen or '?'} GPU(s), rows run "
+                     f"{span} UTC" + (" (no GPU UUID recorded: possibly several machines)" if key.endswith("-noid") else ""))
+    return ("machine: the physical machine of the row's record, the same key on every page: its GPU model and the "
+            "smallest UUID of the GPUs its records saw together (megalab/results/hosts.py; every rig machine has the "
+            "host name `vm`): " + "; ".join(parts) + ". One command's step time moves between machines "
             "([results/checks.md](../results/checks.md#between-machines) measures how far on the committed runs): "
-            "compare step times within one machine (and code) only, as the efficiency columns and `make check` do.")
+            "compare rows of one machine, code and settings only, as the ratio columns and `make check` do.")
+
+
+def older_note(ctx: Context, verdicts: Mapping[str, checks.Result]) -> str | None:
+    """The page's rows that are not today's code and defaults, and the verdicts (results/checks.md) that read
+    them: what the page's older rows carry (None where every row that ran is today's)."""
+    older = [e for e in ctx.exps if (r := ctx.rec(e)) is not None
+             and provenance.of(r, ctx.tree).state != provenance.CURRENT]
+    if not older:
+        return None
+    ids = {e.id.split("-", 1)[0] for e in older}
+    resting = [f"`{cid}` ({r.status})" for cid, r in verdicts.items()
+               if r.status != checks.NOT_RUN and ids & {t for t, *_ in r.basis.runs}]
+    return (f"older rows (not today's code and defaults, the provenance column): {', '.join(sorted(ids))}. Their "
+            "numbers stand for the code and settings their runs had, and so do the conclusions drawn from them: "
+            + (f"the verdicts of results/checks.md that read them are {', '.join(resting)}; " if resting else
+               "no verdict of results/checks.md reads them; ")
+            + "the tutorial says which of its sentences rest on them.")
 
 
 def _ours_sentence(recs: list[RunRecord]) -> str:
@@ -145,33 +164,35 @@ TWOGPU_FOOTNOTES = [
 
 
 def _frame(ctx: Context) -> pd.DataFrame:
-    df = pd.DataFrame([cols.row(e, ctx) for e in ctx.exps], columns=cols.columns(ctx.chapter), dtype=str)
-    labels = cols.machine_labels([ctx.records[t] for t in df["make target"] if t in ctx.records])
-    df["machine"] = df["machine"].map(lambda k: labels.get(k, ""))
-    return df
+    return pd.DataFrame([cols.row(e, ctx) for e in ctx.exps], columns=cols.columns(ctx.chapter), dtype=str)
 
 
 def table_frame(chapter: int, records: dict[str, RunRecord] | None = None,
                 reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
-                exps: list[catalog.Experiment] | None = None, tree: Path | None = None) -> pd.DataFrame:
+                exps: list[catalog.Experiment] | None = None, tree: Path | None = None,
+                hosts: Hosts | None = None) -> pd.DataFrame:
     """The chapter's table as a DataFrame of strings (one row per target, catalog order).
 
     `exps` replaces the catalog's targets of the chapter (tests build their own Experiments); `tree`
-    is the checkout whose git history judges each record's code (default: this one).
+    is the checkout whose git history judges each record's code (default: this one); `hosts` the machines
+    of every run (default: chapter.context's).
     """
-    return _frame(_context(chapter, records, reference, twogpu, exps, ROOT if tree is None else Path(tree)))
+    return _frame(_context(chapter, records, reference, twogpu, exps, ROOT if tree is None else Path(tree), hosts))
 
 
 def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
                    reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
-                   block_only: bool = False, tree: Path | None = None) -> str:
+                   block_only: bool = False, tree: Path | None = None, hosts: Hosts | None = None,
+                   verdicts: Mapping[str, checks.Result] | None = None) -> str:
     """Markdown page for one chapter: title, provenance sentence, table, footnotes.
 
     block_only: just the provenance sentence, table and footnotes (what tutorials embed).
     tree: the checkout whose git history judges each record's code (default: this one).
+    verdicts: the claims' results (checks.Verdicts); where given, a note names the older rows and the
+    verdicts that rest on them.
     """
     meta = catalog.chapters()[chapter]
-    ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree))
+    ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree), hosts)
     df = _frame(ctx)
     targets = set(df["make target"])
     recs = [ctx.records[t] for t in sorted(targets & set(ctx.records))]
@@ -189,15 +210,17 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
         notes = list(FOOTNOTES)
     if any(str(v).startswith("~") for v in df.get("Row", ())):
         notes.append(ANALOGUE_NOTE)
-    notes += [cols.TOKENS_NOTE, cols.TIMED_STEPS_NOTE] + [c.note for c in cols.chapter_columns(chapter) if c.note]
+    notes += [cols.TOKENS_NOTE, cols.TIMED_STEPS_NOTE, cols.GRAPH_NOTE] + [c.note for c in cols.chapter_columns(chapter) if c.note]
     if cols.has_predictions(chapter):
         notes.append(predicted.note())
     notes.append(provenance.LEGEND)
-    if note := machine_note(recs):
+    if verdicts is not None and (note := older_note(ctx, verdicts)):
         notes.append(note)
-    if any(cols.OTHER_HOST in str(v) for v in df.values.ravel()):
-        notes.append(cols.OTHER_HOST_NOTE)
-    if any(r.concurrent for r in recs):
+    if note := machine_note(recs, ctx.hosts):
+        notes.append(note)
+    if any(cols.UNLIKE in str(v) for v in df.values.ravel()):
+        notes.append(cols.UNLIKE_NOTE)
+    if any(ctx.hosts.beside(r) for r in recs):
         notes.append(cols.SHARED_NOTE)
     if any(cols.over_cap_gib(r) for r in recs):
         notes.append(cols.OVER_CAP_NOTE)
@@ -266,7 +289,9 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         raise NotToday(f"{n} row(s) come from other code or other defaults than today's: "
                        + "; ".join(f"{why}: {' '.join(ids)}" for why, ids in rows.items()) + "; fix: re-run them with `make <target>` (plain, no FAST/CUDA_GRAPH/"
                        "EXTRA_ARGS/WARMUP) and commit the records, or build without STRICT=1")
-    verdicts = checks.Verdicts(root)  # the claims the tutorials teach: evaluated where a page names one
+    # the machines of every run (rows, bench, data, ...): which ran where, and beside whom (hosts.py)
+    hosts = Hosts.under(root / "results", "megalab tables", records.values())
+    verdicts = checks.Verdicts(root, hosts=hosts)  # the claims the tutorials teach: evaluated where a page names one
     if strict and (unsaid := _unsaid(root, verdicts)):
         raise checkmarks.CheckMarkError(f"{len(unsaid)} verdict(s) unsaid where taught, e.g. {unsaid[0]}")
     reference, twogpu = load_reference(), load_twogpu_reference()
@@ -275,16 +300,19 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     frames, pages = {}, {}
     for chapter, meta in chapters.items():
         path = root / meta["table"]
-        frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root)
-        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root)
+        frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts)
+        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts,
+                                     verdicts=verdicts)
         pages[path.with_suffix(".csv")] = frames[chapter].to_csv(index=False, lineterminator="\n")  # same rows
-    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root)
-              for ch in chapters}
+    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root, hosts=hosts,
+                                 verdicts=verdicts) for ch in chapters}
+    unlike = lambda a, b: row_differences(records, hosts, root, a, b)  # noqa: E731  (what a quote's two rows differ in)
     tutorials: dict[Path, tuple[str, list[str]]] = {}
     for path in sorted((root / "tutorials").glob("*.md")):
         old = infile.text(path)  # the file door: a FIFO, a directory, bytes not UTF-8 are one line
         try:  # the chapter tables, then the prose's quoted cells (quotes.py)
-            tutorials[path] = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t), keep_missing=force)
+            tutorials[path] = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t), keep_missing=force,
+                                          unlike=unlike)
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
     if not check and not force:
@@ -292,7 +320,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         if lost and (lost := keep.unexplained(lost, keep.catalog_change())):
             raise keep.WouldShrink(keep.sentence(lost))
     # the pages link these figures: drawn first, so no link is ever dangling
-    changed = plots.write_plots(root, records=records, check=check)
+    changed = plots.write_plots(root, records=records, check=check, hosts=hosts)
     for path, text in pages.items():
         if markdown.write_if_changed(path, text, check=check):
             changed.append(path)
@@ -300,8 +328,13 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         if not check:
             path.unlink()
         changed.append(path)
-    changed += dataset.write(root, records, reference, twogpu, check=check)  # results/runs.csv, rows.csv
-    changed += index.write(root, frames, check=check, **(index_page or {}))  # results/README.md
+    rows = dataset.rows_frame(records, reference, twogpu, root, hosts)
+    changed += dataset.write(root, records, reference, twogpu, check=check, hosts=hosts, rows=rows)  # runs/rows.csv
+    drawn, said = overview.write(root / "results", rows, check=check)  # the index's first figure
+    changed += drawn
+    if (root / datareport.RUNS).is_dir():  # before the index, which lists the pages there are
+        changed += datareport.write_report(root, check=check)  # results/data/README.md
+    changed += index.write(root, frames, check=check, overview=said, **(index_page or {}))  # results/README.md
     for path, (text, moved) in tutorials.items():
         for line in moved:
             print(f"megalab tables: {path.relative_to(root)}: {line}: re-read the sentence around it")
@@ -317,6 +350,19 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
 def _unsaid(root: Path, verdicts: checks.Verdicts) -> list[str]:
     """The check markers of ROOT's pages whose sentence does not account for the verdict (STRICT)."""
     return checkmarks.unsaid(checkmarks.fill_docs(root, verdicts, write=False)[1], verdicts)
+
+
+def row_differences(records: dict[str, RunRecord], hosts: Hosts, root: Path, a: str, b: str) -> str:
+    """What the runs behind two rows (catalog ids, short or full) differ in besides their layout, by
+    alike.py's labels ('CUDA graph, ITERS'); '' where they are like for like or a row has no record."""
+    try:
+        ta, tb = catalog.get(a).id, catalog.get(b).id
+    except catalog.CatalogError:
+        return ""
+    if ta == tb or ta not in records or tb not in records:
+        return ""
+    runs = {t: chapter_inputs.runs_behind(records[t]) for t in (ta, tb)}
+    return ", ".join(d.label for d in alike.differences(runs, hosts, root))
 
 
 def table_row(frames: dict[int, pd.DataFrame], target: str) -> dict[str, str] | None:
