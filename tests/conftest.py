@@ -268,11 +268,11 @@ def _default_without(monkeypatch, later: tuple[str, ...]):
     """FAST's default with the levers that joined it later taken out, for the test; the pages' predictions are planned
     once per process with the default's levers (dropout_add moves the memory estimate): none made under this default
     may outlive the test."""
-    from megalab.core import variables
     from megalab.results import predicted
+    from megalab.runtime import levers
 
-    real = variables.default_fast
-    monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
+    real = levers.default
+    monkeypatch.setattr(levers, "default", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
     predicted._predicted.cache_clear()
     yield
     predicted._predicted.cache_clear()
@@ -302,9 +302,11 @@ def before_triton_norm(pin_code, before_layer_levers, monkeypatch):
     """The committed records as they were read before the ninth session: the default without triton_norm (nor the
     eleventh session's levers), and the seventh and eighth sessions' run code counted as today's (their pages'
     state, kept testable)."""
-    from megalab.core import variables
+    from megalab.runtime import levers
 
-    monkeypatch.setattr(variables, "DEFAULT_FAST", BEFORE_TRITON_NORM)
+    real = levers.default  # before_layer_levers' default, without triton_norm too
+    monkeypatch.setattr(levers, "default", lambda n, cfg: tuple(x for x in real(n, cfg) if x != levers.TRITON_NORM))
+    monkeypatch.setattr(levers, "EVERY", BEFORE_TRITON_NORM)
     return pin_code(DEVICE_NORM_COMMIT, *GRAPH_ROOM_COMMITS)
 
 
@@ -312,6 +314,19 @@ def before_triton_norm(pin_code, before_layer_levers, monkeypatch):
 def pin_campaign_code(pin_code):
     """Records of the newest campaign's commit (DEVICE_NORM_COMMIT) and of CAMPAIGN_COMMIT count as today's code."""
     return pin_code(DEVICE_NORM_COMMIT, CAMPAIGN_COMMIT)
+
+
+@contextlib.contextmanager
+def applied(names):
+    """The levers as fastpath.apply would note them installed (megalab/runtime/levers.py), for the block."""
+    from megalab.runtime import levers
+
+    before = levers.applied()
+    levers.mark_applied(names)
+    try:
+        yield
+    finally:
+        levers.mark_applied(before)
 
 
 def interpreted(call: str, timeout: int = 600):

@@ -55,14 +55,13 @@ def test_every_plot_is_shown_on_a_page():
 def test_the_readme_names_every_fast_lever_and_the_default():
     """README's FAST row is prose: it must name every lever MEGALAB_FAST takes, and every lever a dense GPT-2 model's
     default turns on (dropout_add and qkv_pack once joined the default without it)."""
-    from megalab.core import variables
     from megalab.runtime import levers
 
     (row,) = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("| `FAST` |")]
-    missing = [n for n in levers.PATCHES if f"`{n}`" not in row]
+    missing = [n for n in levers.NAMES if f"`{n}`" not in row]
     assert not missing, f"README's FAST row does not name {missing}"
     default = [c.strip() for c in row.strip().strip("|").split(" | ")][2]  # the row's default column
-    gpt2 = variables.default_fast(0, {"normalization": "LayerNorm"})
+    gpt2 = levers.default(0, {"normalization": "LayerNorm"})
     unnamed = [n for n in gpt2 if not re.search(rf"(?<![a-z_]){n}(?![a-z_])", default)]
     assert not unnamed, f"README's FAST default does not name {unnamed}"
 

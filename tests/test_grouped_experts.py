@@ -19,8 +19,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from megalab.runtime import grouped_experts
-from megalab.core import plan
+from megalab.runtime import grouped_experts, levers
+from tests.conftest import applied
+from megalab.core import plan, variables
 from megalab.harness import launch  # noqa: E402
 from megalab.core.catalog import get as target  # noqa: E402
 from megalab.runtime.grouped_experts import GroupedMLP  # noqa: E402
@@ -238,11 +239,11 @@ def test_spec_builds_grouped_experts_with_the_lever_and_the_same_parameters(worl
 
     cfg = _config(torch.float32, num_layers=2, moe_layer_freq=[1, 0], moe_token_dispatcher_type="allgather",
                   normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0)
-    monkeypatch.delenv("MEGALAB_FAST", raising=False)
-    plain = gpt(cfg)
+    with applied([]):
+        plain = gpt(cfg)
     assert type(plain.decoder.layers[0].mlp.experts) is SequentialMLP
-    monkeypatch.setenv("MEGALAB_FAST", "fused_adam,grouped_gemm")
-    grouped = gpt(cfg)
+    with applied(["fused_adam", "grouped_gemm"]):
+        grouped = gpt(cfg)
     assert type(grouped.decoder.layers[0].mlp.experts) is GroupedMLP
     assert {n: p.shape for n, p in grouped.named_parameters()} == {n: p.shape for n, p in plain.named_parameters()}
     for (n, p), q in zip(grouped.named_parameters(), plain.parameters()):  # same seed, same init
@@ -252,6 +253,8 @@ def test_spec_builds_grouped_experts_with_the_lever_and_the_same_parameters(worl
 
 
 def _opts(**kw):
+    if isinstance(kw.get("fast"), str):  # FAST as typed, parsed as the make variable is
+        kw["fast"] = variables.parse("FAST", kw["fast"])
     return launch.Options(**({"iters": 20} | kw))
 
 
@@ -269,7 +272,9 @@ def test_olmoe_targets_get_the_substitute_and_megatron_accepts_them(tid):
     p = _plan(exp, _opts())
     env = p.env
     assert grouped_experts.LEVER in env["MEGALAB_FAST"].split(",")
-    assert grouped_experts.wanted(env={"MEGALAB_FAST": env["MEGALAB_FAST"]})
+    with applied(levers.parse(env["MEGALAB_FAST"])):
+        assert grouped_experts.wanted()
+    assert not grouped_experts.wanted()  # the lever off: SequentialMLP, unless Megatron's flag asks
     cmd = p.command
     assert "--moe-grouped-gemm" not in cmd  # Megatron's flag stays off: its grouped GEMM is TE's
     args = validate.validate(p.entry_args, exp.gpus)
@@ -287,11 +292,12 @@ def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
     for opts in (_opts(fast="none"), _opts(fast="fused_adam"), _opts(spec="local")):
         assert dict(_plan(exp, opts).substituted_flags) == {}
         assert list(_plan(exp, opts).dropped_flags) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
-        assert grouped_experts.LEVER not in _plan(exp, opts).fastpath.split(",")
+        assert grouped_experts.LEVER not in _plan(exp, opts).fast
     assert dict(_plan(exp, _opts(), "transformer_engine").substituted_flags) == {}
     assert "--moe-grouped-gemm" in _plan(exp, _opts(), "transformer_engine").command
     # FAST=all asks for every lever, this one included; a dense model has nothing to group
-    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath.split(",")
-    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath.split(",")
+    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fast
+    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fast
     # dense GPT-2: its layer's levers and the fused wgrad too
-    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST + ",bias_gelu,dropout_add,qkv_pack,norm_residual,fused_wgrad,gelu_epilogue"
+    assert _plan(target("101"), _opts()).fast == levers.EVERY + ("bias_gelu", "dropout_add", "qkv_pack",
+                                                                "norm_residual", "fused_wgrad", "gelu_epilogue")

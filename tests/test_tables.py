@@ -115,7 +115,7 @@ def test_a_plain_make_record_wins_over_a_newer_lever_trials_launch(tmp_path, mon
     trial's launch only where the target has none."""
     from megalab.core import provenance
 
-    monkeypatch.setattr(provenance, "settings_differ", lambda r: "" if r.config.fastpath == "plain" else "FAST=x")
+    monkeypatch.setattr(provenance, "settings_differ", lambda r: "" if r.config.fastpath == ("plain",) else "FAST=x")
     _write(tmp_path, "a", started="2025-03-01T10:00:00+00:00", step_ms_median=111.0, config={"fastpath": "plain"})
     _write(tmp_path, "b", started="2025-03-02T10:00:00+00:00", step_ms_median=222.0, config={"fastpath": "base"})
     _write(tmp_path, "c", target=T121, started="2025-03-02T10:00:00+00:00", step_ms_median=333.0,

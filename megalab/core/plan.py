@@ -29,10 +29,6 @@ from megalab.core import estimate
 
 ENTRY = ROOT / "megalab" / "runtime" / "pretrain_gpt.py"
 
-# On by default for megalab's spec (why: variables.DEFAULT_FAST); Megatron's stock local spec stays
-# stock, as a fair baseline.
-DEFAULT_FAST = ",".join(variables.DEFAULT_FAST)
-
 # Preset keys whose TE-only flags (flags.TE_ONLY_PRESET_FLAGS) megalab's spec runs without TE: the
 # fast-path lever that stands in for each.
 TE_FREE_SUBSTITUTES = {"moe_grouped_gemm": levers.GROUPED_GEMM}  # preset key -> megalab fast-path lever
@@ -111,48 +107,30 @@ def transformer_impl(opts: Options, te: str | None = None) -> str:
 
 def wants_grouped_gemm(exp: Experiment) -> bool:
     """A MoE target whose preset asks for grouped-GEMM experts (moe_grouped_gemm)."""
-    return levers.GROUPED_GEMM in variables.default_fast(exp.num_experts, exp.model_cfg)
+    return levers.GROUPED_GEMM in levers.default(exp.num_experts, exp.model_cfg)
 
 
 def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tuple[str, ...]:
-    """The fast-path levers (MEGALAB_FAST): the user's FAST, else the default for this spec.
+    """The fast-path levers (megalab/runtime/levers.py): the user's FAST, else the default for this spec and model.
 
-    The default adds grouped_gemm for a target whose preset asks for moe_grouped_gemm: without TE it
-    is that flag's substitute. grouped_gemm is a lever of megalab's spec, so it is left out where
-    nothing would read it: under SPEC=local, and (given the target) for a model without experts.
-    """
+    A spec lever (grouped_gemm) is left out where nothing would read it: under SPEC=local, and (given the target)
+    for a model without experts; Megatron-LM's own pretrain_gpt.py installs no patch, so only the spec's stay."""
     if impl != "local":
         return ()  # Transformer Engine brings its own fused optimizer and kernels
     if opts.fast is not None:
-        value = opts.fast
+        names = opts.fast
     elif opts.spec == "megalab":
-        value = ",".join(variables.default_fast(exp.num_experts, exp.model_cfg) if exp is not None
-                         else variables.DEFAULT_FAST)
+        names = levers.default(exp.num_experts, exp.model_cfg) if exp is not None else levers.EVERY
     else:
-        value = "none"
-    names = variables.fast_names(value)
-    for lever, what in ((levers.CLIP_IN_ADAM, "hands the clip to fused AdamW's kernel"),
-                        (levers.FLAT_ADAM, "replaces fused AdamW's step")):
-        if lever in names and "fused_adam" not in names:
-            raise LaunchError(f"FAST={value}: {lever} {what}, and fused_adam is not in the list; fix: add "
-                              f"fused_adam to FAST, or drop {lever}")
-    if levers.NORM_RESIDUAL in names and levers.TRITON_NORM not in names:
-        raise LaunchError(f"FAST={value}: {levers.NORM_RESIDUAL} adds the residual's gradient inside "
-                          f"{levers.TRITON_NORM}'s kernel, and {levers.TRITON_NORM} is not in the list; fix: add "
-                          f"{levers.TRITON_NORM} to FAST, or drop {levers.NORM_RESIDUAL}")
-    if levers.COMPILED_NORM in names and levers.TRITON_NORM in names and value.strip() != "all":  # all: triton's
-        raise LaunchError(f"FAST={value}: {levers.COMPILED_NORM} and {levers.TRITON_NORM} both replace the norm's "
-                          f"kernels; fix: keep one of the two in FAST")
+        names = ()
+    problem = levers.problem(names)
+    if problem:
+        raise LaunchError(f"FAST={levers.text(names)}: {problem}")
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
-        names = [n for n in names if n not in levers.SPEC_LEVERS]
-    if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers
-        names = [n for n in names if n in levers.SPEC_LEVERS]
-    return tuple(names)
-
-
-def fastpath(opts: Options, impl: str, exp: Experiment | None = None) -> str:
-    """The levers as MEGALAB_FAST spells them ("none" for none)."""
-    return ",".join(fast_levers(opts, impl, exp)) or "none"
+        names = tuple(n for n in names if n not in levers.SPEC_LEVERS)
+    if opts.megatron_lm:
+        names = tuple(n for n in names if n in levers.SPEC_LEVERS)
+    return names
 
 
 def substituted_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> dict[str, str]:
@@ -188,7 +166,7 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
             capacity = min(capacity, gpus_table.nominal_gb_to_gib(opts.gpu_mem_gb))
         try:  # one estimate, with the graph: its peak without it decides, its peak with it is printed
             est = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name, model_cfg=model,
-                                    cuda_graph=True, **estimate.lever_flags(fast))
+                                    cuda_graph=True, fast=fast)
             peak, graph_peak = est.peak_without_graph_gib, est.peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
@@ -241,7 +219,7 @@ class RunPlan:
 
     @property
     def fastpath(self) -> str:
-        return ",".join(self.fast) or "none"
+        return levers.text(self.fast)
 
     @property
     def entry_args(self) -> list[str]:
@@ -269,7 +247,7 @@ class RunPlan:
 
     def to_dict(self) -> dict:
         """The record's `intent`: what the launcher decided, as JSON."""
-        return {"target": self.exp.id, "impl": self.impl, "spec": self.spec, "fastpath": self.fastpath,
+        return {"target": self.exp.id, "impl": self.impl, "spec": self.spec, "fastpath": list(self.fast),
                 "substituted_flags": dict(self.substituted_flags), "dropped_flags": list(self.dropped_flags),
                 "cuda_graph": self.cuda_graph, "cuda_graph_reason": self.cuda_graph_reason,
                 "gpus": self.exp.gpus, "nnodes": self.opts.nnodes, "node_rank": self.opts.node_rank,
@@ -286,7 +264,7 @@ def estimate_of(p: RunPlan, mfu: float | None = None) -> estimate.Estimate:
     estimator raises for a layout it cannot plan (NotImplementedError, KeyError, ValueError, ...)."""
     return estimate.estimate(p.exp, gpu_mem_gib=p.machine.gpu_memory_gib, spec=p.opts.spec,
                              gpu_name=p.machine.gpu_name, model_cfg=dict(p.model), mfu=mfu,
-                             cuda_graph=p.cuda_graph, **estimate.lever_flags(p.fast))
+                             cuda_graph=p.cuda_graph, fast=p.fast)
 
 
 def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_dir: Path | None = None,
@@ -312,7 +290,7 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
     env = {k: environ.get(k) or v for k, v in CHILD_ENV_DEFAULTS.items()}
     paths = (str(ROOT), opts.megatron_lm, *environ.get("PYTHONPATH", "").split(":"))
     env["PYTHONPATH"] = ":".join(p for p in dict.fromkeys(paths) if p)  # once each (scripts/train_gpt.sh sets ROOT)
-    env["MEGALAB_FAST"] = ",".join(fast) or "none"
+    env["MEGALAB_FAST"] = levers.text(fast)
     if opts.gpu_mem_gb:  # the entry point's memcap.py reads it as nominal GB
         env["MEGALAB_GPU_MEM_GB"] = variables.gb_text(opts.gpu_mem_gb)
     if opts.wandb and not environ.get("WANDB_API_KEY"):

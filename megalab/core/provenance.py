@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from megalab.core.paths import ROOT
-from megalab.core import git, variables
+from megalab.core import git
 from megalab.core import records as _records
 from megalab.core.records import RunRecord, settings
 from megalab.core.schema import Config
@@ -52,13 +52,8 @@ FEATURE_FILES = {
 
 
 def _asks(cfg: Config, lever: str) -> bool:
-    """Whether a record's fast path named LEVER, read by the launcher's own parser (`all` counts; a name is
-    matched whole). A fast path the parser refuses (a name it does not know) asks for nothing: the launcher
-    would not have started that run."""
-    try:
-        return lever in levers.requested({"MEGALAB_FAST": cfg.fastpath or ""})
-    except ValueError:
-        return False
+    """Whether a record's fast path named LEVER (a name is matched whole)."""
+    return lever in (cfg.fastpath or ())
 
 
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
@@ -84,15 +79,15 @@ class Provenance:
         return MARK[self.state] + (f" ({self.why})" if self.why else "")
 
 
-def default_fastpath(rec: RunRecord) -> str:
+def default_fastpath(rec: RunRecord) -> tuple[str, ...]:
     """The fast path a plain `make <target>` resolves for this record's target and implementation."""
     cfg = rec.config
     if cfg.transformer_impl == "transformer_engine":
-        return "none"
+        return ()
     spec = (rec.intent.spec if rec.intent else None) or cfg.spec or "megalab"
     if spec != "megalab":
-        return "none"
-    return ",".join(variables.default_fast(cfg.num_experts, cfg.model_preset or {}))
+        return ()
+    return levers.default(cfg.num_experts, cfg.model_preset or {})
 
 
 def settings_differ(rec: RunRecord) -> str:
@@ -102,7 +97,7 @@ def settings_differ(rec: RunRecord) -> str:
     intent, cfg = rec.intent, rec.config
     fast = intent.fastpath if "fastpath" in intent.model_fields_set else cfg.fastpath
     if fast != default_fastpath(rec):
-        return f"FAST={fast}"
+        return f"FAST={fast if fast is None else levers.text(fast)}"
     if (intent.cuda_graph_reason or "").startswith("CUDA_GRAPH="):
         return intent.cuda_graph_reason  # the user chose; the default is the auto policy
     if cfg.extra_args:
@@ -235,7 +230,7 @@ def code_key(r: RunRecord, root: Path = ROOT, unused: frozenset[str] | None = No
 def shared_code_key(r: RunRecord, fast, root: Path = ROOT) -> str:
     """code_key over the files this record ran or a run with the fast path `fast` (lever names) would: the two
     sides of a comparison at one commit, a lever and its base, are one code though only one ran the lever's file."""
-    other = r.config.model_copy(update={"fastpath": ",".join(sorted(fast))})
+    other = r.config.model_copy(update={"fastpath": tuple(sorted(fast))})
     return code_key(r, root, unused_files(r.config) & unused_files(other))
 
 

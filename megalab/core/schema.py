@@ -34,6 +34,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       PlainValidator, PrivateAttr, Strict, ValidationError)
 
 from megalab.core import infile, logparse
+from megalab.runtime import levers
 
 SCHEMA = 2  # what the launcher writes now
 
@@ -79,6 +80,23 @@ def _cap(v: Any) -> Any:
     return v
 
 
+class LeverNames(tuple):
+    """A run's fast-path levers (megalab/runtime/levers.py), as a tuple of names. Records from before lists wrote
+    them as MEGALAB_FAST's text ("a,b", "none"): read as names, and kept as written (`written`), so that a record
+    rewritten (megalab refresh) keeps its shape; a new record writes a list."""
+    written: str | None = None
+
+
+def lever_names(v: Any) -> LeverNames:
+    if isinstance(v, str):  # MEGALAB_FAST's text; a name no longer in the table is kept (history), `all` read as it was
+        names = LeverNames(levers.NAMES if v.strip() == "all" else (n for n in v.split(",") if n and n != "none"))
+        names.written = v
+        return names
+    if isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v):
+        return LeverNames(v)
+    raise ValueError(f"not a list of lever names ({_short(v)})")
+
+
 def _inside(v: str) -> str:
     """A file of the record's folder: a relative path that stays inside it (a record names its log and
     memory CSV; every reader opens them, so /dev/zero or ../../x would be read in its place)."""
@@ -118,6 +136,9 @@ Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
 Time = Annotated[str, Strict(), AfterValidator(_iso)]
 GB = Annotated[Union[Num, None], BeforeValidator(_cap)]
+Levers = Annotated[tuple[str, ...], PlainValidator(lever_names),
+                   PlainSerializer(lambda v: v.written if getattr(v, "written", None) is not None else list(v),
+                                   return_type=Any)]
 InFolder = Annotated[str, Strict(), AfterValidator(_inside)]
 
 
@@ -164,7 +185,7 @@ class Config(_Part):
     nnodes: Size | None = None
     node_rank: Count | None = None
     catalog_extra_args: list[Str] | None = None
-    fastpath: Str | None = None
+    fastpath: Levers | None = None
     cuda_graph: Bool | None = None
     data: Str | None = None
     dropped_flags: list[Str] | None = None
@@ -192,7 +213,7 @@ class Intent(_Part):
     target: Str | None = None
     impl: Str | None = None
     spec: Str | None = None
-    fastpath: Str | None = None
+    fastpath: Levers | None = None
     substituted_flags: dict[str, Str] = {}
     dropped_flags: list[Str] = []
     cuda_graph: Bool | None = None
@@ -215,7 +236,7 @@ class Observed(_Part):
     transformer_impl: Str | None = None
     spec: Str | None = None
     transformer_engine: Str | None = None
-    fastpath: Str | None = None
+    fastpath: Levers | None = None
     cp: Str | None = None
     moe_experts: Str | None = None
     cuda_graphs_released: Str | None = None
@@ -454,9 +475,10 @@ class RunRecord(_Part):
         return (self.ran.transformer_impl if self.ran else None) or self.config.transformer_impl
 
     @property
-    def fastpath(self) -> str | None:
-        """The fast path the launcher resolved (intent), else what the config says."""
-        return (self.intent.fastpath if self.intent else None) or self.config.fastpath
+    def fastpath(self) -> tuple[str, ...] | None:
+        """The fast path the launcher resolved (intent), else what the config says (None: the record does not say)."""
+        resolved = self.intent.fastpath if self.intent else None
+        return resolved if resolved is not None else self.config.fastpath
 
     @property
     def log_path(self) -> Path | None:

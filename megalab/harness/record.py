@@ -16,7 +16,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
-from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none  # 2 adds `intent`, `observed`
+from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
 from megalab.core import git, infile, logparse
 from megalab.core.provenance import CODE_PATHS
 from megalab.harness.monitor import describe_busy
@@ -110,6 +110,12 @@ def busy_note(busy: list[dict]) -> str:
             "times are not its own (ALLOW_BUSY_GPUS=1)")
 
 
+def observed(lines: dict) -> dict:
+    """The entry point's `megalab: k=v` lines as the record keeps them: text as logged, its levers as a list."""
+    fast = lines.get("fastpath")
+    return {**lines, "fastpath": list(lever_names(fast))} if fast is not None else dict(lines)
+
+
 def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, hostname, outputs=None,
           outcome=None, busy_gpus=None, preflight_s: float | None = None) -> dict:
     """The record of one launch of `plan` (megalab/core/plan.py) into plan.run_dir.
@@ -142,7 +148,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         "node_rank": opts.node_rank,
         # the catalog's own extra flags, and the user's EXTRA_ARGS (the bench and the estimator key on it)
         "catalog_extra_args": list(exp.extra_args), "extra_args": opts.extra_args_text,
-        "fastpath": plan.fastpath, "cuda_graph": plan.cuda_graph,
+        "fastpath": list(plan.fast), "cuda_graph": plan.cuda_graph,
         "data": opts.data,
         "dropped_flags": list(plan.dropped_flags),
         # TE-only preset flags megalab ran without TE: flag -> the fast-path lever (plan.py)
@@ -180,7 +186,7 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
         "command": plan.command,
         "config": config,
         "intent": plan.to_dict(),
-        "observed": dict(summary.megalab),
+        "observed": observed(summary.megalab),
         "versions": versions(inventory.get("driver")),
         "files": {"log": "logs.txt", "memory": "gpu_memory.csv",
                   **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}

@@ -28,6 +28,7 @@ from megalab.core.records import RunRecord, num, read_records
 from megalab.core.schema import stamp
 from megalab.results import columns as cols, predicted
 from megalab.results.chapter import REF_GB_TO_GIB, Context, context, row_id
+from megalab.runtime import levers
 
 # Where committed records live: collection -> folder under the checkout.
 RUN_DIRS = {"runs": "results/runs", "bench": "results/bench/runs", "holdout": "results/holdout/runs",
@@ -110,7 +111,7 @@ def _run_common() -> list[tuple[Col, Callable[[RunRecord], Any]]]:
          lambda r: _num(r.step_count)),
         (Col("warmup", "number", "steps", "steps dropped as warm-up"), lambda r: _num(r.warmup_iters)),
         (Col("fastpath", "text", "", "megalab's TE-free fast-path levers, comma-separated (`none`: no levers; empty where the record does not say)"),
-         lambda r: _text(r.fastpath)),
+         lambda r: "" if r.fastpath is None else levers.text(r.fastpath)),
         (Col("cuda_graph", "bool", "", "Megatron's full-iteration CUDA graph was on"), lambda r: bool(c(r).cuda_graph)),
         (Col("spec", "text", "", "layer spec without TE: megalab (TE-free) or local (Megatron's stock)"),
          lambda r: _text(c(r).spec)),

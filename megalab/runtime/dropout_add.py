@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from megalab.runtime import param_grad
+from megalab.runtime import levers, param_grad
 from megalab.runtime.jit import kernel
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -36,7 +36,6 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-ON = False  # set by megalab/runtime/fastpath.py for the dropout_add lever; read by get_bias_dropout_add
 ROW_GROUPS = 8  # rows per quarter-tile: a program's tile is 4 x 8 rows (one Philox draw for four of them)
 BLOCK_COLS = 128  # columns a program owns
 TILES_PER_PROGRAM = 8  # backward: tiles a program walks, keeping its columns' bias sums (one table row a program)
@@ -170,6 +169,6 @@ def get_bias_dropout_add(training, fused):
     layer asks at every call, so the lever set after the model was built counts)."""
     from megatron.core.fusions import fused_bias_dropout
 
-    if ON and training and fused:
+    if levers.on(levers.DROPOUT_ADD) and training and fused:
         return bias_dropout_add_train
     return fused_bias_dropout.get_bias_dropout_add(training, fused)

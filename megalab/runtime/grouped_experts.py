@@ -45,7 +45,6 @@ Costs and limits, each handled where it arises below:
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 from functools import partial
 
@@ -77,11 +76,11 @@ def _host_to(values: list[int], dtype: torch.dtype, device: torch.device) -> tor
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
-def wanted(moe_grouped_gemm: bool = False, env=os.environ) -> bool:
-    """Whether megalab's spec builds MoE layers with GroupedMLP: the lever is in MEGALAB_FAST, or
+def wanted(moe_grouped_gemm: bool = False) -> bool:
+    """Whether megalab's spec builds MoE layers with GroupedMLP: the run has the lever (levers.applied), or
     Megatron's own --moe-grouped-gemm is set (which, with the local implementation, Megatron itself
     ignores: its local spec builds SequentialMLP whatever the flag says)."""
-    return bool(moe_grouped_gemm) or LEVER in levers.requested(env)
+    return bool(moe_grouped_gemm) or levers.on(LEVER)
 
 
 def experts_builder():

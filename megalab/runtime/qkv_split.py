@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from megalab.runtime import param_grad
+from megalab.runtime import levers, param_grad
 from megalab.runtime.jit import kernel, sms
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -37,7 +37,6 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-ON = False  # set by megalab/runtime/fastpath.py for the qkv_pack lever; read by split_along_dim at every call
 BLOCK_TOKENS = 64  # tokens a program copies per step of its loop (64 x 4 warps was the fastest tile at 111's shape)
 PROGRAMS_PER_SM = 4  # row programs x heads: enough to fill the GPU, few enough that the partial table stays small
 WARPS = 4
@@ -138,7 +137,7 @@ def split_along_dim(mixed: torch.Tensor, dim: int, sizes):
     megalab's to take."""
     node = None
     # three pieces (query, key, value): the pack's one launch takes exactly three
-    if (ON and triton is not None and len(sizes) == 3 and mixed.dim() == 4 and dim in (3, -1)
+    if (levers.on(levers.QKV_PACK) and triton is not None and len(sizes) == 3 and mixed.dim() == 4 and dim in (3, -1)
             and torch.is_grad_enabled() and mixed.requires_grad
             and (mixed.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
             and mixed.numel() < 2 ** 31):

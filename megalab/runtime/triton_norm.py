@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from megalab.runtime import param_grad
+from megalab.runtime import levers, param_grad
 from megalab.runtime.jit import kernel, sms
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -34,8 +34,6 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-ON = False  # set by megalab/runtime/fastpath.py for the triton_norm lever, before the model runs
-RESIDUAL = False  # set by fastpath.py for the norm_residual lever (beside triton_norm): see _NormResidual
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
 # backward: enough programs to fill the GPU, few enough that the partial table stays small. 3 beat 4 at every shape
 # of the microbenchmark (78.2 against 81.4 us a call at 111; results/bench/grid-tuning-microbench.txt).
@@ -206,7 +204,7 @@ def fits(x: torch.Tensor) -> bool:
 def takes(x: torch.Tensor) -> bool:
     """Whether megalab's Norm runs these kernels on `x`: the lever is on, x fits, and x is on the GPU (or Triton's
     interpreter runs, which takes CPU tensors: the CPU tests of the layers around them)."""
-    return ON and fits(x) and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    return levers.on(levers.TRITON_NORM) and fits(x) and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,
