@@ -408,12 +408,10 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
 
 
 # The full-iteration CUDA graph's extra memory (its private pool, static inputs and outputs), as a share
-# of the peak without it, and at least GRAPH_MEMORY_MIN_GIB. From the calibration set's graph on/off pairs
-# (one target, GPU, fast path, cap and extra flags; megalab/results/allowances.py): 101 +1.5% (+0.49 GiB), 111 +7.3%
-# on 2026-11-22's code and +0.1% (+0.07 GiB) on 2026-11-26's, 112 +2.1%, 212 +2.8%, 242 +1.5%, and since 2026-11-27
-# the two trials beyond the catalog (101 at micro-batch 14, 111 at 24 x 2048), +0.1% each: the median (1.5%, to 1%),
-# and the smallest extra as the floor. (Held-out 002 showed +8.8% and 232 +3.0%.) CUDA_GRAPH=auto
-# (megalab/core/graphs.py) plans with a room of its own, since a wrong "on" costs an out-of-memory run.
+# of the peak without it, and at least GRAPH_MEMORY_MIN_GIB: the median over the calibration set's graph on/off
+# pairs (one target, GPU, fast path, cap and extra flags; megalab/results/allowances.py, the pairs listed in
+# results/estimate-vs-measured.md), the smallest extra as the floor. CUDA_GRAPH=auto (megalab/core/graphs.py)
+# plans with a room of its own, since a wrong "on" costs an out-of-memory run.
 GRAPH_MEMORY_SHARE = 0.01
 GRAPH_MEMORY_MIN_GIB = 0.1
 # With megalab's context-parallel ring attention the graph costs far more: 005 on 2x H200 went 80.2 ->

@@ -167,8 +167,8 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
                           "(or VOCAB_FILE and MERGE_FILE), as make prepare-data prints")
     # Megatron's loader builds a float [s, s] causal mask for every sample and moves it to the GPU, which
     # SDPA's is_causal, Megatron's softmax and TE all rebuild themselves. Under the CUDA graph that host work
-    # sits between replays: 600 311-314 -> 300-301 ms, two configurations beyond the catalog 0.3% faster,
-    # 111 within noise (results/bench, "Levers tried against the default"). Document masks need it.
+    # sits between replays (results/bench, "Levers tried against the default", no_dataloader_mask). Document
+    # masks need it.
     ex = extra(exp, opts)
     if "--reset-attention-mask" not in ex:
         a["DATA"] += ["--no-create-attention-mask-in-dataloader"]
@@ -208,8 +208,7 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
     if graph:
         # The graph cannot hold the NaN checks, so Megatron's rerun state machine has nothing to validate; left on,
         # it all-reduces a flag and reads it back after every forward-backward, and the optimizer's per-tensor
-        # preparation waits for the graph instead of running beside it. Off: 101 61 -> 59 ms, and it paid on two
-        # configurations beyond the catalog (results/bench, lever no_rerun).
+        # preparation waits for the graph instead of running beside it (results/bench, lever no_rerun).
         a["PERF"] = ["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad",
                      "--rerun-mode", "disabled"]
     a["EXTRA"] = list(ex)

@@ -173,8 +173,8 @@ def _decisions(argv: list[str], run_dir: str | None) -> list[str]:
 
 
 def _port(intent) -> int | None:
-    """The port as the record's launch met: none where torchrun --standalone picked it (since
-    2026-11-26 on one node), else its own, else the old fixed 6000."""
+    """The port as the record's launch met: none where torchrun --standalone picked it (one node, since
+    megalab/core/ports.py), else its own, else the old fixed 6000."""
     return None if "--standalone" in intent.argv else intent.master_port or ports.DEFAULT_PORT
 
 

@@ -1,57 +1,14 @@
-"""Speed without Transformer Engine or apex: faster stand-ins for what Megatron falls back on.
+"""Speed without Transformer Engine or apex: the fast-path levers' installs, and the drop-ins that live here.
 
-With neither TE nor apex installed, Megatron-Core 0.19 uses plain PyTorch for three per-step jobs
-that touch every parameter:
-  - the optimizer: torch.optim.AdamW in its default multi-tensor ("foreach") mode;
-  - the gradient norm for clipping: `local_multi_tensor_l2_norm`, one torch.norm per tensor and a
-    device-to-host copy of each result (a sync per parameter tensor);
-  - gradient scaling / main-to-model copies: `local_multi_tensor_scale`, a temporary per tensor.
-Each patch below replaces one of them with PyTorch's fused or foreach kernel. A fourth,
-`fused_wgrad`, stands in for apex's `fused_weight_gradient_mlp_cuda`, the kernel Megatron's linear
-layers call for `--gradient-accumulation-fusion`: the weight-gradient GEMM adds straight into the
-fp32 main_grad (torch.addmm with out_dtype=float32, one cuBLAS call) instead of writing a bf16
-gradient that a separate fp32 `add` kernel per parameter then accumulates (580 adds, 10.6 ms a step
-of row 111 in results/bench, "Where a step goes"). A fifth,
-`cudnn_sdpa`, puts cuDNN's fused attention first in PyTorch's SDPA backend order (PyTorch
-prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). A sixth,
-`bf16_ce`, computes the loss from the bf16 logits without an fp32 copy of them
-(megalab/runtime/cross_entropy.py). A seventh, `addmm_bias`, adds a linear layer's bias inside its GEMM
-(torch.addmm: cuBLASLt's bias epilogue) where Megatron runs the GEMM and then a separate broadcast add
-(the QKV projection: 9.3 ms a step of row 111). A ninth, `compiled_rope`, runs Megatron's unfused
-rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). A tenth, `clip_in_adam`,
-hands gradient clipping's coefficient to fused AdamW's kernel instead of scaling every gradient in a
-pass of its own (megalab/runtime/clip.py). An eleventh, `embed_wgrad`, adds the word embedding's
-gradient rows into its fp32 main_grad instead of a dense table-sized gradient per micro-batch
-(megalab/runtime/embedding_grad.py). A twelfth, `sdpa_gqa`, lets the attention kernel read each shared
-K/V head itself (SDPA's enable_gqa) instead of megalab's spec repeating K and V for every query head
-(megalab/runtime/spec.py, SDPAttention). A thirteenth, `flat_adam`, runs fused AdamW over flat buffers laid
-out like Megatron's grad buffer in one kernel that also writes the bf16 weights, so Megatron's per-tensor
-master-to-weight copy goes (megalab/runtime/flat_adam.py). A fourteenth, `device_norm`, gives Megatron's clip
-the tensor-scale kernel it looks for in TE (multi_tensor_scale_tensor), so the clip's norm stays on the GPU:
-Megatron otherwise reads it to the host (`.item()`), and the GPU waits idle while Python prepares the
-optimizer's launch. A fifteenth, `compiled_norm`, runs megalab's LayerNorm/RMSNorm as the kernels torch.compile
-generates, forward and backward (megalab/runtime/norm.py); a sixteenth, `triton_norm`, runs them as megalab's
-own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton_norm.py); a seventeenth,
-`bias_gelu`, runs the MLP's bias-GeLU backward as one Triton kernel that also sums the bias's gradient
-(megalab/runtime/bias_gelu.py); an eighteenth, `norm_residual`, beside triton_norm, lets a transformer layer's
-norms hand Megatron the residual too, so that its gradient is added inside the norm's backward kernel instead of
-in a pass of autograd's own (megalab/runtime/triton_norm.py); a nineteenth, `dropout_add`, runs Megatron's
-bias-dropout-add as one Triton kernel each way whose backward draws the dropout mask again instead of reading a
-saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.py); a twentieth, `qkv_pack`,
-beside addmm_bias, packs the QKV projection's gradient (the cat of the query, key and value gradients) and sums its
-bias's gradient in the same pass, which the linear layer's backward then skips (megalab/runtime/qkv_split.py); a
-twenty-first, `zero_overlap`, zeroes the grad buffer on a side stream beside the forward instead of ahead of it
-(megalab/runtime/zero_overlap.py); a twenty-second, `gelu_epilogue`, adds a GeLU MLP's fc1 bias and applies GeLU in
-fc1's GEMM epilogue, and GeLU's derivative in fc2's input-gradient GEMM, through cuBLASLt (nvmath-python;
-megalab/runtime/gelu_epilogue.py).
-Each is named in MEGALAB_FAST (FAST=... or all); the launcher's default turns on those that paid in the benchmark
-(megalab/core/variables.py, default_fast) and the rest stay opt-in, so a benchmark can show what each one buys.
-Every one computes the same function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
+With neither TE nor apex installed, Megatron-Core 0.19 falls back on plain PyTorch for work that touches every
+parameter each step: torch's foreach AdamW, `local_multi_tensor_l2_norm` (one torch.norm and a host copy per tensor)
+for the clip, `local_multi_tensor_scale` (a temporary per tensor) for scaling, a bf16 weight gradient added into the
+fp32 main_grad by one kernel a parameter (580 adds at row 111: results/bench, "Where a step goes"), and a linear
+layer's bias added in a pass after its GEMM. The drop-ins below replace those fallbacks, each computing the same
+function (tests/test_fastpath.py); the other levers' code is in their own files.
 
-An eighth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
-then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
-SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
-default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
+The levers themselves (what each does, what it needs, where the default turns it on, its evidence) are the table of
+megalab/runtime/levers.py, read as docs/levers.md. `apply` installs the ones a run names, in the table's order.
 """
 from __future__ import annotations
 
