@@ -292,12 +292,12 @@ def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
     for opts in (_opts(fast="none"), _opts(fast="fused_adam"), _opts(spec="local")):
         assert dict(_plan(exp, opts).substituted_flags) == {}
         assert list(_plan(exp, opts).dropped_flags) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
-        assert grouped_experts.LEVER not in _plan(exp, opts).fast
+        assert grouped_experts.LEVER not in _plan(exp, opts).fastpath
     assert dict(_plan(exp, _opts(), "transformer_engine").substituted_flags) == {}
     assert "--moe-grouped-gemm" in _plan(exp, _opts(), "transformer_engine").command
     # FAST=all asks for every lever, this one included; a dense model has nothing to group
-    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fast
-    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fast
+    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath
+    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath
     # dense GPT-2: its layer's levers and the fused wgrad too
-    assert _plan(target("101"), _opts()).fast == levers.EVERY + ("bias_gelu", "dropout_add", "qkv_pack",
+    assert _plan(target("101"), _opts()).fastpath == levers.EVERY + ("bias_gelu", "dropout_add", "qkv_pack",
                                                                 "norm_residual", "fused_wgrad", "gelu_epilogue")

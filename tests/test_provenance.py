@@ -43,7 +43,7 @@ def _intent(target: str) -> dict:
     machine = plan.Machine(gpus=1, te=None, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.6)
     if target not in catalog.catalog():  # a made-up target (table tests): nothing to re-plan
         return {"argv": []}
-    return plan.build(catalog.get(target), plan.Options(master_port=29500), machine, run_dir=Path("/runs/x")).to_dict()
+    return plan.build(catalog.get(target), plan.Options(master_port=29500), machine, run_dir=Path("/runs/x")).intent().model_dump(mode="json")
 
 
 def test_a_record_whose_plan_today_differs_is_older(repo):

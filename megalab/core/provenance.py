@@ -188,11 +188,12 @@ def replan_differs(r: RunRecord) -> str | None:
         exp = catalog.get(r.target)
     except CatalogError:
         return "target no longer in the catalog"
-    fields = {f.name for f in dataclasses.fields(plan.Machine)}
-    machine = plan.Machine(**{k: v for k, v in intent.machine.model_dump(exclude_unset=True).items() if k in fields})
     try:  # the schema reads an old record's "80" as 80.0, the make variable's type
         opts = Options(iters=cfg.iters or 100, gpu_mem_gb=cfg.gpu_mem_gb, nnodes=cfg.nnodes or 1,
                        node_rank=cfg.node_rank or 0, master_port=_port(intent), data=cfg.data or "mock")
+        # the machine it ran on (older launchers kept the card's memory uncapped), under its cap
+        machine = intent.machine.model_copy(update={"gpu_memory_gib": plan.capped(intent.machine.gpu_memory_gib,
+                                                                                  opts.gpu_mem_gb)})
         today = plan.build(exp, opts, machine, run_dir=Path(intent.run_dir) if intent.run_dir else None)
     except (LaunchError, ValueError, KeyError) as e:
         return f"not plannable today ({e})"

@@ -34,6 +34,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       PlainValidator, PrivateAttr, Strict, ValidationError)
 
 from megalab.core import infile, logparse
+from megalab.core.gpus import DEFAULT_GPU_NAME, default_gpu
 from megalab.runtime import levers
 
 SCHEMA = 2  # what the launcher writes now
@@ -200,16 +201,20 @@ class Config(_Part):
 
 
 class Machine(_Part):
-    """The machine the plan was made for (plan.Machine)."""
+    """The machine a run is planned for (megalab/core/plan.py makes it: plan.machine): the GPUs found (None: not
+    counted), Transformer Engine's version, and the GPU the plan is for: its NVML name and the memory a run may use
+    (GiB; GPU_MEM_GB's cap applied). Without a GPU that is the planning GPU (GPU=h200; default the H100 80GB, or with
+    GPU_MEM_GB the smallest card holding it); `warning` says where GPU= contradicts the GPU present. A record that
+    does not say reads as the default GPU."""
     gpus: Count | None = None
     te: Str | None = None
-    gpu_name: Str | None = None
-    gpu_memory_gib: Amount | None = None
+    gpu_name: Str | None = DEFAULT_GPU_NAME
+    gpu_memory_gib: Amount | None = default_gpu().memory_gib
     warning: Str | None = None
 
 
 class Intent(_Part):
-    """Schema 2: the resolved run plan (plan.RunPlan.to_dict)."""
+    """Schema 2: the resolved run plan (megalab/core/plan.py's RunPlan is an Intent, with what it was made from)."""
     target: Str | None = None
     impl: Str | None = None
     spec: Str | None = None
