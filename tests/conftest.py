@@ -213,6 +213,10 @@ def typed(records: dict) -> dict:
     return {t: r if isinstance(r, RunRecord) else RunRecord.of({"target": t, **r}) for t, r in records.items()}
 
 
+# The commit before issue 59's renovation changed files under megalab/runtime (the lever table, the one GPU_MEM_GB
+# conversion), which made every record older. Tests of today's runs read the records' code against it
+# (pin_last_runs) until the rows are re-run.
+ISSUE_59_BASE = "5972c4c424bb09e304810c671a8c82d4d66ec014"
 # The run code of a campaign (flat_adam's round, 2026-11-26): an import-circle fix under megalab/runtime after its
 # runs made every record older. Tests that check selection or verdicts on the committed records pin a campaign's
 # code as today's (pin_code), so they read a campaign's worth of today's runs whatever changed since.
@@ -308,6 +312,35 @@ def before_triton_norm(pin_code, before_layer_levers, monkeypatch):
     monkeypatch.setattr(levers, "default", lambda n, cfg: tuple(x for x in real(n, cfg) if x != levers.TRITON_NORM))
     monkeypatch.setattr(levers, "EVERY", BEFORE_TRITON_NORM)
     return pin_code(DEVICE_NORM_COMMIT, *GRAPH_ROOM_COMMITS)
+
+
+@contextlib.contextmanager
+def code_as_at_base():
+    """A record's code is today's where it equals ISSUE_59_BASE's (its run code, less the files its run did not use):
+    the verdicts as they were before issue 59's runtime changes, for the block."""
+    import functools
+
+    from megalab.core import git, provenance
+
+    real = provenance._code_state
+
+    @functools.lru_cache(maxsize=256)
+    def pinned(c, root, unused, tree_commit):
+        if c and not c.endswith("-dirty"):
+            diff = git.run(root, "diff", "--name-only", c, ISSUE_59_BASE, "--", *provenance.CODE_PATHS)
+            if diff is not None and diff.returncode == 0 and not set(diff.stdout.split()) - unused:
+                return provenance.CURRENT, ""
+        return real(c, root, unused, tree_commit)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(provenance, "_code_state", pinned)
+        yield
+
+
+@pytest.fixture
+def pin_last_runs():
+    with code_as_at_base():
+        yield
 
 
 @pytest.fixture

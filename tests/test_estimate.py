@@ -17,6 +17,7 @@ from megalab.core.schema import stamp
 from megalab.core.catalog import Experiment
 from megalab.core.records import RunRecord
 from megalab.runtime import levers
+from tests.conftest import code_as_at_base
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 2**20
@@ -242,13 +243,13 @@ def test_step_time_at_mfu():
 
 def test_step_time_is_a_model_of_its_own():
     """Small batches are launch-bound (CPU time per kernel), large ones GPU-bound; TP adds its calls."""
-    one = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"), fused_adam=True)
+    one = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"), fast={"fused_adam"})
     f = one.step
     gpu, cpu = steptime.micro_batch_s(f, 0, steptime.fitted())
     assert cpu > 2 * gpu  # GBS 1 without the graph: the launches set the pace, not the kernels
     # GBS 15: the GPU's work does, by a margin (its GEMMs alone once sat within 0.1% of the launches: a bound
     # that a refit could cross either way said nothing)
-    gpu, cpu = steptime.micro_batch_s(E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fused_adam=True).step, 0,
+    gpu, cpu = steptime.micro_batch_s(E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fast={"fused_adam"}).step, 0,
                                       steptime.fitted())
     assert gpu > 1.2 * cpu
     assert one.step_ms == pytest.approx(steptime.step_seconds(f) * 1e3)
@@ -266,7 +267,8 @@ def test_gpus_have_bandwidths():
 
 @pytest.fixture(scope="module")
 def steps():
-    return V.step_rows(ROOT)
+    with code_as_at_base():  # today's runs as they were before issue 59 moved the run code
+        return V.step_rows(ROOT)
 
 
 @pytest.fixture(scope="module")

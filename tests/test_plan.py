@@ -102,7 +102,7 @@ def test_the_launch_script_runs_the_plans_argv_for_each_variable(case, fake_torc
 
 @pytest.mark.parametrize("recompute", ["selective", "full-uniform-1", "full-block-12"])
 def test_recompute_flags_in_every_form(recompute, fake_torchrun):
-    p = plan.build(dataclasses.replace(catalog.get("101"), recompute=recompute), _opts())
+    p = plan.build(catalog.get("101").model_copy(update={"recompute": recompute}), _opts())
     assert _run_script(p, fake_torchrun)[0] == p.argv[1:] and "--recompute-granularity" in p.argv
 
 

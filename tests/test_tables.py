@@ -274,7 +274,7 @@ def test_context_parallel_runs_without_te_so_only_the_gpu_count_stops_it():
     other = catalog.Experiment(id="999-anything", chapter=3, about="", model="gpt2-large", gpus=2, gbs=8,
                                mbs=8, cp=2)
     assert columns.not_run_reason(other) == "not run yet"
-    assert columns.not_run_reason(dataclasses.replace(other, gpus=8, cp=8)) == "not run: needs 8 GPUs"
+    assert columns.not_run_reason(other.model_copy(update={"gpus": 8, "cp": 8})) == "not run: needs 8 GPUs"
 
 
 def test_chapter3_speedup_is_against_the_recompute_row_of_the_same_sequence(tmp_path):

@@ -286,11 +286,12 @@ class Run:
     def experiment(self):
         exp = catalog.get(self.target)
         if self.zero2 is not None and self.zero2 != exp.zero2:
-            exp = dataclasses.replace(exp, id=self.id, zero2=self.zero2, ref=None, analogue_of=None)
+            exp = exp.model_copy(update={"id": self.id, "zero2": self.zero2, "ref": None, "analogue_of": None})
         if self.gbs is None or self.gbs == exp.gbs:
             return exp
         dp = exp.dp
-        return dataclasses.replace(exp, id=self.id, gbs=self.gbs * dp, mbs=self.gbs, ref=None, analogue_of=None)
+        return exp.model_copy(update={"id": self.id, "gbs": self.gbs * dp, "mbs": self.gbs, "ref": None,
+                                      "analogue_of": None})
 
     def label(self) -> str:
         extra = [lever_names.text(self.fast)] if self.fast else []

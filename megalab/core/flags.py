@@ -11,7 +11,6 @@ plan, its checks, the estimator and the record see the run Megatron will build.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +286,7 @@ def effective_experiment(exp: Experiment, args) -> Experiment:
     changes, _ = read(args, LAYOUT_FLAGS, lambda field: getattr(exp, field))
     if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
         return exp
-    out = dataclasses.replace(exp, **changes)
+    out = exp.model_copy(update=changes)
     out.validate()
     return out
 

@@ -303,7 +303,7 @@ class Options:
     watchdog_startup_s: float = 900.0
     exit_grace_s: float = 120.0
     profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
-    exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
+    exit_interval: int | None = dataclasses.field(default=None, metadata={"minimum": 1})  # stop early (resume-<id>)
 
     def __post_init__(self):  # text belongs at the edge (from_env, parse): a str here would be read char by char
         if isinstance(self.extra_args, str) or isinstance(self.gpu_mem_gb, str) or isinstance(self.fast, str):

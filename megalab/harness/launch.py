@@ -103,7 +103,7 @@ def resolve(target: str) -> tuple[Experiment, str | None]:
 def profiled(exp: Experiment, opts: Options) -> tuple[Experiment, Options]:
     """profile-<id>: Megatron's per-microbatch timers plus a torch profiler trace, recorded under
     its own target name so a profiled (slower, synchronised) step never stands in a table."""
-    return (dataclasses.replace(exp, id=f"profile-{exp.id}", timing_log_level=2),
+    return (exp.model_copy(update={"id": f"profile-{exp.id}", "timing_log_level": 2}),
             dataclasses.replace(opts, profile=True))
 
 

@@ -69,7 +69,7 @@ def run(exp: Experiment, opts, launch) -> int:
         raise LaunchError(f"resume-{exp.id} trains ITERS/2 steps, saves, and resumes to ITERS; "
                                  f"fix: ITERS=4 or more (e.g. ITERS=40), and no LOAD (it makes its own)")
     stop = opts.iters // 2
-    exp = dataclasses.replace(exp, id=f"resume-{exp.id}")
+    exp = exp.model_copy(update={"id": f"resume-{exp.id}"})
     print(f"resume     launch 1 of 2: iterations 1-{stop} of {opts.iters}, checkpoint at {stop}")
     first = launch(exp, dataclasses.replace(opts, save=True, save_interval=stop, exit_interval=stop))
     if first is None:  # DRY_RUN: the second launch's command, loading the first's checkpoint dir

@@ -72,9 +72,8 @@ NOTE_ABOVE = 0.05
 
 def _record_layout(rec: RunRecord) -> tuple[catalog.Experiment, dict[str, Any], str]:
     cfg = rec.config
-    names = {f.name for f in dataclasses.fields(catalog.Experiment)}
     given = cfg.model_dump(exclude_unset=True)  # the fields the record has (an older one lacks some)
-    lay = catalog.Experiment(**{n: given[n] for n in names if n in given})
+    lay = catalog.Experiment.model_construct(**{n: given[n] for n in catalog.Experiment.model_fields if n in given})
     preset = cfg.model_preset or catalog.models()[lay.model]
     spec = "local" if cfg.spec == "local" and cfg.transformer_impl != "transformer_engine" else "megalab"
     return lay, preset, spec
