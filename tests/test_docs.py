@@ -79,9 +79,29 @@ def test_every_benchmark_file_named_in_code_configs_and_pages_is_committed():
     microbench.txt"); a name with no file behind it is a claim nothing backs."""
     assert _cited_bench_files("see results/bench/no-such-microbench.txt and mb-gone.py") == {
         "no-such-microbench.txt", "mb-gone.py"}  # what the check would flag
-    have = {p.name for p in (ROOT / "results/bench").iterdir()}
-    sources = [*ROOT.glob("megalab/**/*.py"), *ROOT.glob("configs/**/*.yaml"), *ROOT.glob("results/bench/*.py"),
-               *ROOT.glob("tutorials/*.md"), ROOT / "README.md", ROOT / "results/bench/README.md"]
+    have = {p.name for folder in ("results/bench", "benchmarks") for p in (ROOT / folder).iterdir()}
+    sources = [*ROOT.glob("megalab/**/*.py"), *ROOT.glob("configs/**/*.yaml"), *ROOT.glob("benchmarks/*.py"),
+               *ROOT.glob("tutorials/*.md"), *ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "results/bench/README.md"]
     missing = sorted(f"{p.relative_to(ROOT)}: {name}" for p in sources
                      for name in _cited_bench_files(p.read_text(encoding="utf-8")) - have)
     assert not missing, missing
+
+
+def test_results_hold_data_and_pages_and_the_benchmarks_public_names():
+    """results/ holds records, their data and generated pages; the micro-benchmarks that made some of that data are
+    code, in benchmarks/, and they use megalab's public names only (a private one may change under them unseen)."""
+    import ast
+
+    assert not [p.name for p in (ROOT / "results").rglob("*.py")], "fix: move scripts to benchmarks/"
+    private = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and (node.module or "").startswith("megalab") for a in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("megalab"):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in modules):
+                private.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert not private, private

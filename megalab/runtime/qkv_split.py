@@ -43,7 +43,7 @@ WARPS = 4
 VIEWS = ("ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0")  # autograd nodes of a view, walked back
 
 
-def _pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, q_s, q_b, q_h, k_s, k_b, k_h, v_s,
+def pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, q_s, q_b, q_h, k_s, k_b, k_h, v_s,
           v_b, v_h, wq, wk, W, SUMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     """One piece (program_id(2): query, key or value, widths wq, wk and the rest of W) of one group
     (program_id(1)): this program's tokens, copied into the piece's columns of the group's W in the packed
@@ -112,7 +112,7 @@ class _SplitWithBias(torch.autograd.Function):
                 g = g.contiguous()
             pieces.append(g)
         q, k, v = pieces
-        kernel(_pack)[(row_programs, heads, 3)](q, k, v, packed, parts, tokens, b, heads, per, *q.stride()[:3],
+        kernel(pack)[(row_programs, heads, 3)](q, k, v, packed, parts, tokens, b, heads, per, *q.stride()[:3],
                                                 *k.stride()[:3], *v.stride()[:3], ctx.sizes[0], ctx.sizes[1], W,
                                                 SUMS=sums, BLOCK_T=BLOCK_TOKENS,
                                                 BLOCK_W=triton.next_power_of_2(max(ctx.sizes)), num_warps=WARPS)
