@@ -150,7 +150,7 @@ def test_a_model_flag_without_its_value_is_one_line():
 
 # ---- the docs' commands work after the README's two commands ----------------------------------------
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "tutorials").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "tutorials").glob("*.md"))]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

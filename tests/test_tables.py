@@ -2,8 +2,8 @@
 columns and --check.
 
 The records under tests/fixtures/records are invented test fixtures ("fixture": true), not
-measurements. After an intended format change, regenerate the golden pages as README.md's "Add an
-experiment" says (step 5)."""
+measurements. After an intended format change, regenerate the golden pages as docs/adding-an-experiment.md's "Add an
+experiment" says (step 6)."""
 from __future__ import annotations
 
 import dataclasses
