@@ -41,7 +41,7 @@ def markdown() -> str:
     return "\n".join([
         "# Fast-path levers",
         "",
-        f"Generated from [{SOURCE}](../{SOURCE}) by `python -m megalab levers`; `make help FAST` prints it in the "
+        f"Generated from [{SOURCE}](../{SOURCE}) by `.venv/bin/python -m megalab levers`; `make help FAST` prints it in the "
         "terminal.",
         "",
         "Without Transformer Engine or apex, Megatron-Core falls back on plain PyTorch for the optimizer, the "
@@ -82,7 +82,7 @@ def main(args) -> int:
         print(f"{PAGE.relative_to(ROOT)} is up to date")
         return 0
     if args.check:
-        print(f"{PAGE.relative_to(ROOT)} is out of date; fix: python -m megalab levers")
+        print(f"{PAGE.relative_to(ROOT)} is out of date; fix: .venv/bin/python -m megalab levers")
         return 1
     PAGE.parent.mkdir(exist_ok=True)
     PAGE.write_text(want, encoding="utf-8")
