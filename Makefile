@@ -58,19 +58,27 @@ endif
 override OWN_GOALS := help list which-python show-command batch campaign docker-found docker-build docker-run \
     setup test quickstart quickstart-python tables compare walk bench bench-report plots check prepare-data clean \
     monitor-gpu tensorboard show-arguments count-arguments
-override TARGETS := $(if $(filter-out $(OWN_GOALS),$(or $(MAKECMDGOALS),.no-goal)),$(shell $(PY) -m megalab targets 2>/dev/null))
+# `make help FAST` (any make variable): the words after help are topics, not goals: that variable's reference
+# (FAST: the lever table, docs/levers.md). make builds them as goals too, each a no-op.
+override HELP_TOPICS := $(if $(filter help,$(MAKECMDGOALS)),$(filter-out help,$(MAKECMDGOALS)))
+override TARGETS := $(if $(filter-out $(OWN_GOALS) $(HELP_TOPICS),$(or $(MAKECMDGOALS),.no-goal)),$(shell $(PY) -m megalab targets 2>/dev/null))
 
 
 .PHONY: help list setup test quickstart tables compare check walk clean batch campaign $(TARGETS)
 
 help:
+ifneq ($(HELP_TOPICS),)
+	@exec $(PY) -m megalab variables $(foreach t,$(HELP_TOPICS),$(call quote,$t))
+else
 	@awk '!/^#/ {exit} {sub(/^# ?/, ""); print}' Makefile
 	@echo
 	@echo "Everyday commands:"
 	@sed -n 's/^#> /  make /p' Makefile
 	@echo
 	@$(PY) -m megalab variables 2>/dev/null || echo "Variables: see megalab/core/variables.py"
+endif
 
+#> help FAST               one variable's reference (FAST: every fast-path lever, where it is on, its evidence)
 #> list                    every target: id, GPUs, what it shows
 #> show-command ID=<id>    the exact torchrun command of a target (profile-<id> too)
 #> quickstart              the first run (on a CPU: a plan and the tables)
@@ -97,6 +105,9 @@ help:
 #> setup                   .venv for tests (system torch if importable, else CPU torch) and megatron-core
 #> which-python            the Python make runs targets with, and its torch
 #> clean                   remove outdir/ and caches; never results/
+
+$(HELP_TOPICS):
+	@:
 
 list:
 	@$(PY) -m megalab list

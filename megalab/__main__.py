@@ -64,8 +64,10 @@ COMMANDS = {
                        "_refresh_arguments", "_refresh"),
     "arguments": Command("Megatron's flags, by group (--count: how many; PATTERN: only matching ones)",
                          "harness.arguments"),
-    "variables": Command("the make variables, their defaults and meaning (make help; --names: names only)",
-                         "core.variables"),
+    "variables": Command("the make variables, their defaults and meaning (make help; NAME: one variable, FAST: "
+                         "the lever table; --names: names only)", "core.variables"),
+    "levers": Command("rewrite docs/levers.md, the lever reference, from the lever table (--check: only say whether "
+                      "it is up to date)", "core.leverdoc"),
     "python": Command("the Python and torch make runs targets with (make which-python)", "harness.pyinfo", None),
     "integrity": Command("rebuild results/integrity/README.md (--check: only say whether it is up to date)",
                          "results.integrity"),

@@ -213,6 +213,10 @@ def typed(records: dict) -> dict:
     return {t: r if isinstance(r, RunRecord) else RunRecord.of({"target": t, **r}) for t, r in records.items()}
 
 
+# The commit before issue 59's renovation changed files under megalab/runtime (the lever table, the one GPU_MEM_GB
+# conversion), which made every record older. Tests of today's runs read the records' code against it
+# (pin_last_runs) until the rows are re-run.
+ISSUE_59_BASE = "5972c4c424bb09e304810c671a8c82d4d66ec014"
 # The run code of a campaign (flat_adam's round, 2026-11-26): an import-circle fix under megalab/runtime after its
 # runs made every record older. Tests that check selection or verdicts on the committed records pin a campaign's
 # code as today's (pin_code), so they read a campaign's worth of today's runs whatever changed since.
@@ -268,11 +272,11 @@ def _default_without(monkeypatch, later: tuple[str, ...]):
     """FAST's default with the levers that joined it later taken out, for the test; the pages' predictions are planned
     once per process with the default's levers (dropout_add moves the memory estimate): none made under this default
     may outlive the test."""
-    from megalab.core import variables
     from megalab.results import predicted
+    from megalab.runtime import levers
 
-    real = variables.default_fast
-    monkeypatch.setattr(variables, "default_fast", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
+    real = levers.default
+    monkeypatch.setattr(levers, "default", lambda n, cfg: tuple(x for x in real(n, cfg) if x not in later))
     predicted._predicted.cache_clear()
     yield
     predicted._predicted.cache_clear()
@@ -302,16 +306,60 @@ def before_triton_norm(pin_code, before_layer_levers, monkeypatch):
     """The committed records as they were read before the ninth session: the default without triton_norm (nor the
     eleventh session's levers), and the seventh and eighth sessions' run code counted as today's (their pages'
     state, kept testable)."""
-    from megalab.core import variables
+    from megalab.runtime import levers
 
-    monkeypatch.setattr(variables, "DEFAULT_FAST", BEFORE_TRITON_NORM)
+    real = levers.default  # before_layer_levers' default, without triton_norm too
+    monkeypatch.setattr(levers, "default", lambda n, cfg: tuple(x for x in real(n, cfg) if x != levers.TRITON_NORM))
+    monkeypatch.setattr(levers, "EVERY", BEFORE_TRITON_NORM)
     return pin_code(DEVICE_NORM_COMMIT, *GRAPH_ROOM_COMMITS)
+
+
+@contextlib.contextmanager
+def code_as_at_base():
+    """A record's code is today's where it equals ISSUE_59_BASE's (its run code, less the files its run did not use):
+    the verdicts as they were before issue 59's runtime changes, for the block."""
+    import functools
+
+    from megalab.core import git, provenance
+
+    real = provenance._code_state
+
+    @functools.lru_cache(maxsize=256)
+    def pinned(c, root, unused, tree_commit):
+        if c and not c.endswith("-dirty"):
+            diff = git.run(root, "diff", "--name-only", c, ISSUE_59_BASE, "--", *provenance.CODE_PATHS)
+            if diff is not None and diff.returncode == 0 and not set(diff.stdout.split()) - unused:
+                return provenance.CURRENT, ""
+        return real(c, root, unused, tree_commit)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(provenance, "_code_state", pinned)
+        yield
+
+
+@pytest.fixture
+def pin_last_runs():
+    with code_as_at_base():
+        yield
 
 
 @pytest.fixture
 def pin_campaign_code(pin_code):
     """Records of the newest campaign's commit (DEVICE_NORM_COMMIT) and of CAMPAIGN_COMMIT count as today's code."""
     return pin_code(DEVICE_NORM_COMMIT, CAMPAIGN_COMMIT)
+
+
+@contextlib.contextmanager
+def applied(names):
+    """The levers as fastpath.apply would note them installed (megalab/runtime/levers.py), for the block."""
+    from megalab.runtime import levers
+
+    before = levers.applied()
+    levers.mark_applied(names)
+    try:
+        yield
+    finally:
+        levers.mark_applied(before)
 
 
 def interpreted(call: str, timeout: int = 600):

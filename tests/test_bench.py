@@ -13,6 +13,7 @@ import pytest
 from megalab.core import catalog, plan
 from megalab.core.records import RunRecord
 from megalab.harness import bench, launch
+from megalab.runtime import levers
 from megalab.results import benchreport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,29 +72,29 @@ def test_a_batch_override_is_a_new_run_with_its_own_id():
 def test_levers_compose_into_launch_options():
     cfg = bench.load_config()
     run = bench.make_run(cfg, "101-gpt2xl-dp1-gbs1-bf16", "megalab", ["fused_adam", "cuda_graph", "fused_ce"])
-    assert run.fast == "fused_adam" and run.cuda_graph
+    assert run.fast == ("fused_adam",) and run.cuda_graph
     assert "--cross-entropy-loss-fusion" in run.extra_args
     plain = bench.make_run(cfg, "101-gpt2xl-dp1-gbs1-bf16", "local", [])
-    assert plain.fast == "none" and not plain.cuda_graph and plain.extra_args == ""
+    assert plain.fast == () and not plain.cuda_graph and plain.extra_args == ""
 
 
 def test_record_key_matches_the_run_that_made_it():
     """A record written by the launcher for a Run is found again by that Run (resumable bench)."""
-    run = bench.Run(target="101-gpt2xl-dp1-gbs1-bf16", spec="megalab", fast="fused_adam,foreach_norm",
+    run = bench.Run(target="101-gpt2xl-dp1-gbs1-bf16", spec="megalab", fast=("fused_adam", "foreach_norm"),
                     cuda_graph=True, gbs=4, iters=15)
     opts = dataclasses.replace(launch.Options(), spec="megalab", fast=run.fast, cuda_graph=True, iters=15)
-    config = {"id": run.experiment().id, "spec": "megalab", "fastpath": plan.fastpath(opts, "local"),
+    config = {"id": run.experiment().id, "spec": "megalab", "fastpath": list(plan.fast_levers(opts, "local")),
               "cuda_graph": True, "iters": 15, "extra_args": opts.extra_args_text}
     assert bench.record_key(RunRecord.of({"target": config["id"], "status": "ok", "config": config})) == run.key()
 
 
 def test_fast_path_defaults_differ_by_spec():
-    assert plan.fastpath(launch.Options(spec="megalab"), "local") == plan.DEFAULT_FAST
-    assert plan.fastpath(launch.Options(spec="local"), "local") == "none"
-    assert plan.fastpath(launch.Options(spec="megalab", fast="none"), "local") == "none"
-    assert plan.fastpath(launch.Options(spec="megalab"), "transformer_engine") == "none"
+    assert plan.fast_levers(launch.Options(spec="megalab"), "local") == levers.EVERY
+    assert plan.fast_levers(launch.Options(spec="local"), "local") == ()
+    assert plan.fast_levers(launch.Options(spec="megalab", fast=()), "local") == ()
+    assert plan.fast_levers(launch.Options(spec="megalab"), "transformer_engine") == ()
     with pytest.raises(launch.LaunchError, match="FAST=warp.*fix"):
-        plan.fastpath(launch.Options(fast="warp"), "local")
+        launch.Options.from_env({"FAST": "warp"})
 
 
 class _FakeRunner:
@@ -209,13 +210,11 @@ def test_kernel_kinds(name, kind):
 
 
 def test_expert_pairs_differ_only_by_the_grouped_gemm_lever():
-    from megalab.runtime import fastpath
-
     cfg = bench.load_config()
     for pair, a, b in bench.expert_runs(cfg):
         assert (a.target, a.spec, a.iters) == (b.target, b.spec, b.iters)
-        assert fastpath.GROUPED_GEMM not in a.fast.split(",")
-        assert b.fast.split(",") == a.fast.split(",") + [fastpath.GROUPED_GEMM]
+        assert levers.GROUPED_GEMM not in a.fast
+        assert b.fast == a.fast + (levers.GROUPED_GEMM,)
         assert b.experiment().num_experts  # a MoE row
 
 

@@ -33,7 +33,7 @@ def _check(dtype_name: str, wrong: str = ""):
         reduce = param_grad.reduce
         param_grad.reduce = lambda params, parts: reduce(params, parts[:, :1].contiguous())
     if wrong == "no-bias":  # a derivative taken without the bias must fail too
-        B._BiasGeLU.backward = (lambda ctx, g, f=B._BiasGeLU.backward: (
+        B.BiasGeLU.backward = (lambda ctx, g, f=B.BiasGeLU.backward: (
             f(_Ctx(ctx, zero_bias=True), g)))
     tol = {torch.float32: 2e-6, torch.bfloat16: 2 ** -7}[dtype]
     # rows: 1, a few, a ragged last block; columns: fewer than a block, not a multiple of one; the last case
@@ -51,7 +51,7 @@ def _check(dtype_name: str, wrong: str = ""):
             if into_main_grad:  # as Megatron's DDP wraps a parameter
                 bb.main_grad = start.clone()
                 bb.grad_added_to_main_grad = False
-            out = B._BiasGeLU.apply(yy, bb)
+            out = B.BiasGeLU.apply(yy, bb)
             out.backward(dout.to(dtype))
 
             ry, rb = y.clone().requires_grad_(), b.clone().requires_grad_()

@@ -91,7 +91,7 @@ def test_a_launch_is_timed_from_committed_runs_else_the_estimate():
     longer, _, _ = campaign.launch_seconds(catalog.get("112"), Options(iters=100), durations)
     shorter, _, _ = campaign.launch_seconds(catalog.get("112"), Options(iters=25), durations)
     assert 75 * 1.2 < longer - shorter < 75 * 1.6  # 112 steps in about 1.4 s on the committed hosts
-    never_run = dataclasses.replace(catalog.get("612"), id="612-never-run")
+    never_run = catalog.get("612").model_copy(update={"id": "612-never-run"})
     secs, source, once = campaign.launch_seconds(never_run, Options(iters=25), durations)
     assert source.startswith("estimate:") and secs > campaign.STARTUP_GUESS_S and not once
 
@@ -147,7 +147,7 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     assert catalog.get("118").id not in today
 
 
-def test_todays_runs_are_the_twenty_first_and_twenty_second_sessions_launches_and_600s():
+def test_todays_runs_are_the_twenty_first_and_twenty_second_sessions_launches_and_600s(pin_last_runs):
     """The twenty-first session changed gelu_epilogue.py (cuda.core's device made current on each thread: row 300,
     with full recompute, had failed), a file only runs with that lever execute. Today's runs are then its plain
     launches after the fix on one H100 (111, 101 and 112 three times, 300 once, 301's out-of-memory run), the

@@ -441,7 +441,7 @@ def test_a_catalog_ref_that_names_no_published_row_stops_make_tables(tmp_path, c
 
     cat = dict(catalog.catalog())
     first = next(e for e in cat.values() if e.ref and e.chapter == 1)
-    cat[first.id] = dataclasses.replace(first, ref="R99")
+    cat[first.id] = first.model_copy(update={"ref": "R99"})
     monkeypatch.setattr(catalog, "catalog", lambda: cat)
     (tmp_path / "results" / "runs").mkdir(parents=True)
     assert main(["tables", "--root", str(tmp_path)]) == 2

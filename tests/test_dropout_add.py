@@ -115,6 +115,7 @@ def _gpt(wrong: str = ""):
     import torch
 
     from megalab.runtime import dropout_add as D
+    from megalab.runtime import levers
 
     p = 0.3
     calls = []
@@ -133,7 +134,7 @@ def _gpt(wrong: str = ""):
         return residual + mask * (x + (0 if bias is None else bias)) / (1 - prob)
 
     with tiny_gpt(hidden_dropout=p, bias_dropout_fusion=True) as (model, run):
-        D.ON = True
+        levers.mark_applied(["dropout_add"])
         D.bias_dropout_add_train = ours
         ours = run()
         assert calls == [p] * 2 * model.config.num_layers, calls  # each layer's two bias-dropout-adds
@@ -183,6 +184,7 @@ def test_dropout_add_leaves_what_it_does_not_take_to_megatron(monkeypatch):
     import torch
 
     from megalab.runtime import dropout_add as D
+    from megalab.runtime import levers
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x, r = torch.ones(4, 1, 8), torch.zeros(4, 1, 8)
@@ -195,9 +197,9 @@ def test_dropout_add_leaves_what_it_does_not_take_to_megatron(monkeypatch):
     assert not D.takes(x, torch.ones(7), r, 0.1)
     from megatron.core.fusions import fused_bias_dropout as M
 
-    monkeypatch.setattr(D, "ON", True)
+    monkeypatch.setattr(levers, "_APPLIED", {"dropout_add"})
     assert D.get_bias_dropout_add(True, True) is D.bias_dropout_add_train
     assert D.get_bias_dropout_add(False, True) is M.bias_dropout_add_fused_inference
     assert D.get_bias_dropout_add(True, False) is not D.bias_dropout_add_train  # unfused was asked for
-    monkeypatch.setattr(D, "ON", False)
+    monkeypatch.setattr(levers, "_APPLIED", set())
     assert D.get_bias_dropout_add(True, True) is M.bias_dropout_add_fused_train

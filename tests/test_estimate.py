@@ -16,6 +16,8 @@ from megalab.results import allowances, freeze, validation as V
 from megalab.core.schema import stamp
 from megalab.core.catalog import Experiment
 from megalab.core.records import RunRecord
+from megalab.runtime import levers
+from tests.conftest import code_as_at_base
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 2**20
@@ -241,13 +243,13 @@ def test_step_time_at_mfu():
 
 def test_step_time_is_a_model_of_its_own():
     """Small batches are launch-bound (CPU time per kernel), large ones GPU-bound; TP adds its calls."""
-    one = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"), fused_adam=True)
+    one = E.estimate(catalog.get("101-gpt2xl-dp1-gbs1-bf16"), fast={"fused_adam"})
     f = one.step
     gpu, cpu = steptime.micro_batch_s(f, 0, steptime.fitted())
     assert cpu > 2 * gpu  # GBS 1 without the graph: the launches set the pace, not the kernels
     # GBS 15: the GPU's work does, by a margin (its GEMMs alone once sat within 0.1% of the launches: a bound
     # that a refit could cross either way said nothing)
-    gpu, cpu = steptime.micro_batch_s(E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fused_adam=True).step, 0,
+    gpu, cpu = steptime.micro_batch_s(E.estimate(catalog.get("111-gpt2xl-dp1-fit-80GB"), fast={"fused_adam"}).step, 0,
                                       steptime.fitted())
     assert gpu > 1.2 * cpu
     assert one.step_ms == pytest.approx(steptime.step_seconds(f) * 1e3)
@@ -265,7 +267,8 @@ def test_gpus_have_bandwidths():
 
 @pytest.fixture(scope="module")
 def steps():
-    return V.step_rows(ROOT)
+    with code_as_at_base():  # today's runs as they were before issue 59 moved the run code
+        return V.step_rows(ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -398,67 +401,67 @@ def test_lever_terms_follow_the_levers():
     """bf16_ce shortens the loss and addmm_bias the QKV bias add: the model's step time drops with each,
     and addmm_bias changes nothing for a model without biases (Llama)."""
     gpt = catalog.get("111-gpt2xl-dp1-fit-80GB")
-    base, ce, bias, both = (E.estimate(gpt, fused_adam=True, **k).step_ms for k in
-                            ({}, {"bf16_ce": True}, {"addmm_bias": True}, {"bf16_ce": True, "addmm_bias": True}))
+    base, ce, bias, both = (E.estimate(gpt, fast={"fused_adam", *k}).step_ms for k in
+                            ((), ("bf16_ce",), ("addmm_bias",), ("bf16_ce", "addmm_bias")))
     assert both < ce < base and both < bias < base
     llama = catalog.get("600-llama1b-1gpu-gbs8")
-    assert E.estimate(llama, addmm_bias=True).step_ms == E.estimate(llama).step_ms
-    assert E.lever_flags("fused_adam,bf16_ce,addmm_bias") == {"fused_adam": True, "grouped_gemm": False,
-                                                                "bf16_ce": True, "addmm_bias": True,
-                                                                "fused_wgrad": False, "compiled_rope": False,
-                                                                "clip_in_adam": False, "embed_wgrad": False,
-                                                                "sdpa_gqa": False, "dropout_add": False,
-                                                                "flat_adam": False, "triton_norm": False,
-                                                                "norm_residual": False, "bias_gelu": False,
-                                                                "qkv_pack": False, "gelu_epilogue": False}
+    assert E.estimate(llama, fast={"addmm_bias"}).step_ms == E.estimate(llama).step_ms
     # gelu_epilogue: GeLU's passes fewer where its MLP runs (GPT-2's, one tensor-parallel rank); Llama has none
-    assert (E.estimate(gpt, fused_adam=True, bias_gelu=True, gelu_epilogue=True).step_ms
-            < E.estimate(gpt, fused_adam=True, bias_gelu=True).step_ms)
-    assert E.estimate(llama, gelu_epilogue=True).step_ms == E.estimate(llama).step_ms
+    assert (E.estimate(gpt, fast={"fused_adam", "bias_gelu", "gelu_epilogue"}).step_ms
+            < E.estimate(gpt, fast={"fused_adam", "bias_gelu"}).step_ms)
+    assert E.estimate(llama, fast={"gelu_epilogue"}).step_ms == E.estimate(llama).step_ms
     tp2 = catalog.get("212-weak-scale-tp2-gpt2-2.5B-paper")
-    assert E.estimate(tp2, gelu_epilogue=True).step_ms == E.estimate(tp2).step_ms
+    assert E.estimate(tp2, fast={"gelu_epilogue"}).step_ms == E.estimate(tp2).step_ms
     # fused_wgrad removes each weight gradient's add; compiled_rope the unfused RoPE's passes (RoPE models only)
     gpt, llama = catalog.get("112"), catalog.get("600")
     g = {"cuda_graph": True}  # under the graph the GPU's time shows (without it 600's launches set the pace)
-    assert E.estimate(gpt, fused_wgrad=True, **g).step_ms < E.estimate(gpt, **g).step_ms
-    assert E.estimate(llama, compiled_rope=True, **g).step_ms < E.estimate(llama, **g).step_ms
-    assert E.estimate(gpt, compiled_rope=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no RoPE in GPT-2
+    assert E.estimate(gpt, fast={"fused_wgrad"}, **g).step_ms < E.estimate(gpt, **g).step_ms
+    assert E.estimate(llama, fast={"compiled_rope"}, **g).step_ms < E.estimate(llama, **g).step_ms
+    assert E.estimate(gpt, fast={"compiled_rope"}, **g).step_ms == E.estimate(gpt, **g).step_ms  # no RoPE in GPT-2
     # clip_in_adam drops the clip's own pass, only beside fused AdamW (its kernel does the scaling)
     one = catalog.get("101")
-    assert E.estimate(one, fused_adam=True, clip_in_adam=True, **g).step_ms < E.estimate(one, fused_adam=True, **g).step_ms
-    assert E.estimate(one, clip_in_adam=True, **g).step_ms == E.estimate(one, **g).step_ms
+    assert E.estimate(one, fast={"fused_adam", "clip_in_adam"}, **g).step_ms < E.estimate(one, fast={"fused_adam"}, **g).step_ms
+    assert E.estimate(one, fast={"clip_in_adam"}, **g).step_ms == E.estimate(one, **g).step_ms
     # embed_wgrad drops the dense table gradient of an untied table only; sdpa_gqa the repeated K/V of GQA only
-    assert E.estimate(llama, embed_wgrad=True, **g).step_ms < E.estimate(llama, **g).step_ms
-    assert E.estimate(gpt, embed_wgrad=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # GPT-2's table is tied
-    assert E.estimate(llama, sdpa_gqa=True, **g).step_ms < E.estimate(llama, **g).step_ms
-    assert E.estimate(gpt, sdpa_gqa=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # no GQA in GPT-2
+    assert E.estimate(llama, fast={"embed_wgrad"}, **g).step_ms < E.estimate(llama, **g).step_ms
+    assert E.estimate(gpt, fast={"embed_wgrad"}, **g).step_ms == E.estimate(gpt, **g).step_ms  # GPT-2's table is tied
+    assert E.estimate(llama, fast={"sdpa_gqa"}, **g).step_ms < E.estimate(llama, **g).step_ms
+    assert E.estimate(gpt, fast={"sdpa_gqa"}, **g).step_ms == E.estimate(gpt, **g).step_ms  # no GQA in GPT-2
     # the layer's kernel levers: each shortens the step where the layer has its kernel, and nowhere else
     for lever in ("triton_norm", "dropout_add", "bias_gelu", "qkv_pack"):
-        assert E.estimate(gpt, **{lever: True}, **g).step_ms < E.estimate(gpt, **g).step_ms, lever
-    assert E.estimate(llama, bias_gelu=True, **g).step_ms == E.estimate(llama, **g).step_ms  # SwiGLU, no biases
-    assert E.estimate(llama, qkv_pack=True, **g).step_ms == E.estimate(llama, **g).step_ms  # no QKV bias
-    norm = {"triton_norm": True, **g}
-    assert E.estimate(gpt, norm_residual=True, **norm).step_ms < E.estimate(gpt, **norm).step_ms
-    assert E.estimate(gpt, norm_residual=True, **g).step_ms == E.estimate(gpt, **g).step_ms  # only beside triton_norm
+        assert E.estimate(gpt, fast={lever}, **g).step_ms < E.estimate(gpt, **g).step_ms, lever
+    assert E.estimate(llama, fast={"bias_gelu"}, **g).step_ms == E.estimate(llama, **g).step_ms  # SwiGLU, no biases
+    assert E.estimate(llama, fast={"qkv_pack"}, **g).step_ms == E.estimate(llama, **g).step_ms  # no QKV bias
+    assert E.estimate(gpt, fast={"triton_norm", "norm_residual"}, **g).step_ms < E.estimate(gpt, fast={"triton_norm"}, **g).step_ms
+    assert E.estimate(gpt, fast={"norm_residual"}, **g).step_ms == E.estimate(gpt, **g).step_ms  # only beside triton_norm
     # flat_adam replaces fused AdamW's per-tensor walk and Megatron's copies; a distributed optimizer keeps them
-    adam = {"fused_adam": True, **g}
-    assert E.estimate(one, flat_adam=True, **adam).step_ms < E.estimate(one, **adam).step_ms
+    adam = {"fused_adam"}
+    assert E.estimate(one, fast={*adam, "flat_adam"}, **g).step_ms < E.estimate(one, fast=adam, **g).step_ms
     zero2 = catalog.get("122-gpt2xl-dp2-gbs32-zero2")
-    assert E.estimate(zero2, flat_adam=True, **adam).step_ms == E.estimate(zero2, **adam).step_ms
+    assert E.estimate(zero2, fast={*adam, "flat_adam"}, **g).step_ms == E.estimate(zero2, fast=adam, **g).step_ms
     # dropout_add keeps a seed, not the two byte masks a layer: 2 s*b*h bytes less a layer
     big = catalog.get("111")
-    off, on = E.estimate(big), E.estimate(big, dropout_add=True)
+    off, on = E.estimate(big), E.estimate(big, fast={"dropout_add"})
     assert off.per_layer_sbh - on.per_layer_sbh == 2
     assert off.stages[0].activations_bytes - on.stages[0].activations_bytes == 2 * 48 * 15 * 1024 * 1600
 
 
-def test_lever_flags_name_every_lever_argument_of_estimate():
-    """Each lever estimate() takes a flag for is one lever_flags reads from a run's fast path, and the reverse."""
-    import inspect
+def test_the_estimator_has_a_term_for_each_lever_the_table_says_it_does():
+    """A lever the table marks estimated moves some prediction (step time or memory) on a model it applies to; the
+    others (the clip's norm and scaling, compiled_norm, cudnn_sdpa, zero_overlap) move none."""
+    models = [catalog.get(t) for t in ("111", "600", "101", "520-olmoe-dp2")]
 
-    params = inspect.signature(E.estimate).parameters
-    bools = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is False and n != "cuda_graph"}
-    assert bools == set(E.LEVER_ARGS)
+    def seen(fast):
+        out = []
+        for exp in models:
+            est = E.estimate(exp, fast=fast, cuda_graph=True)
+            out.append((round(est.step_ms, 6), round(est.peak_gib, 6)))
+        return out
+
+    for lever in levers.TABLE:
+        base = set(lever.needs)
+        moved = seen(base | {lever.name}) != seen(base)
+        assert moved == lever.estimated, lever.name
 
 
 def test_render_names_formulas_in_gib():

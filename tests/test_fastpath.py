@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megalab.runtime import fastpath
+from megalab.runtime import fastpath, levers
 from megalab._compat import ensure_typing_override
 from tests.conftest import keep_megatrons_wgrad_lookup, keep_megatrons_zeroing
 
@@ -59,12 +59,12 @@ def test_fused_adamw_follows_plain_adamw():
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)  # same math, different fp32 op order
 
 
-def test_requested_parses_and_rejects_unknown_names():
-    assert fastpath.requested({}) == []
-    assert fastpath.requested({"MEGALAB_FAST": "all"}) == list(fastpath.PATCHES)
-    assert fastpath.requested({"MEGALAB_FAST": "fused_adam, foreach_norm"}) == ["fused_adam", "foreach_norm"]
-    with pytest.raises(ValueError, match="unknown patch.*fix"):
-        fastpath.requested({"MEGALAB_FAST": "warp_speed"})
+def test_parse_reads_lever_names_and_rejects_unknown_ones():
+    assert levers.parse("") == levers.parse("none") == ()
+    assert levers.parse("all") == levers.NAMES
+    assert levers.parse("fused_adam, foreach_norm") == ("fused_adam", "foreach_norm")
+    with pytest.raises(ValueError, match="unknown lever.*warp_speed"):
+        levers.parse("warp_speed")
 
 
 def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
@@ -81,18 +81,21 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
         monkeypatch.setattr(mod, "clip_grad_by_total_norm_fp32", mod.clip_grad_by_total_norm_fp32)
     keep_megatrons_wgrad_lookup(monkeypatch)
     _keep_megatrons_loss_and_linear(monkeypatch)
-    applied = fastpath.apply(list(fastpath.PATCHES))
-    # neither TE nor apex here: all are fallbacks; the attention order is a GPU-only patch
-    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "device_norm", "clip_in_adam", "flat_adam", "fused_wgrad", "bf16_ce",
-                       "addmm_bias", "compiled_rope", "embed_wgrad", "compiled_norm", "triton_norm", "norm_residual",
-                       "bias_gelu", "dropout_add", "qkv_pack", "zero_overlap", "sdpa_gqa"]
+    applied = fastpath.apply(levers.NAMES)
+    # neither TE nor apex here: all are fallbacks, applied in the table's order; the attention order is a GPU-only
+    # patch, and so are cuBLASLt's epilogues; the spec's lever is read by the spec, never installed
+    assert applied == ["fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam",
+                       "flat_adam", "device_norm", "compiled_norm", "triton_norm", "bias_gelu", "dropout_add",
+                       "qkv_pack", "norm_residual", "fused_wgrad", "compiled_rope", "embed_wgrad", "sdpa_gqa",
+                       "zero_overlap"]
+    assert levers.applied() == {*applied, "grouped_gemm"}
     assert torch.optim.AdamW is fastpath.FusedAdamW
     from megalab.runtime import dropout_add
     assert dropout_add.get_bias_dropout_add(True, True) is dropout_add.bias_dropout_add_train
     from megatron.core.transformer import attention, mlp
 
     from megalab.runtime import qkv_split
-    assert attention.SplitAlongDim is qkv_split.split_along_dim and qkv_split.ON
+    assert attention.SplitAlongDim is qkv_split.split_along_dim and levers.on("qkv_pack")
 
     from megalab.runtime import bias_gelu
     assert mlp.bias_gelu_impl is bias_gelu.bias_gelu_impl
@@ -132,26 +135,13 @@ def _keep_megatrons_loss_and_linear(monkeypatch):
     monkeypatch.setattr(tensor_parallel, "vocab_parallel_cross_entropy", tensor_parallel.vocab_parallel_cross_entropy)
     monkeypatch.setattr(fn, "forward", fn.__dict__["forward"])
     monkeypatch.setattr(layers, "F", layers.F)
-    from megalab.runtime import spec
-
-    monkeypatch.setattr(spec, "NATIVE_GQA", spec.NATIVE_GQA)
-    from megalab.runtime import norm, triton_norm
-
-    monkeypatch.setattr(norm, "ON", norm.ON)
-    monkeypatch.setattr(triton_norm, "ON", triton_norm.ON)
-    monkeypatch.setattr(triton_norm, "RESIDUAL", triton_norm.RESIDUAL)
+    monkeypatch.setattr(levers, "_APPLIED", set(levers.applied()))  # what apply notes is the test's alone
     from megatron.core.transformer import mlp
 
     monkeypatch.setattr(mlp, "bias_gelu_impl", mlp.bias_gelu_impl)
-    from megalab.runtime import dropout_add
-
-    monkeypatch.setattr(dropout_add, "ON", dropout_add.ON)
     from megatron.core.transformer import attention
 
-    from megalab.runtime import qkv_split
-
     monkeypatch.setattr(attention, "SplitAlongDim", attention.SplitAlongDim)
-    monkeypatch.setattr(qkv_split, "ON", qkv_split.ON)
     keep_megatrons_zeroing(monkeypatch)
 
 
@@ -282,9 +272,6 @@ def test_install_wgrad_fusion_leaves_apexs_extension_alone(monkeypatch):
 def test_norm_residual_needs_triton_norm(monkeypatch):
     """norm_residual's add is in triton_norm's kernel: without triton_norm nothing is applied (the launcher
     refuses that FAST itself: tests/test_plan.py)."""
-    from megalab.runtime import triton_norm
-
-    monkeypatch.setattr(triton_norm, "ON", False)
-    monkeypatch.setattr(triton_norm, "RESIDUAL", False)
+    monkeypatch.setattr(levers, "_APPLIED", set())
     assert fastpath.apply(["norm_residual"]) == []
-    assert not triton_norm.RESIDUAL
+    assert not levers.on("norm_residual")

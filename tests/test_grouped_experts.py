@@ -8,9 +8,6 @@ expert with no tokens. float64 runs the per-expert-loop kernel (torch._grouped_m
 float32 with 16-byte-aligned sizes runs torch._grouped_mm's CPU kernel, forward and backward.
 """
 
-import os
-from unittest import mock
-
 import pytest
 from conftest import free_port as _free_port, start_ranks
 
@@ -23,7 +20,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from megalab.runtime import grouped_experts, levers
-from megalab.core import plan
+from tests.conftest import applied
+from megalab.core import plan, variables
 from megalab.harness import launch  # noqa: E402
 from megalab.core.catalog import get as target  # noqa: E402
 from megalab.runtime.grouped_experts import GroupedMLP  # noqa: E402
@@ -56,7 +54,7 @@ def _pair(cfg: TransformerConfig, num_local: int | None = None, stacked: bool = 
     sub = MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
     torch.manual_seed(0)
     seq = SequentialMLP(n, cfg, sub, pg_collection=pg)
-    with mock.patch.dict(os.environ, {"MEGALAB_FAST": levers.EXPERT_STACK if stacked else ""}):
+    with applied([levers.GROUPED_GEMM, levers.EXPERT_STACK] if stacked else []):
         grp = GroupedMLP(n, cfg, sub, pg_collection=pg)
     assert grp.stacked == (stacked and n > 1)
     with torch.no_grad():  # biases start at zero: make them count
@@ -356,11 +354,11 @@ def test_spec_builds_grouped_experts_with_the_lever_and_the_same_parameters(worl
 
     cfg = _config(torch.float32, num_layers=2, moe_layer_freq=[1, 0], moe_token_dispatcher_type="allgather",
                   normalization="RMSNorm", hidden_dropout=0.0, attention_dropout=0.0)
-    monkeypatch.delenv("MEGALAB_FAST", raising=False)
-    plain = gpt(cfg)
+    with applied([]):
+        plain = gpt(cfg)
     assert type(plain.decoder.layers[0].mlp.experts) is SequentialMLP
-    monkeypatch.setenv("MEGALAB_FAST", "fused_adam,grouped_gemm")
-    grouped = gpt(cfg)
+    with applied(["fused_adam", "grouped_gemm"]):
+        grouped = gpt(cfg)
     assert type(grouped.decoder.layers[0].mlp.experts) is GroupedMLP
     assert {n: p.shape for n, p in grouped.named_parameters()} == {n: p.shape for n, p in plain.named_parameters()}
     for (n, p), q in zip(grouped.named_parameters(), plain.parameters()):  # same seed, same init
@@ -370,6 +368,8 @@ def test_spec_builds_grouped_experts_with_the_lever_and_the_same_parameters(worl
 
 
 def _opts(**kw):
+    if isinstance(kw.get("fast"), str):  # FAST as typed, parsed as the make variable is
+        kw["fast"] = variables.parse("FAST", kw["fast"])
     return launch.Options(**({"iters": 20} | kw))
 
 
@@ -387,7 +387,9 @@ def test_olmoe_targets_get_the_substitute_and_megatron_accepts_them(tid):
     p = _plan(exp, _opts())
     env = p.env
     assert grouped_experts.LEVER in env["MEGALAB_FAST"].split(",")
-    assert grouped_experts.wanted(env={"MEGALAB_FAST": env["MEGALAB_FAST"]})
+    with applied(levers.parse(env["MEGALAB_FAST"])):
+        assert grouped_experts.wanted()
+    assert not grouped_experts.wanted()  # the lever off: SequentialMLP, unless Megatron's flag asks
     cmd = p.command
     assert "--moe-grouped-gemm" not in cmd  # Megatron's flag stays off: its grouped GEMM is TE's
     args = validate.validate(p.entry_args, exp.gpus)
@@ -405,11 +407,12 @@ def test_the_substitute_is_off_with_fast_none_spec_local_or_te():
     for opts in (_opts(fast="none"), _opts(fast="fused_adam"), _opts(spec="local")):
         assert dict(_plan(exp, opts).substituted_flags) == {}
         assert list(_plan(exp, opts).dropped_flags) == ["--moe-grouped-gemm", "--moe-permute-fusion"]
-        assert grouped_experts.LEVER not in _plan(exp, opts).fastpath.split(",")
+        assert grouped_experts.LEVER not in _plan(exp, opts).fastpath
     assert dict(_plan(exp, _opts(), "transformer_engine").substituted_flags) == {}
     assert "--moe-grouped-gemm" in _plan(exp, _opts(), "transformer_engine").command
     # FAST=all asks for every lever, this one included; a dense model has nothing to group
-    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath.split(",")
-    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath.split(",")
+    assert grouped_experts.LEVER in _plan(exp, _opts(fast="all")).fastpath
+    assert grouped_experts.LEVER not in _plan(target("101"), _opts(fast="all")).fastpath
     # dense GPT-2: its layer's levers and the fused wgrad too
-    assert _plan(target("101"), _opts()).fastpath == plan.DEFAULT_FAST + ",bias_gelu,dropout_add,qkv_pack,norm_residual,fused_wgrad,gelu_epilogue"
+    assert _plan(target("101"), _opts()).fastpath == levers.EVERY + ("bias_gelu", "dropout_add", "qkv_pack",
+                                                                "norm_residual", "fused_wgrad", "gelu_epilogue")

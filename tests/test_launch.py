@@ -190,9 +190,9 @@ def test_ring_attention_needs_attention_dropout_off():
     assert problem(exp, machine=te) is None
     why = problem(exp, launch.Options(extra_args=("--attention-dropout", "0.1")))
     assert "--attention-dropout 0" in why and "fix" in why
-    ag = dataclasses.replace(exp, cp_comm="all_gather", extra_args=())
+    ag = exp.model_copy(update={"cp_comm": "all_gather", "extra_args": ()})
     assert problem(ag) is None  # SDPA keeps dropout there
-    hier = dataclasses.replace(exp, cp_comm="a2a+p2p")
+    hier = exp.model_copy(update={"cp_comm": "a2a+p2p"})
     assert "not one of megalab's CP modes" in problem(hier)
 
 

@@ -29,7 +29,7 @@ class FakeDevice:
 def test_cap_subtracts_memory_outside_the_allocator_as_it_grows(monkeypatch, capsys):
     dev = FakeDevice()
     dev.install(monkeypatch)
-    cap = memcap.MemoryCap("80", device=0)
+    cap = memcap.MemoryCap(80.0, device=0)
     cap.apply()
     first = dev.fractions[-1]
     assert first * dev.total == pytest.approx(cap.cap - 0.5 * GiB)
@@ -48,7 +48,7 @@ def test_cap_subtracts_memory_outside_the_allocator_as_it_grows(monkeypatch, cap
 def test_cap_is_left_alone_after_the_first_iterations_and_while_capturing(monkeypatch):
     dev = FakeDevice()
     dev.install(monkeypatch)
-    cap = memcap.MemoryCap("80", device=0, reapply_iterations=3)
+    cap = memcap.MemoryCap(80.0, device=0, reapply_iterations=3)
     cap.apply()
     dev.outside += GiB
     cap.step(iteration=4)
@@ -58,25 +58,25 @@ def test_cap_is_left_alone_after_the_first_iterations_and_while_capturing(monkey
 
 
 @pytest.mark.parametrize("gb", [80.0, 141.0, 40.5])
-def test_the_runtime_cap_and_the_launchers_one_gib_function_agree(gb):
-    """memcap.py (inside torchrun, left as it is) keeps its own formula; every launcher-side place converts
-    GPU_MEM_GB through gpus.nominal_gb_to_gib, and the two must be one number. The launcher passes the cap
-    as text memcap parses back (variables.gb_text: 80.0 -> "80")."""
+def test_the_runtime_cap_and_the_launcher_read_one_conversion(gb):
+    """GPU_MEM_GB becomes GiB in one function (memcap.nominal_gb_to_gib), which the launcher's plan reads too. The
+    launcher passes the cap as text the entry point parses back once (variables.gb_text: 80.0 -> "80")."""
     from megalab.core import gpus, variables
 
     text = variables.gb_text(gb)
     assert float(text) == gb and (text == "80") == (gb == 80.0)
-    cap = memcap.MemoryCap(text, device=0)
-    assert cap.cap / GiB == pytest.approx(gpus.nominal_gb_to_gib(gb), rel=1e-12)
-    assert memcap.H100_80GB_MIB / 80 == gpus.H100_MIB_PER_NOMINAL_GB
+    cap = memcap.MemoryCap(float(text), device=0)
+    assert cap.cap / GiB == gpus.nominal_gb_to_gib(gb)
+    assert gpus.nominal_gb_to_gib is memcap.nominal_gb_to_gib
 
 
-def test_nominal_gb_become_gib_in_one_launcher_side_function():
+def test_nominal_gb_become_gib_in_one_function():
     import re
     from pathlib import Path
 
     pkg = Path(__file__).resolve().parents[1] / "megalab"
-    formula = re.compile(r"81559\s*/\s*80|H100_MIB_PER_NOMINAL_GB|\* *1e9 */ *2 *\*\* *30.*gpu_mem")
-    where = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
-                   if "runtime" not in p.parts and formula.search(p.read_text()))
-    assert where == ["core/gpus.py"]
+    formula = re.compile(r"81559\s*/\s*80|H100_80GB_MIB\s*/\s*80|\* *1e9 */ *2 *\*\* *30.*gpu_mem")
+    where = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if formula.search(p.read_text()))
+    assert where == ["runtime/memcap.py"]
+    text = (pkg / "runtime" / "memcap.py").read_text()
+    assert len(formula.findall(text)) == 1

@@ -124,9 +124,9 @@ def test_attention_with_rope_and_grouped_query_heads(cpu_rope, groups, rope):
 
 @pytest.mark.parametrize("groups", [2, 1], ids=["gqa", "mqa"])
 def test_sdpa_gqa_lever_reads_shared_heads_without_repeating_them(cpu_rope, groups, monkeypatch):
-    """sdpa_gqa (spec.NATIVE_GQA): SDPA's enable_gqa instead of repeated K/V; same output and gradients,
+    """sdpa_gqa: SDPA's enable_gqa instead of repeated K/V; same output and gradients,
     and K/V are really not repeated."""
-    from megalab.runtime import spec
+    from megalab.runtime import levers
 
     cfg = _config(num_query_groups=groups)
     attn = _layer(cfg).self_attention
@@ -138,7 +138,7 @@ def test_sdpa_gqa_lever_reads_shared_heads_without_repeating_them(cpu_rope, grou
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **k: calls.append(1) or real(t, *a, **k))
 
     def run(native):
-        monkeypatch.setattr(spec, "NATIVE_GQA", native)
+        monkeypatch.setattr(levers, "_APPLIED", {"sdpa_gqa"} if native else set())
         calls.clear()
         x = x0.clone().requires_grad_()
         out, _ = attn(x, attention_mask=None, rotary_pos_emb=emb)

@@ -114,15 +114,16 @@ def test_layouts_it_does_not_serve_keep_megatrons_dispatcher(world1, change, why
     assert moe_dispatch.eligible(ref, cfg) == why
 
 
-def test_the_moe_layer_swaps_its_dispatcher_only_with_the_lever(world1, monkeypatch):
+def test_the_moe_layer_swaps_its_dispatcher_only_with_the_lever(world1):
     from megalab.runtime import spec
+    from tests.conftest import applied
 
     cfg = _config(4, 2)
     layer_spec = spec.megalab_transformer_layer_spec(num_experts=4, moe_grouped_gemm=True).submodules.mlp
-    monkeypatch.setenv("MEGALAB_FAST", levers.GROUPED_GEMM)
-    assert type(layer_spec(config=cfg).token_dispatcher) is MoEAllGatherTokenDispatcher
-    monkeypatch.setenv("MEGALAB_FAST", f"{levers.GROUPED_GEMM},{levers.MOE_GATHER}")
-    assert type(layer_spec(config=cfg).token_dispatcher) is moe_dispatch.GatherDispatcher
+    with applied([levers.GROUPED_GEMM]):
+        assert type(layer_spec(config=cfg).token_dispatcher) is MoEAllGatherTokenDispatcher
+    with applied([levers.GROUPED_GEMM, levers.MOE_GATHER]):
+        assert type(layer_spec(config=cfg).token_dispatcher) is moe_dispatch.GatherDispatcher
 
 
 def _check_gather_sum():

@@ -153,10 +153,10 @@ def test_one_node_lets_torchrun_bind_the_port_and_master_port_wins():
     assert launch.Options.from_env({"MASTER_PORT": "29500"}).master_port == 29500
     assert "--standalone" in ports.describe(None, None, 1)
     one = plan.build(catalog.get("101"), launch.Options(dry_run=True), plan.Machine(gpus=1))
-    assert one.groups["DISTRIBUTED"][:3] == ("--standalone", "--local-addr", "localhost")
+    assert one.groups["DISTRIBUTED"][:3] == ["--standalone", "--local-addr", "localhost"]
     assert "--master_port" not in one.groups["DISTRIBUTED"]
     asked = plan.build(catalog.get("101"), launch.Options(dry_run=True, master_port=29500), plan.Machine(gpus=1))
-    assert asked.groups["DISTRIBUTED"][-2:] == ("--master_port", "29500") and "--standalone" not in asked.argv
+    assert asked.groups["DISTRIBUTED"][-2:] == ["--master_port", "29500"] and "--standalone" not in asked.argv
 
 
 def test_dry_run_shows_the_port_it_would_use(capsys, monkeypatch):

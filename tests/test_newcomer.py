@@ -74,15 +74,15 @@ def test_the_dry_run_prints_the_python_line():
 # ---- the planning GPU --------------------------------------------------------------------------
 
 def test_without_a_gpu_the_plan_is_for_an_h100_unless_gpu_says_otherwise():
-    m = plan.Machine.here(gpus=0)
+    m = plan.machine_of(gpus=0)
     assert m.gpu_name == gpus.DEFAULT_GPU_NAME and m.gpu_memory_gib == pytest.approx(81559 / 1024)
-    m = plan.Machine.here(gpus=0, opts=Options(gpu="h200"))
+    m = plan.machine_of(gpus=0, opts=Options(gpu="h200"))
     assert m.gpu_name == "NVIDIA H200" and m.gpu_memory_gib == pytest.approx(143771 / 1024)
-    assert plan.Machine.here(gpus=0, opts=Options(gpu="a100")).gpu_name == "NVIDIA A100-SXM4-80GB"
+    assert plan.machine_of(gpus=0, opts=Options(gpu="a100")).gpu_name == "NVIDIA A100-SXM4-80GB"
 
 
 def test_gpu_mem_gb_141_plans_an_h200_not_an_h100():
-    m = plan.Machine.here(gpus=0, opts=Options(gpu_mem_gb=141.0))
+    m = plan.machine_of(gpus=0, opts=Options(gpu_mem_gb=141.0))
     assert m.gpu_name == "NVIDIA H200"
     assert m.gpu_memory_gib == pytest.approx(gpus.nominal_gb_to_gib(141))
     out = subprocess.run([sys.executable, "-m", "megalab", "plan", "101"], cwd=ROOT, capture_output=True, text=True,
@@ -91,18 +91,18 @@ def test_gpu_mem_gb_141_plans_an_h200_not_an_h100():
 
 
 def test_the_gpu_present_wins_and_a_contradicting_gpu_is_one_warning():
-    m = plan.Machine.here(gpus=2, names=["NVIDIA H100 80GB HBM3"] * 2, memory_mib=[81559] * 2,
+    m = plan.machine_of(gpus=2, names=["NVIDIA H100 80GB HBM3"] * 2, memory_mib=[81559] * 2,
                           opts=Options(gpu="h200"))
     assert m.gpu_name == "NVIDIA H100 80GB HBM3" and m.warning.startswith("GPU=h200 but this machine has")
     assert "\n" not in m.warning and "fix:" in m.warning
     p = plan.build(catalog.get("101"), Options(), m)
     assert any(l.startswith("warning    GPU=h200") for l in launch.preflight(p))
-    assert plan.Machine.here(gpus=1, names=["NVIDIA H100 80GB HBM3"], opts=Options(gpu="h100")).warning is None
+    assert plan.machine_of(gpus=1, names=["NVIDIA H100 80GB HBM3"], opts=Options(gpu="h100")).warning is None
 
 
 def test_an_unknown_gpu_is_one_line_with_the_choices():
     with pytest.raises(LaunchError, match="GPU=v100 is not a GPU megalab knows; fix: one of h100, h200, a100"):
-        plan.Machine.here(gpus=0, opts=Options(gpu="v100"))
+        plan.machine_of(gpus=0, opts=Options(gpu="v100"))
 
 
 def test_gpu_is_a_make_variable_forwarded_to_slurm():
@@ -150,7 +150,7 @@ def test_a_model_flag_without_its_value_is_one_line():
 
 # ---- the docs' commands work after the README's two commands ----------------------------------------
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "tutorials").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "tutorials").glob("*.md"))]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

@@ -7,7 +7,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab.runtime import fastpath, norm  # noqa: E402
+from megalab.runtime import fastpath, levers, norm  # noqa: E402
 
 
 def _inputs(seed, rows=12, h=40, dtype=torch.float64):
@@ -84,8 +84,8 @@ def test_the_lever_switches_megalabs_norm_on_the_gpu_only(monkeypatch):
     """Off the GPU megalab's Norm stays torch's even with the lever on (CPU tests, CPU tensors)."""
     from megalab.runtime import spec
 
-    monkeypatch.setattr(norm, "ON", False)
-    assert fastpath.apply(["compiled_norm"]) == ["compiled_norm"] and norm.ON
+    monkeypatch.setattr(levers, "_APPLIED", set())
+    assert fastpath.apply(["compiled_norm"]) == ["compiled_norm"] and levers.on("compiled_norm")
     called = []
     monkeypatch.setattr(norm, "compiled", lambda *a: called.append(a))
     cfg = type("C", (), {"normalization": "LayerNorm", "layernorm_zero_centered_gamma": False,

@@ -15,6 +15,7 @@ def _check(normalization: str, wrong: str = ""):
     from conftest import assert_same_run, tiny_gpt
 
     from megalab.runtime import triton_norm as T
+    from megalab.runtime import levers
 
     assert os.environ.get("TRITON_INTERPRET") == "1"
     if wrong == "no-residual":  # a backward that drops the residual's gradient must fail the check below
@@ -24,7 +25,7 @@ def _check(normalization: str, wrong: str = ""):
 
     with tiny_gpt(normalization=normalization, bias_dropout_fusion=False) as (model, run):
         def way(on: bool, residual: bool):
-            T.ON, T.RESIDUAL = on, residual
+            levers.mark_applied([n for n, v in (("triton_norm", on), ("norm_residual", residual)) if v])
             return run()
 
         with_torch = way(False, False)

@@ -43,7 +43,7 @@ def _intent(target: str) -> dict:
     machine = plan.Machine(gpus=1, te=None, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.6)
     if target not in catalog.catalog():  # a made-up target (table tests): nothing to re-plan
         return {"argv": []}
-    return plan.build(catalog.get(target), plan.Options(master_port=29500), machine, run_dir=Path("/runs/x")).to_dict()
+    return plan.build(catalog.get(target), plan.Options(master_port=29500), machine, run_dir=Path("/runs/x")).intent().model_dump(mode="json")
 
 
 def test_a_record_whose_plan_today_differs_is_older(repo):
@@ -72,7 +72,6 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_defaults_mirror_the_launcher():
-    assert plan.DEFAULT_FAST == ",".join(variables.DEFAULT_FAST)
     assert next(v for v in variables.VARIABLES if v.name == "WARMUP").default == provenance.DEFAULT_WARMUP
 
 
@@ -83,7 +82,7 @@ def test_schema_1_is_older_without_asking_git(tmp_path):
 
 @pytest.mark.parametrize("change, why", [
     ({"config": {"fastpath": "none"}, "intent": {"fastpath": "none", "cuda_graph_reason": "auto"}}, "FAST=none"),
-    ({"intent": {"fastpath": ",".join(variables.default_fast(None, {})), "cuda_graph_reason": "CUDA_GRAPH=1"}},
+    ({"intent": {"fastpath": list(levers.default(None, {})), "cuda_graph_reason": "CUDA_GRAPH=1"}},
      "CUDA_GRAPH=1"),
     ({"config": {"extra_args": "--foo"}}, "EXTRA_ARGS"),
     ({"warmup_iters": 5, "iters_logged": 25}, "WARMUP=5"),  # a record from before the setting was kept
@@ -108,7 +107,7 @@ def test_a_run_with_no_steps_to_drop_is_not_a_warmup_change(repo, rec):
 
 def test_moe_default_adds_grouped_gemm():
     rec = RunRecord.of(_rec(config={"num_experts": 8, "model_preset": {"moe_grouped_gemm": True}}))
-    assert provenance.default_fastpath(rec).endswith(",grouped_gemm")
+    assert provenance.default_fastpath(rec)[-1] == "grouped_gemm"
 
 
 def test_code_changed_since_the_record_is_older(repo):

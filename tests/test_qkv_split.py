@@ -6,7 +6,7 @@ pieces packed out of order. Triton's interpreter on CPU, in a fresh interpreter 
 when it is imported)."""
 import pytest
 
-from tests.conftest import interpreted
+from tests.conftest import applied, interpreted
 
 
 class _Ctx:
@@ -72,6 +72,7 @@ def _gpt(groups: int = 4, wrong: str = ""):
 
     from megalab.runtime import fastpath
     from megalab.runtime import qkv_split as Q
+    from megalab.runtime import levers
 
     assert fastpath.apply(["addmm_bias", "qkv_pack"]) == ["addmm_bias", "qkv_pack"]
     calls = []
@@ -101,7 +102,7 @@ def _gpt(groups: int = 4, wrong: str = ""):
         ours = run()
         layers = model.config.num_layers
         assert len(calls) == layers, calls  # each layer's QKV split
-        Q.ON = False
+        levers.mark_applied(levers.applied() - {"qkv_pack"})
         megatron = run()
         assert len(calls) == layers, "the split ran with the lever off"
         assert_same_run(ours, megatron)
@@ -148,11 +149,8 @@ def test_without_the_lever_or_a_bias_the_split_is_torchs():
 
     x = torch.randn(2, 1, 2, 6, requires_grad=True)
     for on in (False, True):
-        Q.ON = on
-        try:
+        with applied(["qkv_pack"] if on else []):
             parts = Q.split_along_dim(x * 1, 3, [2, 2, 2])
-        finally:
-            Q.ON = False
         assert [p.grad_fn.name() for p in parts] == ["SplitWithSizesBackward0"] * 3
 
 
@@ -169,6 +167,6 @@ def test_a_split_into_other_than_three_pieces_stays_torchs(monkeypatch):
     x = torch.randn(2, 1, 2, 4, requires_grad=True)
     bias = torch.nn.Parameter(torch.zeros(8))
     monkeypatch.setattr(Q, "_linear_node", lambda mixed: types.SimpleNamespace(megalab_bias=bias, use_bias=True))
-    monkeypatch.setattr(Q, "ON", True)
-    parts = Q.split_along_dim(x * 1, 3, [2, 2])
+    with applied(["qkv_pack"]):
+        parts = Q.split_along_dim(x * 1, 3, [2, 2])
     assert [p.grad_fn.name() for p in parts] == ["SplitWithSizesBackward0"] * 2

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def exp16():
     """Target 128 doubled: DP=16 on 2 nodes x 8 GPUs (no catalog target needs 16 GPUs yet)."""
-    return dataclasses.replace(catalog.get("128"), id="168-gpt2xl-dp16-test", gpus=16, gbs=256)
+    return catalog.get("128").model_copy(update={"id": "168-gpt2xl-dp16-test", "gpus": 16, "gbs": 256})
 
 
 def test_two_nodes_of_eight_exact_commands(exp16, monkeypatch, tmp_path, capsys):

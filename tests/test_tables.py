@@ -2,8 +2,8 @@
 columns and --check.
 
 The records under tests/fixtures/records are invented test fixtures ("fixture": true), not
-measurements. After an intended format change, regenerate the golden pages as README.md's "Add an
-experiment" says (step 5)."""
+measurements. After an intended format change, regenerate the golden pages as docs/adding-an-experiment.md's "Add an
+experiment" says (step 6)."""
 from __future__ import annotations
 
 import dataclasses
@@ -115,7 +115,7 @@ def test_a_plain_make_record_wins_over_a_newer_lever_trials_launch(tmp_path, mon
     trial's launch only where the target has none."""
     from megalab.core import provenance
 
-    monkeypatch.setattr(provenance, "settings_differ", lambda r: "" if r.config.fastpath == "plain" else "FAST=x")
+    monkeypatch.setattr(provenance, "settings_differ", lambda r: "" if r.config.fastpath == ("plain",) else "FAST=x")
     _write(tmp_path, "a", started="2025-03-01T10:00:00+00:00", step_ms_median=111.0, config={"fastpath": "plain"})
     _write(tmp_path, "b", started="2025-03-02T10:00:00+00:00", step_ms_median=222.0, config={"fastpath": "base"})
     _write(tmp_path, "c", target=T121, started="2025-03-02T10:00:00+00:00", step_ms_median=333.0,
@@ -274,7 +274,7 @@ def test_context_parallel_runs_without_te_so_only_the_gpu_count_stops_it():
     other = catalog.Experiment(id="999-anything", chapter=3, about="", model="gpt2-large", gpus=2, gbs=8,
                                mbs=8, cp=2)
     assert columns.not_run_reason(other) == "not run yet"
-    assert columns.not_run_reason(dataclasses.replace(other, gpus=8, cp=8)) == "not run: needs 8 GPUs"
+    assert columns.not_run_reason(other.model_copy(update={"gpus": 8, "cp": 8})) == "not run: needs 8 GPUs"
 
 
 def test_chapter3_speedup_is_against_the_recompute_row_of_the_same_sequence(tmp_path):

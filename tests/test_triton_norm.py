@@ -110,13 +110,14 @@ def test_the_lever_is_read_only_for_cuda_tensors_that_fit(monkeypatch):
     import torch
 
     from megalab.runtime import triton_norm
+    from megalab.runtime import levers
 
     assert triton_norm.fits(torch.empty(2, 3, 1600))
     assert not triton_norm.fits(torch.empty(2, 3, triton_norm.MAX_HIDDEN + 1))
     assert not triton_norm.fits(torch.empty(0, 3, 1600))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not triton_norm.takes(torch.empty(2, 3, 1600))  # the lever is off
-    monkeypatch.setattr(triton_norm, "ON", True)
+    monkeypatch.setattr(levers, "_APPLIED", {"triton_norm"})
     assert not triton_norm.takes(torch.empty(2, 3, 1600))  # a CPU tensor, no interpreter
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert triton_norm.takes(torch.empty(2, 3, 1600))

@@ -188,9 +188,9 @@ class BenchConfig(_Strict):
         if set(self.specs) != {"local", "megalab"}:
             raise ValueError("specs: the two contenders are `local` and `megalab`")
         for name, lever in self.levers.items():
-            if lever.fast and lever.fast not in lever_names.PATCHES:
+            if lever.fast and lever.fast not in lever_names.NAMES:
                 raise ValueError(f"levers.{name}.fast: {lever.fast!r} is not a fast-path lever "
-                                 f"({', '.join(lever_names.PATCHES)})")
+                                 f"({', '.join(lever_names.NAMES)})")
         for name, spec in self.specs.items():
             levers(spec.levers, f"specs.{name}")
         names = [c.name for c in self.cases]
@@ -268,7 +268,7 @@ class Run:
 
     target: str
     spec: str
-    fast: str = "none"  # MEGALAB_FAST, comma-separated patch names
+    fast: tuple[str, ...] = ()  # the fast-path levers (megalab/runtime/levers.py)
     cuda_graph: bool = False
     gbs: int | None = None  # None: the target's own
     iters: int = 15
@@ -286,14 +286,15 @@ class Run:
     def experiment(self):
         exp = catalog.get(self.target)
         if self.zero2 is not None and self.zero2 != exp.zero2:
-            exp = dataclasses.replace(exp, id=self.id, zero2=self.zero2, ref=None, analogue_of=None)
+            exp = exp.model_copy(update={"id": self.id, "zero2": self.zero2, "ref": None, "analogue_of": None})
         if self.gbs is None or self.gbs == exp.gbs:
             return exp
         dp = exp.dp
-        return dataclasses.replace(exp, id=self.id, gbs=self.gbs * dp, mbs=self.gbs, ref=None, analogue_of=None)
+        return exp.model_copy(update={"id": self.id, "gbs": self.gbs * dp, "mbs": self.gbs, "ref": None,
+                                      "analogue_of": None})
 
     def label(self) -> str:
-        extra = [self.fast] if self.fast != "none" else []
+        extra = [lever_names.text(self.fast)] if self.fast else []
         extra += ["cuda_graph"] if self.cuda_graph else []
         extra += [self.extra_args] if self.extra_args else []
         return f"{self.id} [{self.spec}{': ' + ' + '.join(extra) if extra else ''}]"
@@ -315,7 +316,7 @@ def make_run(cfg: dict, target: str, spec: str, levers=(), gbs=None, iters=None,
         if lever.get("args"):
             args.append(lever["args"])
         graph = graph or bool(lever.get("cuda_graph"))
-    return Run(target=target, spec=spec, fast=",".join(fast) or "none", cuda_graph=graph, gbs=gbs,
+    return Run(target=target, spec=spec, fast=tuple(fast), cuda_graph=graph, gbs=gbs,
                iters=iters or cfg["iters"], extra_args=" ".join(args), zero2=zero2)
 
 
@@ -363,7 +364,7 @@ def expert_runs(cfg: dict) -> list[tuple[dict, Run, Run]]:
 
 def record_key(rec: RunRecord) -> tuple:
     c = rec.config
-    return (c.id, c.spec or "local", c.fastpath or "none", bool(c.cuda_graph), c.iters, c.extra_args or "")
+    return (c.id, c.spec or "local", tuple(c.fastpath or ()), bool(c.cuda_graph), c.iters, c.extra_args or "")
 
 
 def load_runs(runs_dir: Path) -> dict[tuple, RunRecord]:

@@ -6,8 +6,8 @@ data-parallel size, gradient-accumulation steps, and the checks Megatron would o
 only after a 40-second start-up.
 
 The files are typed at the edge (pydantic, as the run record and checks.yaml are): a chapter file is a
-ChapterFile, each entry a CatalogEntry (a strict model made from Experiment's own fields, so the
-dataclass stays the one definition and `dataclasses.replace` keeps working), each preset a Preset. A
+ChapterFile, each entry an Experiment (strict: the model the plan and the run record's config read too),
+each preset a Preset. A
 wrong type, an unknown or missing key, a number out of its range (a size of 0 would divide by zero deep
 in a plan) is one CatalogError line naming the file, the entry and the field; so is a layout Megatron
 would reject (Experiment.validate, run on every entry as it is loaded), a chapter number, a target id or
@@ -16,7 +16,6 @@ file, UTF-8, no key given twice, no alias bomb).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import typing
 from functools import lru_cache
@@ -34,30 +33,35 @@ class CatalogError(ValueError):
     """A one-line, user-facing problem with a target or its layout (message says the fix)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Experiment:
+Size = typing.Annotated[int, Field(ge=1)]  # a size: 0 or less divides by zero somewhere
+
+
+class Experiment(BaseModel):
+    """One target: a catalog entry as written (strict: a quoted "2" is no GPU count; every size at least 1), and
+    everything derived from it. The run record's config holds these fields too (schema.Config is made from them)."""
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
     id: str
-    chapter: int
+    chapter: typing.Annotated[int, Field(ge=0)]
     about: str
     model: str
-    gpus: int
-    gbs: int
-    mbs: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
+    gpus: Size
+    gbs: Size
+    mbs: Size = 1
+    tp: Size = 1
+    pp: Size = 1
+    cp: Size = 1
+    ep: Size = 1
+    etp: Size = 1
     # Megatron's --num-layers-per-virtual-pipeline-stage (None: no virtual pipeline)
-    layers_per_virtual_stage: int | None = None
+    layers_per_virtual_stage: Size | None = None
     cp_comm: str | None = None
     sp: bool = False
     zero2: bool = False
     recompute: str = "none"  # none | selective | full-uniform-N
-    num_experts: int | None = None
-    topk: int | None = None  # router top-k; None: the preset's moe_router_topk
+    num_experts: Size | None = None
+    topk: Size | None = None  # router top-k; None: the preset's moe_router_topk
     # Megatron's --timing-log-level: 2 reports per-microbatch forward/backward timers (profile-* targets)
-    timing_log_level: int = 0
+    timing_log_level: typing.Annotated[int, Field(ge=0, le=2)] = 0
     ref: str | None = None  # row id in configs/reference/anchor_8xh100.csv (this chapter)
     analogue_of: str | None = None  # reference row this 2-GPU stand-in illustrates
     extra_args: tuple[str, ...] = ()
@@ -141,9 +145,6 @@ class Experiment:
                 f"fix: choose a sequence length that is a multiple of {2 * self.cp}")
         self._validate_cp(where)
         self._validate_moe(where)
-        if self.timing_log_level not in (0, 1, 2):
-            raise CatalogError(f"{where}: timing_log_level must be 0, 1 or 2 (Megatron's --timing-log-level); "
-                               "fix the catalog entry")
         if not re.fullmatch(r"none|selective|full-(uniform|block)-\d+", self.recompute):
             raise CatalogError(
                 f"{where}: recompute '{self.recompute}' is not one of none, selective, full-uniform-N, "
@@ -192,19 +193,11 @@ class Experiment:
 # Megatron's --cp-comm-type values (a2a+p2p also needs --hierarchical-context-parallel-sizes).
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
-# The least (and most) value of each number an entry sets: every size divides something in the plan.
-LEAST = {"chapter": 0, "gpus": 1, "gbs": 1, "mbs": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1,
-         "layers_per_virtual_stage": 1, "num_experts": 1, "topk": 1, "timing_log_level": 0}
-MOST = {"timing_log_level": 2}
-
 # The published tables a chapter is diffed against (results/chapter.py): none for our rows only.
 REFERENCES = ("anchor", "twogpu", "none")
 
 # Preset keys with a fixed set of values (the first is Megatron's default).
 PRESET_CHOICES = {"normalization": ("LayerNorm", "RMSNorm"), "position_embedding": ("learned_absolute", "rope")}
-
-
-Positive = typing.Annotated[int, Field(ge=1)]  # a size: 0 or less divides by zero somewhere
 
 
 class Preset(BaseModel):
@@ -213,23 +206,23 @@ class Preset(BaseModel):
     rule) as the query groups split the heads."""
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
     about: str
-    num_layers: Positive
-    hidden_size: Positive
-    num_attention_heads: Positive
-    seq_length: Positive
-    max_position_embeddings: Positive
-    vocab_size: Positive
-    ffn_hidden_size: Positive | None = None
+    num_layers: Size
+    hidden_size: Size
+    num_attention_heads: Size
+    seq_length: Size
+    max_position_embeddings: Size
+    vocab_size: Size
+    ffn_hidden_size: Size | None = None
     disable_bias_linear: bool | None = None
     # modern decoders (chapter 6): RMSNorm, SwiGLU, rotary positions, grouped-query attention (GQA)
     normalization: Literal[PRESET_CHOICES["normalization"]] | None = None
     swiglu: bool | None = None
     position_embedding: Literal[PRESET_CHOICES["position_embedding"]] | None = None
-    rotary_base: Positive | None = None
-    num_query_groups: Positive | None = None
+    rotary_base: Size | None = None
+    num_query_groups: Size | None = None
     untie_embeddings: bool | None = None
-    moe_ffn_hidden_size: Positive | None = None
-    moe_router_topk: Positive | None = None
+    moe_ffn_hidden_size: Size | None = None
+    moe_router_topk: Size | None = None
     moe_router_force_load_balancing: bool | None = None
     moe_token_dispatcher: str | None = None
     moe_grouped_gemm: bool | None = None
@@ -273,26 +266,12 @@ class ChapterFile(BaseModel):
 # (flags.effective_model, flags.effective_experiment), beside the argv that writes them.
 
 
-def _ranged(name: str, hint: Any) -> Any:
-    """A field's type with its range (LEAST, MOST): `int` becomes Annotated[int, Field(ge=..)], also inside
-    `int | None`."""
-    if name not in LEAST:
-        return hint
-    bound = typing.Annotated[int, Field(ge=LEAST[name], le=MOST.get(name))]
-    return bound | None if type(None) in typing.get_args(hint) else bound
-
-
 @lru_cache(maxsize=None)
-def _entry_model(partial: bool = False) -> type[BaseModel]:
-    """A catalog entry as written: Experiment's fields, typed strictly (a quoted "2" is no GPU count) and
-    in range. partial: a chapter's `defaults` (any of the fields but the id and chapter, none required)."""
-    hints = typing.get_type_hints(Experiment)
-    fields = {f.name: (_ranged(f.name, hints[f.name]), ... if f.default is dataclasses.MISSING else f.default)
-              for f in dataclasses.fields(Experiment)}
-    if partial:
-        fields = {k: (t | None, None) for k, (t, _) in fields.items() if k not in ("id", "chapter")}
-    return create_model("CatalogDefaults" if partial else "CatalogEntry",
-                        __config__=ConfigDict(strict=True, extra="forbid"), **fields)
+def _defaults_model() -> type[BaseModel]:
+    """A chapter's `defaults`: any of Experiment's fields but the id and chapter, none required."""
+    fields = {name: ((typing.Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation) | None, None)
+              for name, f in Experiment.model_fields.items() if name not in ("id", "chapter")}
+    return create_model("CatalogDefaults", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
 
 
 def _why(e: ValidationError) -> str:
@@ -347,7 +326,7 @@ def _chapter_files() -> dict[int, tuple[Any, ChapterFile]]:
     for path in sorted((CONFIGS / "experiments").glob("*.yaml")):
         try:
             doc = ChapterFile.model_validate(_load_yaml(path))
-            _entry_model(partial=True).model_validate(_tupled(doc.defaults))
+            _defaults_model().model_validate(_tupled(doc.defaults))
         except ValidationError as e:
             where = "defaults: " if e.title == "CatalogDefaults" else ""
             raise CatalogError(f"configs/experiments/{path.name}: {where}{_why(e)}; fix the chapter file") from None
@@ -395,7 +374,7 @@ def catalog() -> dict[str, Experiment]:
             check_id(entry, path, index)
             spec = _tupled({**doc.defaults, **entry, "chapter": chapter})
             try:
-                exp = Experiment(**dict(_entry_model().model_validate(spec)))
+                exp = Experiment.model_validate(spec)
             except ValidationError as e:
                 raise CatalogError(f"{path.name}: {entry.get('id')}: {_why(e)}; fix the catalog entry") from None
             if exp.id in out:

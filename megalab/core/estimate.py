@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from megalab.core import gpus, steptime
 
@@ -408,12 +408,10 @@ def held_activations(inflight: float, layers: int, layer_bytes: float, ckpt_byte
 
 
 # The full-iteration CUDA graph's extra memory (its private pool, static inputs and outputs), as a share
-# of the peak without it, and at least GRAPH_MEMORY_MIN_GIB. From the calibration set's graph on/off pairs
-# (one target, GPU, fast path, cap and extra flags; megalab/results/allowances.py): 101 +1.5% (+0.49 GiB), 111 +7.3%
-# on 2026-11-22's code and +0.1% (+0.07 GiB) on 2026-11-26's, 112 +2.1%, 212 +2.8%, 242 +1.5%, and since 2026-11-27
-# the two trials beyond the catalog (101 at micro-batch 14, 111 at 24 x 2048), +0.1% each: the median (1.5%, to 1%),
-# and the smallest extra as the floor. (Held-out 002 showed +8.8% and 232 +3.0%.) CUDA_GRAPH=auto
-# (megalab/core/graphs.py) plans with a room of its own, since a wrong "on" costs an out-of-memory run.
+# of the peak without it, and at least GRAPH_MEMORY_MIN_GIB: the median over the calibration set's graph on/off
+# pairs (one target, GPU, fast path, cap and extra flags; megalab/results/allowances.py, the pairs listed in
+# results/estimate-vs-measured.md), the smallest extra as the floor. CUDA_GRAPH=auto (megalab/core/graphs.py)
+# plans with a room of its own, since a wrong "on" costs an out-of-memory run.
 GRAPH_MEMORY_SHARE = 0.01
 GRAPH_MEMORY_MIN_GIB = 0.1
 # With megalab's context-parallel ring attention the graph costs far more: 005 on 2x H200 went 80.2 ->
@@ -427,47 +425,17 @@ def graph_memory_bytes(peak_bytes: float, cp: int = 1) -> float:
     return max(GRAPH_MEMORY_MIN_GIB * GIB, (GRAPH_MEMORY_SHARE_CP if cp > 1 else GRAPH_MEMORY_SHARE) * peak_bytes)
 
 
-@dataclasses.dataclass(frozen=True)
-class Levers:
-    """The fast-path levers the step-time model has a term for, on or off: estimate()'s keyword arguments of the same
-    names, handed to step_features as one value."""
-    fused_adam: bool = False
-    grouped_gemm: bool = False
-    bf16_ce: bool = False
-    addmm_bias: bool = False
-    fused_wgrad: bool = False
-    compiled_rope: bool = False
-    clip_in_adam: bool = False
-    embed_wgrad: bool = False
-    sdpa_gqa: bool = False
-    dropout_add: bool = False
-    flat_adam: bool = False
-    triton_norm: bool = False
-    norm_residual: bool = False
-    bias_gelu: bool = False
-    qkv_pack: bool = False
-    gelu_epilogue: bool = False
-
-
-LEVER_ARGS = tuple(f.name for f in dataclasses.fields(Levers))
-
-
 def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab",
              gpu_name: str | None = None, mfu: float | None = None,
-             model_cfg: dict[str, Any] | None = None, fused_adam: bool = False,
-             grouped_gemm: bool = False, cuda_graph: bool = False, bf16_ce: bool = False,
-             addmm_bias: bool = False, fused_wgrad: bool = False, compiled_rope: bool = False,
-             clip_in_adam: bool = False, embed_wgrad: bool = False, sdpa_gqa: bool = False,
-             dropout_add: bool = False, flat_adam: bool = False, triton_norm: bool = False,
-             norm_residual: bool = False, bias_gelu: bool = False, qkv_pack: bool = False,
-             gelu_epilogue: bool = False) -> Estimate:
+             model_cfg: dict[str, Any] | None = None, fast: Iterable[str] = (), cuda_graph: bool = False) -> Estimate:
     """Predict memory per GPU (per pipeline stage), FLOPs and step time for a catalog Experiment.
 
     gpu_mem_gib: the memory to fit in (default: gpu_name's, else an H100 80GB's 79.65 GiB).
     spec: 'megalab' (SDPA attention, no s x s scores; also right for Transformer Engine) or 'local'
     (Megatron's DotProductAttention). model_cfg overrides exp.model_cfg (a run record's preset).
-    Step time: the model of megalab/core/steptime.py, or with `mfu` the old constant-MFU guess."""
-    flags = locals()  # the arguments, the levers' among them (LEVER_ARGS): step_features takes them as one Levers
+    Step time: the model of megalab/core/steptime.py, or with `mfu` the old constant-MFU guess. `fast`: the run's
+    fast-path levers (megalab/runtime/levers.py; those it has no term for count as off)."""
+    fast = frozenset(fast)
     if spec not in SPECS:
         raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
     e = exp  # a catalog.Experiment (for a run record: rebuilt from its config)
@@ -488,7 +456,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     sp_div = t if e.sp else 1
     per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec,
                                          selective=(parse_recompute(e.recompute)[0] == "selective"),
-                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm, dropout_add=dropout_add)
+                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm, dropout_add="dropout_add" in fast)
     layer_bytes = per_layer_sbh * sbh
     ckpt_bytes = 2 * sbh / sp_div  # a checkpointed layer input
 
@@ -508,7 +476,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         weights = params * BYTES_WEIGHT
         grads = params * BYTES_GRAD
         optim = dense * BYTES_OPTIMIZER / dense_dp_opt + experts * BYTES_OPTIMIZER / expert_dp_opt
-        step_temp = 0 if fused_adam else (dense / dense_dp_opt + experts / expert_dp_opt) * BYTES_ADAM_STEP_TEMP
+        step_temp = 0 if "fused_adam" in fast else (dense / dense_dp_opt + experts / expert_dp_opt) * BYTES_ADAM_STEP_TEMP
 
         inflight = inflight_microbatches(k, p, v, m)
         acts = held_activations(inflight, L, layer_bytes, ckpt_bytes, e.recompute)
@@ -516,7 +484,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
             acts += min(p, m) * (8 * s * b + sbh / sp_div)
         head = 0.0
         if last:
-            head = (BYTES_LOGITS_BF16_CE if bf16_ce else BYTES_LOGITS) * s * b * vpad / t + 4 * sbh / sp_div
+            head = (BYTES_LOGITS_BF16_CE if "bf16_ce" in fast else BYTES_LOGITS) * s * b * vpad / t + 4 * sbh / sp_div
         # a layer's backward transient: incoming + outgoing hidden grads, and the f-wide grad
         f_wide = sh.moe_ffn * sh.topk / e.etp if sh.num_experts else sh.ffn * sh.gate / t
         workset = (4 * sbh / sp_div) + 2 * s * b * f_wide
@@ -546,7 +514,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
     else:
         features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, cuda_graph=cuda_graph,
-                                 levers=Levers(**{n: flags[n] for n in LEVER_ARGS}))
+                                 fast=fast)
         step_s = steptime.step_seconds(features)
         mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
     return Estimate(
@@ -557,7 +525,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
         gpu_mem_gib=gpu_mem_gib if gpu_mem_gib is not None else mem, peak_tflops=peak,
         flops_per_step=fl["model"], hw_flops_per_step=fl["hardware"], bubble=bubble, mfu=mfu,
         step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12, step=features,
-        bf16_ce=bf16_ce)
+        bf16_ce="bf16_ce" in fast)
 
 
 def layer_lever_bytes(sh: Shape, *, triton_norm: bool, norm_residual: bool, bias_gelu: bool, dropout_add: bool,
@@ -581,7 +549,7 @@ def layer_lever_bytes(sh: Shape, *, triton_norm: bool, norm_residual: bool, bias
 
 
 def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, gpu_name: str | None,
-                  levers: Levers, cuda_graph: bool = False) -> steptime.Features:
+                  fast: frozenset[str], cuda_graph: bool = False) -> steptime.Features:
     """The step-time model's inputs for a layout (megalab/core/steptime.py): per stage and micro-batch
     its GEMM terms, memory-bound kernels (the loss and the separate bias add by the levers, the
     elementwise work per token and hidden unit), kernel launches and in-micro-batch communication; per
@@ -597,14 +565,14 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     gran, method, nrec = parse_recompute(e.recompute)
     full = gran == "full"
     act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
-    layer_out, layer_in = layer_lever_bytes(sh, triton_norm=levers.triton_norm,
-                                            norm_residual=levers.norm_residual, bias_gelu=levers.bias_gelu,
-                                            dropout_add=levers.dropout_add, qkv_pack=levers.qkv_pack,
-                                            gelu_epilogue=levers.gelu_epilogue and t == 1 and not e.sp)
+    layer_out, layer_in = layer_lever_bytes(sh, triton_norm="triton_norm" in fast,
+                                            norm_residual="norm_residual" in fast, bias_gelu="bias_gelu" in fast,
+                                            dropout_add="dropout_add" in fast, qkv_pack="qkv_pack" in fast,
+                                            gelu_epilogue="gelu_epilogue" in fast and t == 1 and not e.sp)
     a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
     for st in stages:
         last = st.index == p - 1
-        layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=levers.grouped_gemm,
+        layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped="grouped_gemm" in fast,
                                  layers=st.layers, last=False, vocab_padded=vpad)
         passes = 4.0 if full else 3.0
         ga, gb = steptime.gpu_terms(layer_g, peak, passes)
@@ -613,7 +581,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
             ga, gb = ga + ga2, gb + gb2
         if last:
             la, lb = steptime.gpu_terms(steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp,
-                                                       grouped=levers.grouped_gemm, layers=0, last=True,
+                                                       grouped="grouped_gemm" in fast, layers=0, last=True,
                                                        vocab_padded=vpad)[-1:], peak, 3.0)
             ga, gb = ga + la, gb + lb
         a_.append(ga)
@@ -625,20 +593,20 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         # repeated K/V (none with sdpa_gqa, except under CP, whose attention repeats them either way), and
         # the elementwise work (x ELEMENTWISE_BYTES)
         x = 0.0
-        if st.index == 0 and not (levers.embed_wgrad and not sh.tied):
+        if st.index == 0 and not ("embed_wgrad" in fast and not sh.tied):
             x += vpad / t * h * steptime.EMBED_GRAD_BYTES
-        if sh.kv < h and not (levers.sdpa_gqa and cp == 1):
+        if sh.kv < h and not ("sdpa_gqa" in fast and cp == 1):
             x += (passes / 3) * st.layers * b * s * h / t * steptime.GQA_REPEAT_BYTES
         if last:
-            x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if levers.bf16_ce
+            x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if "bf16_ce" in fast
                                      else steptime.LOSS_BYTES_PER_LOGIT)
-        if sh.bias and not levers.addmm_bias:
+        if sh.bias and "addmm_bias" not in fast:
             x += st.layers * (2 if full else 1) * b * s * (h + 2 * sh.kv) / t * steptime.BIAS_ADD_BYTES
-        if not levers.fused_wgrad:  # each weight gradient added into main_grad by a kernel of its own
+        if "fused_wgrad" not in fast:  # each weight gradient added into main_grad by a kernel of its own
             x += st.params * steptime.WGRAD_ADD_BYTES
         if sh.rope:  # the rotated query and key channels, forward (again when recomputed) and backward
             x += (passes / 3) * st.layers * b * s * (h + sh.kv) / t * (
-                steptime.ROPE_BYTES_COMPILED if levers.compiled_rope else steptime.ROPE_BYTES)
+                steptime.ROPE_BYTES_COMPILED if "compiled_rope" in fast else steptime.ROPE_BYTES)
         # the layer's kernels megalab's levers replace, where they do not run: on the whole hidden state (split by
         # TP only with SP) and inside the tensor-parallel region
         x += st.layers * passes / 3 * b * s * h * (layer_out / (t if e.sp else 1) + layer_in / t)
@@ -646,7 +614,7 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         outside = steptime.ELEMENTWISE_OUTSIDE_TP  # the whole hidden state: split by TP only with SP
         elementwise.append(st.layers * passes / 3 * b * s * h * (outside / (t if e.sp else 1) + (1 - outside) / t) / hbm)
         per_layer = steptime.KERNELS_PER_LAYER * (4 / 3 if full else 1)
-        if sh.num_experts and not levers.grouped_gemm:
+        if sh.num_experts and "grouped_gemm" not in fast:
             per_layer += sh.num_experts / ep * steptime.KERNELS_PER_EXPERT
         kernels.append(0.0 if cuda_graph else st.layers * per_layer)  # a graph replays them in one launch
         # TP: 2 all-reduces per layer forward, 2 backward, 2 more in a recomputed forward (SP's
@@ -675,9 +643,9 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     busiest = max(stages, key=lambda st: st.params)
     expert_dp = max(1, e.gpus // (p * ep * etp))
     opt_params = busiest.optimizer_bytes / BYTES_OPTIMIZER  # the parameters this GPU updates
-    opt_bytes = steptime.OPT_BYTES_FUSED if levers.fused_adam else steptime.OPT_BYTES_FOREACH
-    opt_bytes += steptime.CLIP_BYTES_IN_ADAM if levers.clip_in_adam and levers.fused_adam else steptime.CLIP_BYTES
-    if levers.fused_adam and not (levers.flat_adam and not e.zero2):  # flat_adam serves Megatron's non-distributed optimizer only
+    opt_bytes = steptime.OPT_BYTES_FUSED if "fused_adam" in fast else steptime.OPT_BYTES_FOREACH
+    opt_bytes += steptime.CLIP_BYTES_IN_ADAM if "clip_in_adam" in fast and "fused_adam" in fast else steptime.CLIP_BYTES
+    if "fused_adam" in fast and not ("flat_adam" in fast and not e.zero2):  # flat_adam serves Megatron's non-distributed optimizer only
         opt_bytes += steptime.OPT_BYTES_PER_TENSOR
     optimizer_s = (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
     dp = e.dp * cp
@@ -786,9 +754,3 @@ def render(est: Estimate) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- levers
-
-def lever_flags(fast) -> dict[str, bool]:
-    """estimate()'s lever arguments from a run's fast path (its lever names, or MEGALAB_FAST's string)."""
-    names = set(fast.split(",")) if isinstance(fast, str) else set(fast)
-    return {n: n in names for n in LEVER_ARGS}

@@ -11,7 +11,6 @@ plan, its checks, the estimator and the record see the run Megatron will build.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -112,27 +111,41 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
     (RUN_DIR while there is none)."""
     m = exp.model_cfg
     out = str(run_dir) if run_dir is not None else RUN_DIR_PLACEHOLDER
-    a: dict[str, list] = {g: [] for g in GROUPS}
+    ex = extra(exp, opts)
+    a = {"DISTRIBUTED": _distributed(opts, per_node), "MODEL": _model(m), "TRAINING": _training(exp, opts),
+         "PARALLEL": _parallel(exp, opts, per_node), "MOE": _moe(exp, m, impl), "RECOMPUTE": _recompute(exp),
+         "DATA": _data(m, opts, ex), "LOGGING": _logging(exp, opts, out, run_dir), "CHECKPOINT": _checkpoint(opts, out),
+         "PROFILE": _profile(opts), "IMPL": _impl(opts, impl, fast), "PERF": _perf(graph), "EXTRA": list(ex)}
+    return {g: tuple(str(x) for x in a[g]) for g in GROUPS}
+
+
+def _distributed(opts: Options, per_node: int) -> list:
     if opts.master_port is None and opts.nnodes == 1:  # torchrun's store binds a free port itself (ports.py)
-        a["DISTRIBUTED"] = ["--standalone", "--local-addr", opts.master_addr, "--nproc_per_node", per_node,
-                            "--nnodes", 1]
-    else:
-        a["DISTRIBUTED"] = ["--nproc_per_node", per_node, "--nnodes", opts.nnodes, "--node_rank", opts.node_rank,
-                            "--master_addr", opts.master_addr, "--master_port", opts.master_port]
-    a["MODEL"] = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
-                  "--num-attention-heads", m["num_attention_heads"], "--seq-length", m["seq_length"],
-                  "--max-position-embeddings", m.get("max_position_embeddings", m["seq_length"]),
-                  "--attention-backend", "auto"]
+        return ["--standalone", "--local-addr", opts.master_addr, "--nproc_per_node", per_node, "--nnodes", 1]
+    return ["--nproc_per_node", per_node, "--nnodes", opts.nnodes, "--node_rank", opts.node_rank,
+            "--master_addr", opts.master_addr, "--master_port", opts.master_port]
+
+
+def _model(m: dict) -> list:
+    out = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
+           "--num-attention-heads", m["num_attention_heads"], "--seq-length", m["seq_length"],
+           "--max-position-embeddings", m.get("max_position_embeddings", m["seq_length"]), "--attention-backend", "auto"]
     if m.get("ffn_hidden_size"):
-        a["MODEL"] += ["--ffn-hidden-size", m["ffn_hidden_size"]]
+        out += ["--ffn-hidden-size", m["ffn_hidden_size"]]
     if m.get("disable_bias_linear"):
-        a["MODEL"] += ["--disable-bias-linear"]
-    a["MODEL"] += modern_model_flags(m)
-    a["TRAINING"] = ["--micro-batch-size", exp.mbs, "--global-batch-size", exp.gbs, "--train-iters", opts.iters,
-                     "--lr", "6.0e-5", "--min-lr", "6.0e-6", "--lr-decay-style", "cosine",
-                     "--lr-warmup-fraction", ".001", "--weight-decay", "0.1", "--adam-beta1", "0.9",
-                     "--adam-beta2", "0.95", "--init-method-std", "0.006", "--clip-grad", "1.0", "--bf16"]
-    p = a["PARALLEL"] = ["--tensor-model-parallel-size", exp.tp, "--pipeline-model-parallel-size", exp.pp]
+        out += ["--disable-bias-linear"]
+    return out + modern_model_flags(m)
+
+
+def _training(exp: Experiment, opts: Options) -> list:
+    return ["--micro-batch-size", exp.mbs, "--global-batch-size", exp.gbs, "--train-iters", opts.iters,
+            "--lr", "6.0e-5", "--min-lr", "6.0e-6", "--lr-decay-style", "cosine",
+            "--lr-warmup-fraction", ".001", "--weight-decay", "0.1", "--adam-beta1", "0.9",
+            "--adam-beta2", "0.95", "--init-method-std", "0.006", "--clip-grad", "1.0", "--bf16"]
+
+
+def _parallel(exp: Experiment, opts: Options, per_node: int) -> list:
+    p = ["--tensor-model-parallel-size", exp.tp, "--pipeline-model-parallel-size", exp.pp]
     if exp.cp > 1:
         p += ["--context-parallel-size", exp.cp, "--cp-comm-type", exp.cp_comm or "p2p"]
     if exp.layers_per_virtual_stage:
@@ -144,46 +157,61 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
         p += ["--overlap-grad-reduce"]
     if exp.zero2:
         p += ["--use-distributed-optimizer"] + (["--overlap-param-gather"] if dp > 1 else [])
-    if exp.num_experts:
-        moe = a["MOE"] = ["--num-experts", exp.num_experts, "--moe-router-topk", exp.router_topk,
-                          "--expert-model-parallel-size", exp.ep, "--expert-tensor-parallel-size", exp.etp,
-                          "--moe-token-dispatcher-type", m.get("moe_token_dispatcher", "alltoall")]
-        if m.get("moe_ffn_hidden_size"):
-            moe += ["--moe-ffn-hidden-size", m["moe_ffn_hidden_size"]]
-        if m.get("moe_router_force_load_balancing"):
-            moe += ["--moe-router-force-load-balancing"]
-        if impl == "transformer_engine":  # TE kernels only: without TE substituted or dropped (plan.py)
-            moe += [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if m.get(key)]
+    return p
+
+
+def _moe(exp: Experiment, m: dict, impl: str) -> list:
+    if not exp.num_experts:
+        return []
+    moe = ["--num-experts", exp.num_experts, "--moe-router-topk", exp.router_topk,
+           "--expert-model-parallel-size", exp.ep, "--expert-tensor-parallel-size", exp.etp,
+           "--moe-token-dispatcher-type", m.get("moe_token_dispatcher", "alltoall")]
+    if m.get("moe_ffn_hidden_size"):
+        moe += ["--moe-ffn-hidden-size", m["moe_ffn_hidden_size"]]
+    if m.get("moe_router_force_load_balancing"):
+        moe += ["--moe-router-force-load-balancing"]
+    if impl == "transformer_engine":  # TE kernels only: without TE substituted or dropped (plan.py)
+        moe += [flag for key, flag in TE_ONLY_PRESET_FLAGS.items() if m.get(key)]
+    return moe
+
+
+def _recompute(exp: Experiment) -> list:
     if exp.recompute == "selective":
-        a["RECOMPUTE"] = ["--recompute-granularity", "selective"]
-    elif exp.recompute.startswith("full-"):
+        return ["--recompute-granularity", "selective"]
+    if exp.recompute.startswith("full-"):
         _, method, layers = exp.recompute.split("-")
-        a["RECOMPUTE"] = ["--recompute-granularity", "full", "--recompute-method", method,
-                          "--recompute-num-layers", layers]
-    elif exp.recompute != "none":
+        return ["--recompute-granularity", "full", "--recompute-method", method, "--recompute-num-layers", layers]
+    if exp.recompute != "none":
         raise LaunchError(f"target {exp.id}: unknown recompute {exp.recompute} "
                           "(none|selective|full-uniform-N|full-block-N); fix: the catalog entry")
+    return []
+
+
+def _data(m: dict, opts: Options, ex) -> list:
     if opts.data == "mock":
-        a["DATA"] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", m["vocab_size"],
-                     "--split", opts.split]
+        data = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", m["vocab_size"],
+                "--split", opts.split]
     elif opts.tokenizer_model:  # the tokenizer folder saved beside the data: offline, exact
-        a["DATA"] = ["--data-path", opts.data, "--tokenizer-type", "HuggingFaceTokenizer",
-                     "--tokenizer-model", opts.tokenizer_model, "--split", opts.split]
+        data = ["--data-path", opts.data, "--tokenizer-type", "HuggingFaceTokenizer",
+                "--tokenizer-model", opts.tokenizer_model, "--split", opts.split]
     elif opts.vocab_file and opts.merge_file:  # mcore 0.19's GPT2BPETokenizer loads the Hub's gpt2: online only
-        a["DATA"] = ["--data-path", opts.data, "--tokenizer-type", "GPT2BPETokenizer",
-                     "--vocab-file", opts.vocab_file, "--merge-file", opts.merge_file, "--split", opts.split]
+        data = ["--data-path", opts.data, "--tokenizer-type", "GPT2BPETokenizer",
+                "--vocab-file", opts.vocab_file, "--merge-file", opts.merge_file, "--split", opts.split]
     else:
         raise LaunchError(f"DATA={opts.data} needs its tokenizer; fix: set TOKENIZER_MODEL "
                           "(or VOCAB_FILE and MERGE_FILE), as make prepare-data prints")
     # Megatron's loader builds a float [s, s] causal mask for every sample and moves it to the GPU, which
     # SDPA's is_causal, Megatron's softmax and TE all rebuild themselves. Under the CUDA graph that host work
-    # sits between replays: 600 311-314 -> 300-301 ms, two configurations beyond the catalog 0.3% faster,
-    # 111 within noise (results/bench, "Levers tried against the default"). Document masks need it.
-    ex = extra(exp, opts)
+    # sits between replays (results/bench, "Levers tried against the default", no_dataloader_mask). Document
+    # masks need it.
     if "--reset-attention-mask" not in ex:
-        a["DATA"] += ["--no-create-attention-mask-in-dataloader"]
-    log = a["LOGGING"] = ["--log-interval", 1, "--log-throughput", "--eval-iters", 0, "--eval-interval", opts.iters,
-                          "--log-memory-to-tensorboard", "--log-timers-to-tensorboard"]
+        data += ["--no-create-attention-mask-in-dataloader"]
+    return data
+
+
+def _logging(exp: Experiment, opts: Options, out: str, run_dir: Path | None) -> list:
+    log = ["--log-interval", 1, "--log-throughput", "--eval-iters", 0, "--eval-interval", opts.iters,
+           "--log-memory-to-tensorboard", "--log-timers-to-tensorboard"]
     if run_dir is not None or opts.wandb or opts.profile:  # wandb logs, and the profiler writes, beside it
         log += ["--tensorboard-dir", f"{out}/tensorboard"]
     if exp.timing_log_level > 0:
@@ -193,7 +221,11 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
                 "--wandb-save-dir", f"{out}/wandb"]
         if opts.wandb_entity:
             log += ["--wandb-entity", opts.wandb_entity]
-    ck = a["CHECKPOINT"]
+    return log
+
+
+def _checkpoint(opts: Options, out: str) -> list:
+    ck = []
     if opts.save:
         ck += ["--save", f"{out}/checkpoints", "--save-interval", opts.save_interval or opts.iters]
     if opts.load:
@@ -202,28 +234,34 @@ def groups(exp: Experiment, opts: Options, impl: str, fast: tuple[str, ...], gra
         ck += ["--ckpt-format", "torch_dist"]
     if opts.exit_interval:
         ck += ["--exit-interval", opts.exit_interval]
-    if opts.profile:
-        start = profile_start(opts.iters)
-        a["PROFILE"] = ["--profile", "--use-pytorch-profiler", "--profile-step-start", start,
-                        "--profile-step-end", start + 2]
+    return ck
+
+
+def _profile(opts: Options) -> list:
+    if not opts.profile:
+        return []
+    start = profile_start(opts.iters)
+    return ["--profile", "--use-pytorch-profiler", "--profile-step-start", start, "--profile-step-end", start + 2]
+
+
+def _impl(opts: Options, impl: str, fast: tuple[str, ...]) -> list:
     if impl == "transformer_engine":
-        a["IMPL"] = ["--transformer-impl", "transformer_engine"]
-    else:
-        a["IMPL"] = ["--transformer-impl", "local", "--no-persist-layer-norm"]
-        if levers.FUSED_WGRAD not in fast:  # the wgrad GEMM adds into main_grad: megalab's stand-in for apex
-            a["IMPL"] += ["--no-gradient-accumulation-fusion"]
-        a["IMPL"] += ["--no-masked-softmax-fusion"]
-        if opts.spec == "megalab":
-            a["IMPL"] += ["--spec", "megalab.runtime.spec", "megalab_layer_spec"]
-    if graph:
-        # The graph cannot hold the NaN checks, so Megatron's rerun state machine has nothing to validate; left on,
-        # it all-reduces a flag and reads it back after every forward-backward, and the optimizer's per-tensor
-        # preparation waits for the graph instead of running beside it. Off: 101 61 -> 59 ms, and it paid on two
-        # configurations beyond the catalog (results/bench, lever no_rerun).
-        a["PERF"] = ["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad",
-                     "--rerun-mode", "disabled"]
-    a["EXTRA"] = list(ex)
-    return {g: tuple(str(x) for x in a[g]) for g in GROUPS}
+        return ["--transformer-impl", "transformer_engine"]
+    out = ["--transformer-impl", "local", "--no-persist-layer-norm"]
+    if levers.FUSED_WGRAD not in fast:  # the wgrad GEMM adds into main_grad: megalab's stand-in for apex
+        out += ["--no-gradient-accumulation-fusion"]
+    out += ["--no-masked-softmax-fusion"]
+    if opts.spec == "megalab":
+        out += ["--spec", "megalab.runtime.spec", "megalab_layer_spec"]
+    return out
+
+
+def _perf(graph: bool) -> list:
+    # The graph cannot hold the NaN checks, so Megatron's rerun state machine has nothing to validate; left on,
+    # it all-reduces a flag and reads it back after every forward-backward, and the optimizer's per-tensor
+    # preparation waits for the graph instead of running beside it (results/bench, lever no_rerun).
+    return ["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad", "--rerun-mode",
+            "disabled"] if graph else []
 
 
 # ---- reading EXTRA_ARGS back -------------------------------------------------------------------------
@@ -298,7 +336,7 @@ def effective_experiment(exp: Experiment, args) -> Experiment:
     changes, _ = read(args, LAYOUT_FLAGS, lambda field: getattr(exp, field))
     if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
         return exp
-    out = dataclasses.replace(exp, **changes)
+    out = exp.model_copy(update=changes)
     out.validate()
     return out
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megalab.runtime.memcap import nominal_gb_to_gib  # noqa: F401 (GPU_MEM_GB's one conversion, read here too)
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -42,9 +44,8 @@ GPUS: tuple[GPU, ...] = (
 )
 
 # The GPU a plan assumes when none is named, and the card GPU_MEM_GB=N caps against: N nominal GB are
-# N x 81559/80 MiB (megalab/runtime/memcap.py; nominal_gb_to_gib below), so "80" is an H100 80GB.
+# eightieths of an H100 80GB's NVML total (megalab/runtime/memcap.py, nominal_gb_to_gib), so "80" is that card.
 DEFAULT_GPU_NAME = "NVIDIA H100 80GB HBM3"
-H100_MIB_PER_NOMINAL_GB = 81559 / 80
 
 
 # GPU=<key>: the planning GPU on a machine without one (make variable GPU, `python -m megalab plan --gpu`),
@@ -98,11 +99,6 @@ def default_gpu() -> GPU:
     gpu = lookup(DEFAULT_GPU_NAME)
     assert gpu is not None
     return gpu
-
-
-def nominal_gb_to_gib(gb: float) -> float:
-    """GPU_MEM_GB=N as GiB: N x 81559/80 MiB (so 80 -> 79.65 GiB, an H100 80GB)."""
-    return float(gb) * H100_MIB_PER_NOMINAL_GB / 1024
 
 
 def short_gpu_name(name: str | None) -> str:

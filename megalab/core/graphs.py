@@ -35,8 +35,8 @@ REFUSED = (
 
 # Features the graph fails with even when CUDA_GRAPH=1 forces it: refused before launch, with the fix.
 FAILS = (
-    ("torch_profiler", "the torch profiler's kernel tracing breaks the graph's capture (1x H100, 2026-11-26: "
-                       "600 and 101 failed with 'operation not permitted when stream is capturing')"),
+    ("torch_profiler", "the torch profiler's kernel tracing breaks the graph's capture (600 and 101 failed with "
+                       "'operation not permitted when stream is capturing')"),
 )
 
 
@@ -53,8 +53,7 @@ class GraphDecision:
 # graph's own memory and the estimator's error where that error decides, near the GPU's capacity, so it is
 # derived from the calibration records (megalab/results/allowances.py, tests/test_estimate.py): the most
 # room any graph run there needed, its measured peak with the graph over the predicted peak without it
-# (122 on 2x H200 capped at 80 GB: +8.1%, rounded up to 1%). Until 2026-11-26 it was a guess of 10%, which
-# kept 111 and 112 off although both ran with the graph at +0.1 and +1.5 GiB (results/bench).
+# (the margin and its runs: results/estimate-vs-measured.md, GRAPH_MARGIN_SHARE), rounded up to 1%.
 GRAPH_MARGIN_SHARE = 0.09
 GRAPH_MARGIN_MIN_GIB = 1.0
 

@@ -1,4 +1,4 @@
-"""One run, resolved once: `build(exp, opts, machine)` -> a frozen RunPlan.
+"""One run, resolved once: `build(exp, opts, machine)` -> a frozen RunPlan, the record's intent.
 
 Everything a launch decides lives here and nowhere else: the transformer implementation, the
 fast-path levers, the preset flags substituted or dropped without Transformer Engine, the CUDA
@@ -15,12 +15,14 @@ import importlib.util
 import os
 import shlex
 from pathlib import Path
-from types import MappingProxyType
+
+from pydantic import ConfigDict, Field, SkipValidation
 
 from megalab.core import catalog, flags, launchscript, ports, variables
 from megalab.core.paths import ROOT
 from megalab.core.catalog import Experiment
 from megalab.core.flags import GROUPS, TE_ONLY_PRESET_FLAGS
+from megalab.core.schema import Intent, Machine
 from megalab.core.variables import LaunchError, Options
 from megalab.core import gpus as gpus_table
 from megalab.runtime import levers
@@ -28,10 +30,6 @@ from megalab.core import graphs
 from megalab.core import estimate
 
 ENTRY = ROOT / "megalab" / "runtime" / "pretrain_gpt.py"
-
-# On by default for megalab's spec (why: variables.DEFAULT_FAST); Megatron's stock local spec stays
-# stock, as a fair baseline.
-DEFAULT_FAST = ",".join(variables.DEFAULT_FAST)
 
 # Preset keys whose TE-only flags (flags.TE_ONLY_PRESET_FLAGS) megalab's spec runs without TE: the
 # fast-path lever that stands in for each.
@@ -43,24 +41,14 @@ CHILD_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST
                       "NVSHMEM_DISABLE_NVLS": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Machine:
-    """What this machine has: GPUs found (None: not counted), Transformer Engine's version, and the
-    GPU a plan is made for: its NVML name and the memory a run may use (GiB; GPU_MEM_GB's cap where
-    set). Without a GPU that is the planning GPU (GPU=h200; default H100 80GB, or with GPU_MEM_GB the
-    smallest card holding it); `warning` says where GPU= contradicts the GPU present."""
-
-    gpus: int | None = None
-    te: str | None = None
-    gpu_name: str = gpus_table.DEFAULT_GPU_NAME
-    gpu_memory_gib: float = gpus_table.default_gpu().memory_gib
-    warning: str | None = None
-
-    @classmethod
-    def here(cls, gpus: int | None = None, names: list[str] | tuple = (), memory_mib: list[int] | tuple = (),
-             opts: Options | None = None) -> "Machine":
-        name, mem, warning = planning_gpu(list(names), list(memory_mib), opts or Options())
-        return cls(gpus=gpus, te=te_available(), gpu_name=name, gpu_memory_gib=mem, warning=warning)
+def machine_of(gpus: int | None = None, names: list[str] | tuple = (), memory_mib: list[int] | tuple = (),
+               opts: Options | None = None, te: str | None | bool = True) -> Machine:
+    """The machine a run is planned for (schema.Machine, as the record keeps it): the GPUs found (their count,
+    NVML names and memory), else the planning GPU (GPU=, GPU_MEM_GB), with the cap applied once; `te`: Transformer
+    Engine's version, looked up here where True."""
+    name, mem, warning = planning_gpu(list(names), list(memory_mib), opts or Options())
+    return Machine(gpus=gpus, te=te_available() if te is True else te, gpu_name=name, gpu_memory_gib=mem,
+                   warning=warning)
 
 
 def planning_gpu(names: list[str], memory_mib: list[int], opts: Options) -> tuple[str, float, str | None]:
@@ -79,9 +67,14 @@ def planning_gpu(names: list[str], memory_mib: list[int], opts: Options) -> tupl
     else:
         name = asked or (gpus_table.holding(opts.gpu_mem_gb) if opts.gpu_mem_gb else gpus_table.DEFAULT_GPU_NAME)
         card = (gpus_table.lookup(name) or gpus_table.default_gpu()).memory_gib
-    if opts.gpu_mem_gb:  # the cap, never more than the card has
-        card = min(card, gpus_table.nominal_gb_to_gib(opts.gpu_mem_gb))
-    return name, card, warning
+    return name, capped(card, opts.gpu_mem_gb), warning
+
+
+def capped(memory_gib: float, gpu_mem_gb: float | None) -> float:
+    """The memory a run may use: the card's, never more than GPU_MEM_GB's cap."""
+    if not gpu_mem_gb or memory_gib is None:
+        return memory_gib
+    return min(memory_gib, gpus_table.nominal_gb_to_gib(gpu_mem_gb))
 
 
 def te_available() -> str | None:
@@ -111,50 +104,32 @@ def transformer_impl(opts: Options, te: str | None = None) -> str:
 
 def wants_grouped_gemm(exp: Experiment) -> bool:
     """A MoE target whose preset asks for grouped-GEMM experts (moe_grouped_gemm)."""
-    return levers.GROUPED_GEMM in variables.default_fast(exp.num_experts, exp.model_cfg)
+    return levers.GROUPED_GEMM in levers.default(exp.num_experts, exp.model_cfg)
 
 
 def fast_levers(opts: Options, impl: str, exp: Experiment | None = None) -> tuple[str, ...]:
-    """The fast-path levers (MEGALAB_FAST): the user's FAST, else the default for this spec.
+    """The fast-path levers (megalab/runtime/levers.py): the user's FAST, else the default for this spec and model.
 
-    The default adds grouped_gemm for a target whose preset asks for moe_grouped_gemm: without TE it
-    is that flag's substitute. grouped_gemm is a lever of megalab's spec, so it is left out where
-    nothing would read it: under SPEC=local, and (given the target) for a model without experts.
-    """
+    A spec lever (grouped_gemm) is left out where nothing would read it: under SPEC=local, and (given the target)
+    for a model without experts; Megatron-LM's own pretrain_gpt.py installs no patch, so only the spec's stay."""
     if impl != "local":
         return ()  # Transformer Engine brings its own fused optimizer and kernels
     if opts.fast is not None:
-        value = opts.fast
+        names = opts.fast
     elif opts.spec == "megalab":
-        value = ",".join(variables.default_fast(exp.num_experts, exp.model_cfg) if exp is not None
-                         else variables.DEFAULT_FAST)
+        names = levers.default(exp.num_experts, exp.model_cfg) if exp is not None else levers.EVERY
     else:
-        value = "none"
-    names = variables.fast_names(value)
-    for lever, what in ((levers.CLIP_IN_ADAM, "hands the clip to fused AdamW's kernel"),
-                        (levers.FLAT_ADAM, "replaces fused AdamW's step")):
-        if lever in names and "fused_adam" not in names:
-            raise LaunchError(f"FAST={value}: {lever} {what}, and fused_adam is not in the list; fix: add "
-                              f"fused_adam to FAST, or drop {lever}")
-    if levers.NORM_RESIDUAL in names and levers.TRITON_NORM not in names:
-        raise LaunchError(f"FAST={value}: {levers.NORM_RESIDUAL} adds the residual's gradient inside "
-                          f"{levers.TRITON_NORM}'s kernel, and {levers.TRITON_NORM} is not in the list; fix: add "
-                          f"{levers.TRITON_NORM} to FAST, or drop {levers.NORM_RESIDUAL}")
-    if levers.COMPILED_NORM in names and levers.TRITON_NORM in names and value.strip() != "all":  # all: triton's
-        raise LaunchError(f"FAST={value}: {levers.COMPILED_NORM} and {levers.TRITON_NORM} both replace the norm's "
-                          f"kernels; fix: keep one of the two in FAST")
+        names = ()
+    problem = levers.problem(names)
+    if problem:
+        raise LaunchError(f"FAST={levers.text(names)}: {problem}")
     if opts.spec != "megalab" or (exp is not None and not exp.num_experts):
-        names = [n for n in names if n not in levers.SPEC_LEVERS]
+        names = tuple(n for n in names if n not in levers.SPEC_LEVERS)
     if opts.save or opts.load:  # Megatron's optimizer checkpoint maps its state per expert Parameter
-        names = [n for n in names if n != levers.EXPERT_STACK]
-    if opts.megatron_lm:  # Megatron-LM's own pretrain_gpt.py installs no patch; the spec still reads its levers
-        names = [n for n in names if n in levers.SPEC_LEVERS]
-    return tuple(names)
-
-
-def fastpath(opts: Options, impl: str, exp: Experiment | None = None) -> str:
-    """The levers as MEGALAB_FAST spells them ("none" for none)."""
-    return ",".join(fast_levers(opts, impl, exp)) or "none"
+        names = tuple(n for n in names if n != levers.EXPERT_STACK)
+    if opts.megatron_lm:
+        names = tuple(n for n in names if n in levers.SPEC_LEVERS)
+    return names
 
 
 def substituted_flags(exp: Experiment, impl: str, fast: tuple[str, ...]) -> dict[str, str]:
@@ -184,13 +159,10 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
                                   exit_interval=opts.exit_interval)
     peak = graph_peak = capacity = None
     if requested == "auto" and not features:
-        # the GPU found, else the planning GPU (GPU=); never more than the GPU_MEM_GB cap
-        capacity = machine.gpu_memory_gib
-        if opts.gpu_mem_gb:
-            capacity = min(capacity, gpus_table.nominal_gb_to_gib(opts.gpu_mem_gb))
+        capacity = machine.gpu_memory_gib  # the GPU found, else the planning GPU; GPU_MEM_GB's cap applied
         try:  # one estimate, with the graph: its peak without it decides, its peak with it is printed
             est = estimate.estimate(exp, spec=opts.spec, gpu_name=machine.gpu_name, model_cfg=model,
-                                    cuda_graph=True, **estimate.lever_flags(fast))
+                                    cuda_graph=True, fast=fast)
             peak, graph_peak = est.peak_without_graph_gib, est.peak_gib
         except (NotImplementedError, KeyError, ValueError, ZeroDivisionError):
             peak = None  # no plan for this layout: graphs.decide says so
@@ -221,38 +193,21 @@ def effective_model(exp: Experiment, opts: Options) -> dict:
 
 # ---- the plan -------------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    exp: Experiment
-    opts: Options
-    machine: Machine
-    impl: str  # transformer_engine | local
-    spec: str | None  # megalab | local under impl local; None with TE
-    fast: tuple[str, ...]
-    model: MappingProxyType  # the model this run builds: the preset with EXTRA_ARGS' model flags (resolved once)
-    substituted_flags: MappingProxyType
-    dropped_flags: tuple[str, ...]
-    cuda_graph: bool
-    cuda_graph_reason: str
-    gpus_per_node: int
-    master_port: int
-    run_dir: Path | None  # None for a dry run
-    groups: MappingProxyType  # group name -> tuple of argv items, in GROUPS order
-    entry: str  # the entry-point script torchrun starts
-    env: MappingProxyType  # what the child environment adds to (or sets in) the launcher's
-
-    @property
-    def fastpath(self) -> str:
-        return ",".join(self.fast) or "none"
+class RunPlan(Intent):
+    """One run, resolved: the record's intent (schema.Intent: each field a decision, as the record keeps it), with
+    what it was decided from (the experiment, the options, the model as built, the entry point), which the record
+    keeps elsewhere or not at all."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    exp: SkipValidation[Experiment] = Field(exclude=True)
+    opts: SkipValidation[Options] = Field(exclude=True)
+    model: dict = Field(exclude=True)  # the model this run builds: the preset with EXTRA_ARGS' model flags
+    entry: str = Field(exclude=True)  # the entry-point script torchrun starts
+    run_dir: Path | None = None  # None for a dry run
 
     @property
     def entry_args(self) -> list[str]:
         """Megatron's arguments: everything after the entry point (what validate checks)."""
         return [a for g in GROUPS[1:] for a in self.groups[g]]
-
-    @property
-    def argv(self) -> list[str]:
-        return ["torchrun", *self.groups["DISTRIBUTED"], self.entry, *self.entry_args]
 
     @property
     def command(self) -> str:
@@ -266,20 +221,22 @@ class RunPlan:
     def placed(self, run_dir: Path) -> "RunPlan":
         """The same decisions with the run directory the launcher just made: only the argv items that
         name paths change (checkpoints, TensorBoard, profiler traces), nothing is decided again."""
-        groups = flags.groups(self.exp, self.opts, self.impl, self.fast, self.cuda_graph, self.gpus_per_node, run_dir)
-        return dataclasses.replace(self, run_dir=run_dir, groups=MappingProxyType(groups))
+        groups = flags.groups(self.exp, self.opts, self.impl, self.fastpath, self.cuda_graph, self.gpus_per_node,
+                              run_dir)
+        return self.model_copy(update={"run_dir": run_dir, "groups": _lists(groups),
+                                       "argv": _argv(groups, self.entry)})
 
-    def to_dict(self) -> dict:
-        """The record's `intent`: what the launcher decided, as JSON."""
-        return {"target": self.exp.id, "impl": self.impl, "spec": self.spec, "fastpath": self.fastpath,
-                "substituted_flags": dict(self.substituted_flags), "dropped_flags": list(self.dropped_flags),
-                "cuda_graph": self.cuda_graph, "cuda_graph_reason": self.cuda_graph_reason,
-                "gpus": self.exp.gpus, "nnodes": self.opts.nnodes, "node_rank": self.opts.node_rank,
-                "gpus_per_node": self.gpus_per_node, "master_addr": self.opts.master_addr,
-                "master_port": self.master_port, "machine": dataclasses.asdict(self.machine),
-                "run_dir": str(self.run_dir) if self.run_dir else None,
-                "argv": self.argv, "groups": {g: list(a) for g, a in self.groups.items()},
-                "env": dict(self.env)}
+    def intent(self) -> Intent:
+        """The record's `intent`: the decisions alone, as the record reads them back."""
+        return Intent.model_validate(self.model_dump(mode="json"))
+
+
+def _lists(groups: dict) -> dict[str, list[str]]:
+    return {g: list(a) for g, a in groups.items()}
+
+
+def _argv(groups: dict, entry: str) -> list[str]:
+    return ["torchrun", *groups["DISTRIBUTED"], entry, *(a for g in GROUPS[1:] for a in groups[g])]
 
 
 def estimate_of(p: RunPlan, mfu: float | None = None) -> estimate.Estimate:
@@ -288,14 +245,14 @@ def estimate_of(p: RunPlan, mfu: float | None = None) -> estimate.Estimate:
     estimator raises for a layout it cannot plan (NotImplementedError, KeyError, ValueError, ...)."""
     return estimate.estimate(p.exp, gpu_mem_gib=p.machine.gpu_memory_gib, spec=p.opts.spec,
                              gpu_name=p.machine.gpu_name, model_cfg=dict(p.model), mfu=mfu,
-                             cuda_graph=p.cuda_graph, **estimate.lever_flags(p.fast))
+                             cuda_graph=p.cuda_graph, fast=p.fastpath)
 
 
 def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_dir: Path | None = None,
           environ=os.environ) -> RunPlan:
     """Resolve one run. `environ` supplies what the child environment takes beyond the make variables
     (WANDB_API_KEY/WANDB_MODE, PYTHONPATH, the NCCL defaults a user may override)."""
-    machine = machine or Machine()
+    machine = machine or machine_of(opts=opts, te=None)  # no GPU counted: the planning GPU
     try:  # EXTRA_ARGS' batch/layout flags: the plan, its checks and the estimator see what Megatron gets
         exp = flags.effective_experiment(exp, flags.extra(exp, opts))
         model = effective_model(exp, opts)
@@ -314,13 +271,15 @@ def build(exp: Experiment, opts: Options, machine: Machine | None = None, run_di
     env = {k: environ.get(k) or v for k, v in CHILD_ENV_DEFAULTS.items()}
     paths = (str(ROOT), opts.megatron_lm, *environ.get("PYTHONPATH", "").split(":"))
     env["PYTHONPATH"] = ":".join(p for p in dict.fromkeys(paths) if p)  # once each (scripts/train_gpt.sh sets ROOT)
-    env["MEGALAB_FAST"] = ",".join(fast) or "none"
+    env["MEGALAB_FAST"] = levers.text(fast)
     if opts.gpu_mem_gb:  # the entry point's memcap.py reads it as nominal GB
         env["MEGALAB_GPU_MEM_GB"] = variables.gb_text(opts.gpu_mem_gb)
     if opts.wandb and not environ.get("WANDB_API_KEY"):
         env["WANDB_MODE"] = wandb_mode(environ)  # no key: log offline into the run dir, never prompt
-    return RunPlan(exp=exp, opts=opts, machine=machine, impl=impl, spec=opts.spec if impl == "local" else None,
-                   fast=fast, model=MappingProxyType(model), substituted_flags=MappingProxyType(substituted_flags(exp, impl, fast)),
-                   dropped_flags=tuple(dropped_flags(exp, impl, fast)), cuda_graph=graph, cuda_graph_reason=why,
-                   gpus_per_node=per_node, master_port=opts.master_port, run_dir=run_dir,
-                   groups=MappingProxyType(groups), entry=entry, env=MappingProxyType(env))
+    return RunPlan(exp=exp, opts=opts, model=model, entry=entry, target=exp.id, impl=impl,
+                   spec=opts.spec if impl == "local" else None, fastpath=fast,
+                   substituted_flags=substituted_flags(exp, impl, fast), dropped_flags=dropped_flags(exp, impl, fast),
+                   cuda_graph=graph, cuda_graph_reason=why, gpus=exp.gpus, nnodes=opts.nnodes,
+                   node_rank=opts.node_rank, gpus_per_node=per_node, master_addr=opts.master_addr,
+                   master_port=opts.master_port, machine=machine, run_dir=run_dir, argv=_argv(groups, entry),
+                   groups=_lists(groups), env=env)

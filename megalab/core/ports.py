@@ -2,8 +2,8 @@
 
 A fixed 6000 on one node meant that a run left behind by a killed launcher, or a second run on
 the same machine, made the next one fail with EADDRINUSE. A free port picked here and bound by
-torchrun seconds later was no cure: on 2026-11-26 another socket took one in between, and a launch
-failed the same way (results/holdout/runs/20261126_082532___101-gpt2xl-dp1-gbs1-bf16). On one node
+torchrun seconds later was no cure: another socket can take it in between, and a launch failed the same
+way (results/holdout/runs/20261126_082532___101-gpt2xl-dp1-gbs1-bf16). On one node
 nobody else needs to know the port, so `torchrun --standalone` binds its store to port 0 itself,
 with no gap between picking and binding. Across nodes every node must name the same port, so
 MASTER_PORT (or its default) is kept. A MASTER_PORT the user sets always wins.

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from megalab.core.paths import ROOT
-from megalab.core import git, variables
+from megalab.core import git
 from megalab.core import records as _records
 from megalab.core.records import RunRecord, settings
 from megalab.core.schema import Config
@@ -52,13 +52,8 @@ FEATURE_FILES = {
 
 
 def _asks(cfg: Config, lever: str) -> bool:
-    """Whether a record's fast path named LEVER, read by the launcher's own parser (`all` counts; a name is
-    matched whole). A fast path the parser refuses (a name it does not know) asks for nothing: the launcher
-    would not have started that run."""
-    try:
-        return lever in levers.requested({"MEGALAB_FAST": cfg.fastpath or ""})
-    except ValueError:
-        return False
+    """Whether a record's fast path named LEVER (a name is matched whole)."""
+    return lever in (cfg.fastpath or ())
 
 
 DEFAULT_WARMUP = 3  # megalab/core/variables.py WARMUP's default (tests keep the two equal)
@@ -84,15 +79,15 @@ class Provenance:
         return MARK[self.state] + (f" ({self.why})" if self.why else "")
 
 
-def default_fastpath(rec: RunRecord) -> str:
+def default_fastpath(rec: RunRecord) -> tuple[str, ...]:
     """The fast path a plain `make <target>` resolves for this record's target and implementation."""
     cfg = rec.config
     if cfg.transformer_impl == "transformer_engine":
-        return "none"
+        return ()
     spec = (rec.intent.spec if rec.intent else None) or cfg.spec or "megalab"
     if spec != "megalab":
-        return "none"
-    return ",".join(variables.default_fast(cfg.num_experts, cfg.model_preset or {}))
+        return ()
+    return levers.default(cfg.num_experts, cfg.model_preset or {})
 
 
 def settings_differ(rec: RunRecord) -> str:
@@ -102,7 +97,7 @@ def settings_differ(rec: RunRecord) -> str:
     intent, cfg = rec.intent, rec.config
     fast = intent.fastpath if "fastpath" in intent.model_fields_set else cfg.fastpath
     if fast != default_fastpath(rec):
-        return f"FAST={fast}"
+        return f"FAST={fast if fast is None else levers.text(fast)}"
     if (intent.cuda_graph_reason or "").startswith("CUDA_GRAPH="):
         return intent.cuda_graph_reason  # the user chose; the default is the auto policy
     if cfg.extra_args:
@@ -178,8 +173,8 @@ def _decisions(argv: list[str], run_dir: str | None) -> list[str]:
 
 
 def _port(intent) -> int | None:
-    """The port as the record's launch met: none where torchrun --standalone picked it (since
-    2026-11-26 on one node), else its own, else the old fixed 6000."""
+    """The port as the record's launch met: none where torchrun --standalone picked it (one node, since
+    megalab/core/ports.py), else its own, else the old fixed 6000."""
     return None if "--standalone" in intent.argv else intent.master_port or ports.DEFAULT_PORT
 
 
@@ -193,11 +188,12 @@ def replan_differs(r: RunRecord) -> str | None:
         exp = catalog.get(r.target)
     except CatalogError:
         return "target no longer in the catalog"
-    fields = {f.name for f in dataclasses.fields(plan.Machine)}
-    machine = plan.Machine(**{k: v for k, v in intent.machine.model_dump(exclude_unset=True).items() if k in fields})
     try:  # the schema reads an old record's "80" as 80.0, the make variable's type
         opts = Options(iters=cfg.iters or 100, gpu_mem_gb=cfg.gpu_mem_gb, nnodes=cfg.nnodes or 1,
                        node_rank=cfg.node_rank or 0, master_port=_port(intent), data=cfg.data or "mock")
+        # the machine it ran on (older launchers kept the card's memory uncapped), under its cap
+        machine = intent.machine.model_copy(update={"gpu_memory_gib": plan.capped(intent.machine.gpu_memory_gib,
+                                                                                  opts.gpu_mem_gb)})
         today = plan.build(exp, opts, machine, run_dir=Path(intent.run_dir) if intent.run_dir else None)
     except (LaunchError, ValueError, KeyError) as e:
         return f"not plannable today ({e})"
@@ -235,7 +231,7 @@ def code_key(r: RunRecord, root: Path = ROOT, unused: frozenset[str] | None = No
 def shared_code_key(r: RunRecord, fast, root: Path = ROOT) -> str:
     """code_key over the files this record ran or a run with the fast path `fast` (lever names) would: the two
     sides of a comparison at one commit, a lever and its base, are one code though only one ran the lever's file."""
-    other = r.config.model_copy(update={"fastpath": ",".join(sorted(fast))})
+    other = r.config.model_copy(update={"fastpath": tuple(sorted(fast))})
     return code_key(r, root, unused_files(r.config) & unused_files(other))
 
 

@@ -19,6 +19,7 @@ so an old record and a new one of the same cap compare equal.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -31,9 +32,13 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer,
-                      PlainValidator, PrivateAttr, Strict, ValidationError)
+                      PlainValidator, PrivateAttr, Strict, ValidationError, create_model)
 
 from megalab.core import infile, logparse
+from megalab.core.catalog import Experiment
+from megalab.core.variables import VARIABLES, Options
+from megalab.core.gpus import DEFAULT_GPU_NAME, default_gpu
+from megalab.runtime import levers
 
 SCHEMA = 2  # what the launcher writes now
 
@@ -79,6 +84,23 @@ def _cap(v: Any) -> Any:
     return v
 
 
+class LeverNames(tuple):
+    """A run's fast-path levers (megalab/runtime/levers.py), as a tuple of names. Records from before lists wrote
+    them as MEGALAB_FAST's text ("a,b", "none"): read as names, and kept as written (`written`), so that a record
+    rewritten (megalab refresh) keeps its shape; a new record writes a list."""
+    written: str | None = None
+
+
+def lever_names(v: Any) -> LeverNames:
+    if isinstance(v, str):  # MEGALAB_FAST's text; a name no longer in the table is kept (history), `all` read as it was
+        names = LeverNames(levers.NAMES if v.strip() == "all" else (n for n in v.split(",") if n and n != "none"))
+        names.written = v
+        return names
+    if isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v):
+        return LeverNames(v)
+    raise ValueError(f"not a list of lever names ({_short(v)})")
+
+
 def _inside(v: str) -> str:
     """A file of the record's folder: a relative path that stays inside it (a record names its log and
     memory CSV; every reader opens them, so /dev/zero or ../../x would be read in its place)."""
@@ -118,6 +140,9 @@ Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
 Time = Annotated[str, Strict(), AfterValidator(_iso)]
 GB = Annotated[Union[Num, None], BeforeValidator(_cap)]
+Levers = Annotated[tuple[str, ...], PlainValidator(lever_names),
+                   PlainSerializer(lambda v: v.written if getattr(v, "written", None) is not None else list(v),
+                                   return_type=Any)]
 InFolder = Annotated[str, Strict(), AfterValidator(_inside)]
 
 
@@ -128,71 +153,66 @@ class _Part(BaseModel):
 
 # --------------------------------------------------------------------------- the parts
 
-class Config(_Part):
-    """What was run: the catalog entry (as the Experiment's fields) and the launch's settings."""
-    id: Str | None = None
-    chapter: Count | None = None
-    about: Str | None = None
-    model: Str | None = None
-    gpus: Size | None = None
-    gbs: Size | None = None
-    mbs: Size | None = None
-    tp: Size | None = None
-    pp: Size | None = None
-    cp: Size | None = None
-    ep: Size | None = None
-    etp: Size | None = None
-    layers_per_virtual_stage: Size | None = None
-    cp_comm: Str | None = None
-    sp: Bool | None = None
-    zero2: Bool | None = None
-    recompute: Str | None = None
-    num_experts: Size | None = None
-    topk: Size | None = None
-    timing_log_level: Annotated[int, Strict(), Field(ge=0, le=2)] | None = None
-    ref: Str | None = None
-    analogue_of: Str | None = None
-    extra_args: Str | None = None  # the user's EXTRA_ARGS (the catalog's own: catalog_extra_args)
-    dp: Size | None = None
-    grad_accum: Size | None = None
-    model_preset: dict[str, Any] | None = None  # the model as built (the preset with EXTRA_ARGS' model flags)
-    iters: Size | None = None
-    warmup: Count | None = None  # the WARMUP setting (records from before it was kept: see warmup_iters)
-    gpu_mem_gb: GB = None  # the GPU_MEM_GB cap (None: uncapped)
-    transformer_impl: Str | None = None
-    spec: Str | None = None
-    nnodes: Size | None = None
-    node_rank: Count | None = None
-    catalog_extra_args: list[Str] | None = None
-    fastpath: Str | None = None
-    cuda_graph: Bool | None = None
-    data: Str | None = None
-    dropped_flags: list[Str] | None = None
-    substituted_flags: dict[str, Str] | None = None
-    save: Bool | None = None
-    save_interval: Size | None = None
-    load: Str | None = None
-    exit_interval: Size | None = None
-    wandb: dict[str, Any] | None = None
-    profile: Bool | None = None
-    cp_impl: Str | None = None
+class _Strict(_Part):
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+
+def _optional(f) -> tuple[Any, None]:
+    """A model field as a record keeps it: its type and range, None where the record does not say."""
+    kind = Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+    return kind | None, None
+
+
+def _setting(name: str) -> tuple[Any, None]:
+    """An Options field as a record keeps it: Options' type, the make variable's range (variables.VARIABLES; a field
+    of no variable: its own metadata), None where the record does not say."""
+    hint = typing.get_type_hints(Options)[name]
+    kind = next(t for t in (*typing.get_args(hint), hint) if t is not type(None) and not typing.get_args(t))
+    var = next((v for v in VARIABLES if v.field == name), None)
+    meta = {f.name: f.metadata for f in dataclasses.fields(Options)}[name]
+    low = var.minimum if var else meta.get("minimum")
+    return Annotated[kind, Field(ge=low, le=var.maximum if var else None)] | None, None
+
+
+# What was run: the catalog entry (catalog.Experiment's fields: the entry's own extra flags are catalog_extra_args,
+# extra_args is the user's EXTRA_ARGS) and the launch's settings (Options' fields, and what the plan resolved).
+Config = create_model(
+    "Config", __base__=_Strict, __module__=__name__,
+    **{n: _optional(f) for n, f in Experiment.model_fields.items() if n != "extra_args"},
+    extra_args=(Str | None, None),
+    dp=(Size | None, None), grad_accum=(Size | None, None),
+    model_preset=(dict[str, Any] | None, None),  # the model as built (the preset with EXTRA_ARGS' model flags)
+    iters=_setting("iters"),
+    warmup=_setting("warmup"),  # the WARMUP setting (records from before it was kept: see warmup_iters)
+    gpu_mem_gb=(GB, None),  # the GPU_MEM_GB cap (None: uncapped); older records wrote it as text
+    transformer_impl=(Str | None, None), spec=_setting("spec"), nnodes=_setting("nnodes"),
+    node_rank=_setting("node_rank"), catalog_extra_args=(list[Str] | None, None), fastpath=(Levers | None, None),
+    cuda_graph=(Bool | None, None), data=_setting("data"), dropped_flags=(list[Str] | None, None),
+    substituted_flags=(dict[str, Str] | None, None), save=_setting("save"), save_interval=_setting("save_interval"),
+    load=(Str | None, None), exit_interval=_setting("exit_interval"), wandb=(dict[str, Any] | None, None),
+    profile=_setting("profile"), cp_impl=(Str | None, None),
+)
 
 
 class Machine(_Part):
-    """The machine the plan was made for (plan.Machine)."""
+    """The machine a run is planned for (megalab/core/plan.py makes it: plan.machine): the GPUs found (None: not
+    counted), Transformer Engine's version, and the GPU the plan is for: its NVML name and the memory a run may use
+    (GiB; GPU_MEM_GB's cap applied). Without a GPU that is the planning GPU (GPU=h200; default the H100 80GB, or with
+    GPU_MEM_GB the smallest card holding it); `warning` says where GPU= contradicts the GPU present. A record that
+    does not say reads as the default GPU."""
     gpus: Count | None = None
     te: Str | None = None
-    gpu_name: Str | None = None
-    gpu_memory_gib: Amount | None = None
+    gpu_name: Str | None = DEFAULT_GPU_NAME
+    gpu_memory_gib: Amount | None = default_gpu().memory_gib
     warning: Str | None = None
 
 
 class Intent(_Part):
-    """Schema 2: the resolved run plan (plan.RunPlan.to_dict)."""
+    """Schema 2: the resolved run plan (megalab/core/plan.py's RunPlan is an Intent, with what it was made from)."""
     target: Str | None = None
     impl: Str | None = None
     spec: Str | None = None
-    fastpath: Str | None = None
+    fastpath: Levers | None = None
     substituted_flags: dict[str, Str] = {}
     dropped_flags: list[Str] = []
     cuda_graph: Bool | None = None
@@ -215,7 +235,7 @@ class Observed(_Part):
     transformer_impl: Str | None = None
     spec: Str | None = None
     transformer_engine: Str | None = None
-    fastpath: Str | None = None
+    fastpath: Levers | None = None
     cp: Str | None = None
     moe_experts: Str | None = None
     cuda_graphs_released: Str | None = None
@@ -455,9 +475,10 @@ class RunRecord(_Part):
         return (self.ran.transformer_impl if self.ran else None) or self.config.transformer_impl
 
     @property
-    def fastpath(self) -> str | None:
-        """The fast path the launcher resolved (intent), else what the config says."""
-        return (self.intent.fastpath if self.intent else None) or self.config.fastpath
+    def fastpath(self) -> tuple[str, ...] | None:
+        """The fast path the launcher resolved (intent), else what the config says (None: the record does not say)."""
+        resolved = self.intent.fastpath if self.intent else None
+        return resolved if resolved is not None else self.config.fastpath
 
     @property
     def log_path(self) -> Path | None:

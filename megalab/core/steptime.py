@@ -100,7 +100,7 @@ BIAS_ADD_BYTES = 9
 # 3.35 TB/s: 8.6). Counted for every parameter of a stage (the word embedding's add stays: a slight overcount).
 WGRAD_ADD_BYTES = 8.6
 # Without compiled_rope, Megatron's unfused RoPE runs about ten kernels each way over the rotated query and
-# key channels of every layer: row 600's profile (results/bench, the run of 2026-11-25 18:00) has its
+# key channels of every layer: row 600's profile (results/bench, "Where a step goes") has its
 # concatenations, strided elementwise kernels and bf16 adds at 20.5 ms per step over 16 layers x 16384 tokens
 # x 2560 query+key channels, 102 bytes per channel and token at 3.35 TB/s, forward and backward. compiled_rope
 # reads and writes each once per pass: 8.

@@ -13,6 +13,7 @@ import re
 import shlex
 from pathlib import Path
 
+from megalab.core import leverdoc
 from megalab.core.paths import ROOT
 from megalab.runtime import levers
 
@@ -29,7 +30,7 @@ ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 class Variable:
     name: str
     # int | float (finite) | str | flag (1/true/yes/on, 0/false/no/off; unset: off) | path | choice |
-    # words (a shell word list, split once by shlex into argv items)
+    # words (a shell word list, split once by shlex into argv items) | levers (FAST: lever names, levers.parse)
     type: str
     default: object
     help: str
@@ -79,6 +80,8 @@ class Variable:
             return f"e.g. {self.name}={self.choices[0]}"
         if self.type == "words":
             return f"balance its quotes, e.g. {self.name}='--seed 7'"
+        if self.type == "levers":
+            return f"none, all, or names from `make help FAST` ({', '.join(levers.NAMES)})"
         example = self.example or ("" if self.default is None else f"{self.default:g}" if isinstance(self.default, float)
                                    else str(self.default))
         what = {"int": "a whole number", "float": "a number"}.get(self.type)
@@ -134,129 +137,7 @@ def _text(var: Variable, text: str) -> str:
 
 
 PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "words": _words,
-           "path": lambda var, text: Path(text), "str": _text}
-
-
-# FAST's default under SPEC=megalab: each lever computes Megatron's function (tests/test_fastpath.py,
-# tests/test_cross_entropy.py, tests/test_rope.py); Megatron's stock local spec stays stock. Each joined
-# where it paid and was slower nowhere it was tried (results/bench, "Levers tried against the default":
-# every run with it beat every run without, two or more a side, one machine and code):
-#   - bf16_ce + addmm_bias (one H100, 2026-11-23): 111 (5 vs 3 runs) and 221 (4 vs 2);
-#   - fused_wgrad (one H100, 2026-11-25): with gradient accumulation, where Megatron's fp32 add runs once per
-#     micro-batch, it pays (600 with compiled_rope: 316 vs 358-366 ms; 101 at 4 micro-batches of 4, not a
-#     catalog row: 426-430 vs 441-443 ms); at one micro-batch within noise (111, 101). Dense models only:
-#     MoE layouts were not tried with it;
-#   - compiled_rope (one H100, 2026-11-25), for rotary presets only (others have no RoPE to compile): 600
-#     338-342 vs 358-366 ms alone; with fused_wgrad on two configurations that are not catalog rows
-#     (Llama-style 8 x 2560 at 4 micro-batches: 198-200 vs 218 ms; 600 at sequence 4096: 300-302 vs 329-330);
-#   - clip_in_adam (one H100 each, 2026-11-26): 101 71-72 vs 74-80 ms (3 a side); beyond the catalog, GPT-2
-#     36 x 1280 at one micro-batch (41-42 vs 43 ms) and 600 at GBS 1 (62 vs 64 ms); 600 at GBS 8 within noise
-#     (the clip's pass is one per step, the micro-batches eight). The optimizer's own: MoE rows included;
-#   - embed_wgrad (one H100, 2026-11-26), for untied presets only (a tied table stays Megatron's): 600 291-292 vs
-#     300-301 ms; beyond the catalog Llama-style 8 x 2560 at 4 micro-batches (187-189 vs 194-195 ms) and 600 at
-#     sequence 4096 (291-292 vs 296-297 ms; results/bench, "Levers tried against the default");
-#   - flat_adam (one H100 per call, 2026-11-26, third session), every preset (the optimizer's own; a ZeRO-2 run's
-#     distributed optimizer keeps torch's kernel): 101 61 vs 71 ms, 600 287-289 vs 295, 111 361-366 vs 375 (three
-#     a side or one base, one machine); beyond the catalog GPT-2 36 x 1280 at one micro-batch (36-39 vs 42-45 ms)
-#     and Llama-style 8 x 2560 at 4 micro-batches (182 vs 189-190 ms). Its microbenchmark on GPT-2 XL: 15.8 vs
-#     23.9 ms a step with the clip on (results/bench/flat-adam-microbench.txt).
-#   - device_norm (H100s, 2026-11-26, fourth to seventh sessions), every preset (the clip's own): it removes the
-#     host sync on the clip's norm. Over the default with no_rerun: beyond the catalog GPT-2 24 x 2048 at one
-#     micro-batch (41.3-41.4 vs 41.8-43.8 ms) and Llama-style 8 x 2560 at 4 micro-batches (183 vs 184-185 ms);
-#     101 within noise (56.3-57.4 vs 57.3-59.0). Over the fourth session's default it paid on 101 (59.3-59.7 vs
-#     60.2-64.4) and Llama-style 8 x 2560 (181-182 vs 183-184); slower nowhere it was tried.
-#   - sdpa_gqa (one H100, GPU-d13b65e7, 2026-11-27, seventeenth session; alternating), for a dense preset with
-#     grouped-query attention (fewer K/V heads than query heads): over the default, 600 284.7, 285.0, 286.1 vs
-#     289.0, 289.4 ms; beyond the catalog Llama-style 8 x 2560 at 2 micro-batches of 2 183.3, 183.8 vs 185.1, 185.4,
-#     600 at sequence 4096 281.1, 281.4 vs 284.4, 284.8, and 24 x 1536 224.2 vs 230.6 (one a side). Loss: the first
-#     steps within 2.5e-4 of the base's. In 2026-11-26's seventh session, over that day's default, it paid on 600 but
-#     passed the rule by 0.3 ms at 8 x 2560 and overlapped at 24 x 1536, so it stayed opt-in until tried again.
-#   - triton_norm (one H100 per call, 2026-11-26, ninth session), every preset (megalab's Norm): its kernels take
-#     122 against torch's 189 us a LayerNorm at 111's shape (results/bench/triton-norm-microbench.txt). 111
-#     346-347 vs 350-351 ms (two a side, one machine), 600 289-290 vs 290-292; beyond the catalog 101 at
-#     micro-batch 14 (330-331 vs 336-337) and GPT-2 1.2B at micro-batch 16 (284 vs 287-288); GPT-2 24 x 2048
-#     at 111's batch within noise (263, 263 vs 263, 267; results/bench, "Levers tried against the default").
-# Tried and left opt-in: compiled_norm (one H100, 2026-11-26, seventh session): the compiled norm's kernels take
-# 8% less GPU time at row 111's shape (results/bench/norm-microbench.txt), but each call costs the host about
-# 1.6 ms forward and backward against 0.2 ms: slower on 111, which then ran without the CUDA graph (365-367 vs
-# 361-365 ms), and 2 ms ahead on GPT-2 24 x 2048 with it (264 vs 266-267). Tried again in the ninth session with
-# the graph that hides the host's cost: 111 within noise (348-349 vs 349-353). triton_norm replaced it.
-#   - bias_gelu and norm_residual (one H100, GPU-3c735536, 2026-11-26, eleventh session; two launches a side,
-#     alternating), for a dense preset whose MLP is GeLU with biases (bias_gelu) and whose norm is LayerNorm
-#     (norm_residual): the two levers' kernels are only called there. bias_gelu (its 64 x 64 tile, the fastest of six
-#     at every shape in results/bench/bias-gelu-microbench.txt) over the default: 111 348, 348 vs 349, 351 ms; beyond
-#     the catalog GPT-2 24 x 2048 at 111's batch 263, 263 vs 264, 264 and 101 at micro-batch 14 327, 328 vs 329, 330.
-#     norm_residual over that: 111 344, 345 ms; 24 x 2048 261, 262; 101 at micro-batch 14 326, 326. On 600 (RMSNorm,
-#     Llama-style) one launch with norm_residual took 291 against 290, 290 without: not shown to pay there, so it
-#     stays off for RMSNorm presets. (The tenth session's first bias_gelu tiles were within noise beyond the catalog.)
-#     Loss: the first five steps within 2e-4 of the base's everywhere; the bench's median-over-100-steps rule fails on
-#     24 x 2048 and on 600, where two base launches of one code differ more (median 0.09 and 0.025): their early
-#     training amplifies rounding, so that rule cannot tell a lever there.
-#   - dropout_add (one H100, GPU-20bfaef5, 2026-11-26, twelfth session; alternating), for the GPT-2 layer bias_gelu
-#     serves (the lever runs wherever hidden dropout is on; only that layer was measured): its kernels take 60 against
-#     Megatron's 92 us forward, 158 against 182 forward and backward, at 111's shape, and keep no byte mask (24.6 MB a
-#     call; results/bench/dropout-add-microbench.txt). Over the default: 111 336.6, 336.9, 337.5 vs 339.6, 341.5 ms
-#     (69.2 vs 71.6 GiB); beyond the catalog GPT-2 24 x 2048 at 111's batch 253.9, 253.6 vs 256.2, 255.6 and 101 at
-#     micro-batch 14 316.2, 317.2 vs 318.3, 319.1. Loss: its masks are its own, so its first steps differ from the
-#     base's by the masks (1.7e-3 at 111, 1.1e-2 at 101 x 14) and the bench judges it by the median over 100 steps
-#     (0.5% and 0.3%, within the rule); tests/test_dropout_add.py checks the function with the same masks. Its first
-#     backward (eacc376: a few programs an SM walking many rows) lost to Megatron's and gave 111 343.3, 344.2 vs
-#     345.0, 346.1 on GPU-fc38cf1f.
-#   - qkv_pack (one H100, GPU-acfbfc21, 2026-11-26, thirteenth session; alternating), where the QKV projection has a
-#     bias addmm_bias adds (GPT-2's layer): the split's backward packs the gradient and sums the bias in one pass,
-#     125 against torch.cat and the bias's sum's 170 us a layer at 111's shape (results/bench/
-#     qkv-split-microbench.txt). Over the default: 111 335.5, 335.5, 335.7 vs 339.6, 338.5 ms; beyond the catalog
-#     GPT-2 24 x 2048 at 111's batch 255.1, 255.4 vs 256.4, 257.0 and 101 at micro-batch 14 317.4, 317.2 vs 319.1,
-#     319.3. Loss: the same function (tests/test_qkv_split.py), the first five steps within 3.2e-5 of the base's.
-#     Without a bias (Llama-style) the pack alone is slower than the cat, so the split stays torch's there.
-#   - gelu_epilogue (one H100, GPU-14f14cd5, 2026-11-27, eighteenth session; alternating), for the GPT-2 layer
-#     bias_gelu serves (a dense GeLU MLP with biases): fc1's bias and GeLU in cuBLASLt's GEMM epilogue and GeLU's
-#     derivative in fc2's input-gradient GEMM (nvmath-python; without it the lever is not applied). Its GEMMs against
-#     today's kernels at 111's shape: 0.05 ms a layer forward, 0.13 ms backward (results/bench/
-#     gelu-epilogue-microbench.txt). Over the default: 111 329.8, 331.4, 330.3 vs 336.8, 336.8 ms; 112 1267.7, 1269.8,
-#     1262.6 vs 1282.6, 1289.0; beyond the catalog GPT-2 24 x 2048 at 111's batch 250.7, 251.0 vs 254.4, 254.4 and 101
-#     at micro-batch 14 312.4, 311.9 vs 315.0, 315.2. Appended last, so a launch with FAST set to the old default and
-#     gelu_epilogue is a launch of the new default.
-# Tried and left opt-in: zero_overlap (one H100, GPU-f96ff3f2, 2026-11-27, sixteenth session; alternating): the grad
-# buffer's zeroing (1.9 ms a step at 111 in its profile) moved beside the forward bought nothing over the default:
-# 101 56.3, 56.1, 56.1 vs 56.2, 56.3, 55.2 ms; 111 339.5, 339.4 vs 339.6, 338.9, 339.3. Likely why: with the CUDA
-# graph the zeroing already ran while the GPU waited for the host (results/bench/graph-step-waits.txt).
-# plan.py and provenance.py read it here.
-DEFAULT_FAST = ("fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias", "clip_in_adam", "flat_adam",
-                "device_norm", "triton_norm")
-
-
-def default_fast(num_experts, model_cfg: dict) -> tuple[str, ...]:
-    """FAST's default under SPEC=megalab for a model: DEFAULT_FAST, then bias_gelu, dropout_add and qkv_pack for a dense
-    GeLU MLP with biases and norm_residual for a dense LayerNorm model (GPT-2's layer), fused_wgrad for a dense model,
-    compiled_rope where the preset has rotary positions, embed_wgrad where its word embedding is untied from the
-    output layer, sdpa_gqa for a dense model with grouped-query attention, grouped_gemm where a MoE preset asks for
-    moe_grouped_gemm (without TE it is that flag's substitute), and last gelu_epilogue for GPT-2's MLP again. The
-    launcher (plan.fast_levers), a record's provenance and `python -m megalab plan` all read it here."""
-    cfg = model_cfg or {}
-    moe = bool(num_experts)
-    rope = cfg.get("position_embedding", "learned_absolute") == "rope"
-    # GPT-2's layer: a GeLU MLP with biases and LayerNorm (where bias_gelu, dropout_add, qkv_pack and norm_residual were
-    # measured to pay)
-    gelu_bias = not moe and not cfg.get("swiglu") and not cfg.get("disable_bias_linear")
-    layernorm = not moe and cfg.get("normalization", "LayerNorm") == "LayerNorm"
-    heads = cfg.get("num_attention_heads")
-    gqa = not moe and heads is not None and int(cfg.get("num_query_groups", heads)) < int(heads)
-    return (DEFAULT_FAST + ((levers.BIAS_GELU, levers.DROPOUT_ADD, levers.QKV_PACK) if gelu_bias else ())
-            + ((levers.NORM_RESIDUAL,) if layernorm else ())
-            + (() if moe else (levers.FUSED_WGRAD,)) + ((levers.COMPILED_ROPE,) if rope else ())
-            + ((levers.EMBED_WGRAD,) if cfg.get("untie_embeddings") else ())
-            + ((levers.SDPA_GQA,) if gqa else ())
-            + ((levers.GROUPED_GEMM,) if moe and cfg.get("moe_grouped_gemm") else ())
-            + ((levers.GELU_EPILOGUE,) if gelu_bias else ()))
-
-
-def fast_names(value: str) -> list[str]:
-    """A FAST value as lever names (none, all, or a list); LaunchError naming the unknown ones and the fix."""
-    try:
-        return levers.requested({"MEGALAB_FAST": value})
-    except ValueError as e:
-        raise LaunchError(f"FAST={value}: {str(e).split(': ', 1)[1]}") from None
+           "path": lambda var, text: Path(text), "str": _text, "levers": lambda var, text: levers.parse(text)}
 
 
 V = Variable
@@ -275,7 +156,8 @@ VARIABLES: tuple[Variable, ...] = (
       field="spec", choices=("megalab", "local")),
     V("TE", "choice", "auto", "Transformer Engine: auto, 1 (require it), 0 (never)", True, field="te",
       choices=("auto", "1", "0")),
-    V("FAST", "str", None, "fast-path levers: none, all, or a list (default: the spec's)", True, field="fast"),
+    V("FAST", "levers", None, "fast-path levers: none, all, or a list (default: the spec's; make help FAST)", True,
+      field="fast"),
     V("CUDA_GRAPH", "choice", "auto", "Megatron's full-iteration CUDA graph: auto, 1, 0", True,
       field="cuda_graph", choices=("auto", "1", "0")),
     V("EXTRA_ARGS", "words", (), "more Megatron flags, split like a shell word list (shlex), appended", True,
@@ -396,7 +278,7 @@ class Options:
     outdir: Path = ROOT / "outdir"
     spec: str = "megalab"  # megalab | local
     te: str = "auto"  # auto | 1 | 0
-    fast: str | None = None  # megalab's TE-free speed-ups: None = the default for the spec
+    fast: tuple[str, ...] | None = None  # megalab's TE-free speed-ups (lever names): None = the default for the spec
     cuda_graph: str = "auto"  # auto | 1 | 0 (plan.py decides, with a reason)
     extra_args: tuple[str, ...] = ()  # EXTRA_ARGS as argv items, split once (shlex), never through a shell
     megatron_lm: str = ""
@@ -421,12 +303,12 @@ class Options:
     watchdog_startup_s: float = 900.0
     exit_grace_s: float = 120.0
     profile: bool = False  # profile-<id>: a torch profiler trace (not a make variable)
-    exit_interval: int | None = None  # stop early, as resume-<id>'s first launch does
+    exit_interval: int | None = dataclasses.field(default=None, metadata={"minimum": 1})  # stop early (resume-<id>)
 
     def __post_init__(self):  # text belongs at the edge (from_env, parse): a str here would be read char by char
-        if isinstance(self.extra_args, str) or isinstance(self.gpu_mem_gb, str):
-            raise TypeError("Options.extra_args is a tuple of argv items and gpu_mem_gb a float; parse text with "
-                            "variables.parse('EXTRA_ARGS', text) / variables.parse('GPU_MEM_GB', text)")
+        if isinstance(self.extra_args, str) or isinstance(self.gpu_mem_gb, str) or isinstance(self.fast, str):
+            raise TypeError("Options.extra_args is a tuple of argv items, fast a tuple of lever names and gpu_mem_gb "
+                            "a float; parse text with variables.parse('EXTRA_ARGS' / 'FAST' / 'GPU_MEM_GB', text)")
 
     @property
     def extra_args_text(self) -> str:
@@ -467,10 +349,21 @@ def help_lines() -> list[str]:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--names", action="store_true", help="the names only, on one line")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these variables (FAST: the lever table)")
+    p.add_argument("--names", dest="list_names", action="store_true", help="the names only, on one line")
 
 
 def main(args) -> int:
-    """`python -m megalab variables`: the table, as `make help` prints it."""
-    print(" ".join(v.name for v in VARIABLES) if args.names else "\n".join(help_lines()))
+    """`python -m megalab variables`: the table, as `make help` prints it; `variables FAST` (make help FAST): one
+    variable, the lever table for FAST."""
+    unknown = [n for n in args.names if n not in BY_NAME]
+    if unknown:
+        raise LaunchError(f"make help {unknown[0]}: not a make variable; fix: `make help` lists them")
+    if args.list_names:
+        print(" ".join(v.name for v in VARIABLES))
+    elif args.names:
+        width = max(len(n) for n in args.names) + 2
+        print("\n".join(leverdoc.text() if n == "FAST" else f"  {n:<{width}}{BY_NAME[n].help}" for n in args.names))
+    else:
+        print("\n".join(help_lines()))
     return 0

@@ -8,9 +8,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from megalab.core import plan as planner, ports, variables
+from megalab.core import ports, variables
 from megalab.core.variables import LaunchError, Options
-from megalab.harness import launch, monitor
+from megalab.harness import here, launch
 
 
 def add_target(p: argparse.ArgumentParser, nargs: str | None = None) -> None:
@@ -33,9 +33,10 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def show_command_main(args: argparse.Namespace) -> int:
-    """The plan's torchrun command alone, on one line (make show-command ID=...)."""
+    """The plan's torchrun command alone, on one line (make show-command ID=...), planned as `make <target>` plans
+    it here."""
     exp, opts = _one_launch(args.target, Options.from_env(), "commands")
-    print(planner.build(exp, dataclasses.replace(opts, dry_run=True), planner.Machine.here()).command)
+    print(here.plan_here(exp, dataclasses.replace(opts, dry_run=True)).command)
     return 0
 
 
@@ -53,10 +54,7 @@ def script_main(args: argparse.Namespace) -> int:
     exp.validate()
     opts = launch.check_options(opts)
     opts = dataclasses.replace(opts, master_port=ports.master_port(opts.master_port, opts.nnodes))
-    inv = monitor.gpu_inventory()
-    machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
-                                   memory_mib=inv.get("memory_mib") or (), opts=opts)
-    plan = planner.build(exp, opts, machine, run_dir=args.run_dir)
+    plan = here.plan_here(exp, opts, run_dir=args.run_dir)
     problem = launch.cp_problem(plan) or launch.data_problem(plan)
     if problem and not opts.dry_run:
         raise LaunchError(problem)
@@ -119,8 +117,5 @@ def plan_main(args: argparse.Namespace) -> int:
     if variant == "profile":
         exp, opts = launch.profiled(exp, opts)
     exp.validate()
-    inv = monitor.gpu_inventory()
-    machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
-                                   memory_mib=inv.get("memory_mib") or (), opts=opts)
-    print(launch.plan_lines(planner.build(exp, opts, machine), mfu=args.mfu))
+    print(launch.plan_lines(here.plan_here(exp, opts), mfu=args.mfu))
     return 0

@@ -21,7 +21,8 @@ from megalab.core.flags import profile_start
 from megalab.core.plan import RunPlan, wandb_mode
 from megalab.core.variables import LaunchError, Options  # noqa: F401 (re-exported: launch.Options)
 from megalab.harness import data, monitor, progress as progress_line, pyinfo, record, resume, supervise, validate
-from megalab.harness import scratch
+from megalab.harness import here, scratch
+from megalab.runtime import levers
 from megalab.runtime.levers import CP_MODES
 
 SUPPORTED_MCORE = "0.19."
@@ -102,7 +103,7 @@ def resolve(target: str) -> tuple[Experiment, str | None]:
 def profiled(exp: Experiment, opts: Options) -> tuple[Experiment, Options]:
     """profile-<id>: Megatron's per-microbatch timers plus a torch profiler trace, recorded under
     its own target name so a profiled (slower, synchronised) step never stands in a table."""
-    return (dataclasses.replace(exp, id=f"profile-{exp.id}", timing_log_level=2),
+    return (exp.model_copy(update={"id": f"profile-{exp.id}", "timing_log_level": 2}),
             dataclasses.replace(opts, profile=True))
 
 
@@ -133,7 +134,7 @@ def preflight(plan: RunPlan) -> list[str]:
                                  else f" ({'megalab TE-free spec' if opts.spec == 'megalab' else 'Megatron local spec'})")
         + (f"; CP {exp.cp_comm or 'p2p'} by {'Transformer Engine' if impl == 'transformer_engine' else 'megalab/runtime/cp_attention.py'}"
            if exp.cp > 1 else ""),
-        f"speed      fast path: {plan.fastpath}; full-iteration CUDA graph: {graph}",
+        f"speed      fast path: {levers.text(plan.fastpath)}; full-iteration CUDA graph: {graph}",
         f"run        {opts.iters} iterations; step time = median after {opts.warmup} warm-up iterations"
         + (f"; Megatron timers at --timing-log-level {exp.timing_log_level}" if exp.timing_log_level else ""),
     ]
@@ -378,11 +379,9 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
     asked_port = opts.master_port  # resolved once, so the dry-run plan and the run plan agree
     opts = dataclasses.replace(opts, master_port=ports.master_port(asked_port, opts.nnodes))
     inv = monitor.gpu_inventory()
-    machine = planner.Machine.here(gpus=inv["count"], names=inv.get("names") or (),
-                                   memory_mib=inv.get("memory_mib") or (), opts=opts)
-    plan = planner.build(exp, opts, machine)
+    plan = here.plan_here(exp, opts, inventory=inv)
     # Megatron's verdict first: a flag it does not know is one line before anything else
-    check = megatron_check(plan, lambda: planner.build(exp, dataclasses.replace(opts, extra_args=()), machine))
+    check = megatron_check(plan, lambda: planner.build(exp, dataclasses.replace(opts, extra_args=()), plan.machine))
     print("\n".join(preflight(plan)))
     print(pyinfo.line(gpus=inv["count"]))
     print(check)

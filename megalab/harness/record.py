@@ -6,7 +6,6 @@ log and memory CSV kept beside the record, never typed in.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -16,7 +15,9 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = measured / peak)
 
-from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none  # 2 adds `intent`, `observed`
+from pydantic import ValidationError
+
+from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
 from megalab.core import git, infile, logparse
 from megalab.core.provenance import CODE_PATHS
 from megalab.harness.monitor import describe_busy
@@ -110,6 +111,12 @@ def busy_note(busy: list[dict]) -> str:
             "times are not its own (ALLOW_BUSY_GPUS=1)")
 
 
+def observed(lines: dict) -> dict:
+    """The entry point's `megalab: k=v` lines as the record keeps them: text as logged, its levers as a list."""
+    fast = lines.get("fastpath")
+    return {**lines, "fastpath": list(lever_names(fast))} if fast is not None else dict(lines)
+
+
 def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, hostname, outputs=None,
           outcome=None, busy_gpus=None, preflight_s: float | None = None) -> dict:
     """The record of one launch of `plan` (megalab/core/plan.py) into plan.run_dir.
@@ -134,63 +141,44 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
                     end_detail=outcome.detail if outcome else "", busy=bool(busy), summary=summary)
     if busy:
         meas["notes"].append(busy_note(busy))
-    config = dataclasses.asdict(exp) | {
-        # the model as built: the preset with EXTRA_ARGS' model flags applied (the estimator reads it)
-        "dp": exp.dp, "grad_accum": exp.grad_accum, "model_preset": dict(plan.model),
-        "iters": opts.iters, "warmup": opts.warmup, "gpu_mem_gb": opts.gpu_mem_gb, "transformer_impl": impl,
-        "spec": plan.spec, "nnodes": opts.nnodes,
-        "node_rank": opts.node_rank,
-        # the catalog's own extra flags, and the user's EXTRA_ARGS (the bench and the estimator key on it)
-        "catalog_extra_args": list(exp.extra_args), "extra_args": opts.extra_args_text,
-        "fastpath": plan.fastpath, "cuda_graph": plan.cuda_graph,
-        "data": opts.data,
-        "dropped_flags": list(plan.dropped_flags),
-        # TE-only preset flags megalab ran without TE: flag -> the fast-path lever (plan.py)
-        "substituted_flags": dict(plan.substituted_flags),
+    config = dict(
+        exp.model_dump(exclude={"extra_args"}),  # the catalog entry as run (EXTRA_ARGS' layout flags applied)
+        # the user's EXTRA_ARGS (the bench and the estimator key on it), and the catalog's own extra flags
+        extra_args=opts.extra_args_text, catalog_extra_args=list(exp.extra_args),
+        dp=exp.dp, grad_accum=exp.grad_accum,
+        model_preset=dict(plan.model),  # the model as built: the preset with EXTRA_ARGS' model flags (the estimator)
+        iters=opts.iters, warmup=opts.warmup, gpu_mem_gb=opts.gpu_mem_gb, transformer_impl=impl, spec=plan.spec,
+        nnodes=opts.nnodes, node_rank=opts.node_rank, fastpath=plan.fastpath, cuda_graph=plan.cuda_graph,
+        data=opts.data, dropped_flags=plan.dropped_flags,
+        substituted_flags=plan.substituted_flags,  # TE-only preset flags run without TE: flag -> its lever
         **(outputs or {}),  # save / load / exit_interval / wandb / profile (launch.outputs_config)
         # whose context parallelism ran: TE's attention, or megalab/runtime/cp_attention.py without TE
-        "cp_impl": None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),
-    }
-    rec = finite_or_none({  # a diverged loss (NaN) is written as null: JSON has no NaN
-        "schema": SCHEMA,
-        "target": exp.id,
-        "status": meas.pop("status"),
-        "returncode": returncode,
+        cp_impl=None if exp.cp <= 1 else ("transformer_engine" if impl == "transformer_engine" else "megalab"),
+    )
+    fields = finite_or_none(dict(  # a diverged loss (NaN) is written as null: JSON has no NaN
+        schema=SCHEMA, target=exp.id, status=meas.pop("status"), returncode=returncode,
         # how the run ended, when the launcher ended it: killed (a signal), hung or exit_hang (watchdog)
-        "ended_by": ended_by,
-        "end_detail": outcome.detail if outcome and outcome.reason else None,
-        "busy_gpus": busy,
-        **meas,
-        "peak_tflops": peak,
-        "mem_baseline_mib": monitor.baseline_mib,
-        "mem_samples": monitor.samples,
-        "monitor_error": monitor.error,
-        "gpu_name": gpu_name,
-        "num_gpus": exp.gpus,
-        "gpus_on_node": inventory.get("count"),
-        "gpu_uuids": inventory.get("uuids"),  # the physical GPUs: what tells two hosts apart (provenance)
-        "node_gpu_uuids": inventory.get("node_uuids"),  # the node's every GPU: which runs may share it
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "gpu_memory_mib": inventory.get("memory_mib", [None])[0] if inventory.get("memory_mib") else None,
-        "hostname": hostname,
-        "started": started.isoformat(timespec="seconds"),
-        "ended": ended.isoformat(timespec="seconds"),
-        "duration_s": round((ended - started).total_seconds(), 1),
+        ended_by=ended_by, end_detail=outcome.detail if outcome and outcome.reason else None, busy_gpus=busy,
+        **meas, peak_tflops=peak, mem_baseline_mib=monitor.baseline_mib, mem_samples=monitor.samples,
+        monitor_error=monitor.error, gpu_name=gpu_name, num_gpus=exp.gpus, gpus_on_node=inventory.get("count"),
+        gpu_uuids=inventory.get("uuids"),  # the physical GPUs: what tells two hosts apart (provenance)
+        node_gpu_uuids=inventory.get("node_uuids"),  # the node's every GPU: which runs may share it
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        gpu_memory_mib=inventory.get("memory_mib", [None])[0] if inventory.get("memory_mib") else None,
+        hostname=hostname, started=started.isoformat(timespec="seconds"), ended=ended.isoformat(timespec="seconds"),
+        duration_s=round((ended - started).total_seconds(), 1),
         # the launcher's checks before `started` (plan, Megatron's argument check, GPUs): part of a launch
-        "preflight_s": None if preflight_s is None else round(preflight_s, 1),
-        "command": plan.command,
-        "config": config,
-        "intent": plan.to_dict(),
-        "observed": dict(summary.megalab),
-        "versions": versions(inventory.get("driver")),
-        "files": {"log": "logs.txt", "memory": "gpu_memory.csv",
-                  **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}
-                     if (run_dir / "torch_profile").is_dir() else {})},
-    })
+        preflight_s=None if preflight_s is None else round(preflight_s, 1),
+        command=plan.command, config=config, intent=plan.intent().model_dump(mode="json"),
+        observed=observed(summary.megalab), versions=versions(inventory.get("driver")),
+        files={"log": "logs.txt", "memory": "gpu_memory.csv",
+               **({"traces": sorted(str(p.relative_to(run_dir)) for p in run_dir.glob("torch_profile/*"))}
+                  if (run_dir / "torch_profile").is_dir() else {})},
+    ))
     try:
-        return RunRecord.of(rec).dump(like=rec)  # validated: what is written is a record every reader takes
-    except RecordError:
-        return rec  # never lose a run's measurements: write() writes it as it is, and says why no reader will
+        return RunRecord(**fields).dump()  # the model the readers read: what is written is a record every reader takes
+    except ValidationError:
+        return fields  # never lose a run's measurements: write() writes it as it is, and says why no reader will
 
 
 def write(rec: dict | RunRecord, path: Path) -> None:

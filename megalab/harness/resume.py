@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from megalab.core import plan as planner
-from megalab.harness import record
+from megalab.harness import here, record
 from megalab.core.catalog import Experiment
 from megalab.core.variables import LaunchError
 from megalab.core import logparse
@@ -70,12 +69,12 @@ def run(exp: Experiment, opts, launch) -> int:
         raise LaunchError(f"resume-{exp.id} trains ITERS/2 steps, saves, and resumes to ITERS; "
                                  f"fix: ITERS=4 or more (e.g. ITERS=40), and no LOAD (it makes its own)")
     stop = opts.iters // 2
-    exp = dataclasses.replace(exp, id=f"resume-{exp.id}")
+    exp = exp.model_copy(update={"id": f"resume-{exp.id}"})
     print(f"resume     launch 1 of 2: iterations 1-{stop} of {opts.iters}, checkpoint at {stop}")
     first = launch(exp, dataclasses.replace(opts, save=True, save_interval=stop, exit_interval=stop))
     if first is None:  # DRY_RUN: the second launch's command, loading the first's checkpoint dir
         load = Path("RUN_DIR_OF_LAUNCH_1/checkpoints")
-        second = planner.build(exp, dataclasses.replace(opts, load=load), planner.Machine.here())
+        second = here.plan_here(exp, dataclasses.replace(opts, load=load))
         print(f"resume     launch 2 of 2: iterations {stop + 1}-{opts.iters}, loading launch 1's checkpoint")
         print(second.command)
         return 0

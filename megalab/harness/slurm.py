@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 
 from megalab.core import catalog, plan as planner
-from megalab.harness import launch
+from megalab.harness import here, launch
 from megalab.core.paths import ROOT
 from megalab.core.catalog import Experiment
 from megalab.core.variables import BY_NAME, FORWARDED, LaunchError, Options
@@ -153,8 +153,8 @@ def _submission(target: str, env) -> tuple[Experiment, Layout, Options]:
 
 
 def _node_plan(exp: Experiment, opts: Options) -> tuple[planner.Machine, planner.RunPlan]:
-    machine = planner.Machine.here()  # GPUs: the nodes', not this login node's
-    return machine, planner.build(exp, opts, machine)
+    plan = here.plan_here(exp, opts)  # each node plans again for its own GPUs when its `make <target>` runs
+    return plan.machine, plan
 
 
 def planned(target: str, env=os.environ) -> planner.RunPlan:

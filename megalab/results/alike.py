@@ -73,7 +73,8 @@ def _code(r: RunRecord, hosts: Hosts, root: Path) -> str:
 FACETS: tuple[Facet, ...] = (
     Facet("machine", "machine", _machine, _machine_shown),
     Facet("code", "run code", _code, lambda r, h, root: f"commit {_commit(r)}"),
-    Facet("fastpath", "FAST", lambda r, h, root: r.fastpath or "", lambda r, h, root: r.fastpath or "unset"),
+    Facet("fastpath", "FAST", lambda r, h, root: tuple(r.fastpath or ()),
+          lambda r, h, root: ",".join(r.fastpath) if r.fastpath else "unset"),
     Facet("cuda_graph", "CUDA graph", lambda r, h, root: graph(r), lambda r, h, root: graph(r)),
     Facet("iters", "ITERS", lambda r, h, root: r.config.iters or r.train_iters,
           lambda r, h, root: str(r.config.iters or r.train_iters)),
@@ -111,11 +112,11 @@ def _short(target: str) -> str:
 def _levers(runs: Mapping[str, Sequence[RunRecord]]) -> Callable[[RunRecord], str]:
     """How a run's FAST differs from the levers every compared run has: '+triton_norm+fused_wgrad', or 'the
     shared levers' (a lever list is long; its difference is what a reader needs)."""
-    sets = [set(filter(None, (r.fastpath or "").split(","))) for rs in runs.values() for r in rs]
+    sets = [set(r.fastpath or ()) for rs in runs.values() for r in rs]
     common = set.intersection(*sets) if sets else set()
 
     def show(r: RunRecord) -> str:
-        extra = sorted(set(filter(None, (r.fastpath or "").split(","))) - common)
+        extra = sorted(set(r.fastpath or ()) - common)
         return "".join(f"+{x}" for x in extra) if extra else ("unset" if not r.fastpath else "the shared levers")
     return show
 

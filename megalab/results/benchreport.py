@@ -19,7 +19,7 @@ from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
 from megalab.core import provenance
-from megalab.core import variables
+from megalab.runtime import levers
 
 # Loss parity tolerance (justified in the page). The first steps test the function itself: same
 # initial weights, same data, so a wrong mask shows at step 1 and a wrong gradient from step 2, far
@@ -414,7 +414,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
         # the CUDA graph as a lever: its side is the run's CUDA_GRAPH, not a setting both sides share
         graph = bool(benchruns.graph_levers(cfg) & set(names))
         own_masks = any(cfg["levers"][n].get("own_masks") for n in names)
-        asked = set(trial.get("base", variables.DEFAULT_FAST))
+        asked = set(trial.get("base", levers.EVERY))
         base_flags = frozenset(n for n in asked if cfg["levers"].get(n, {}).get("args"))
         base = asked - base_flags - added
         label = " + ".join(f"`{n}`" for n in names)
@@ -422,7 +422,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
             target, extra = (entry, "") if isinstance(entry, str) else (entry["target"], " ".join(entry["extra_args"].split()))
             sides: dict[tuple, dict[bool, list]] = {}
             for r in runs:
-                fast = set(((r.intent.fastpath if r.intent else None) or "").split(","))
+                fast = set((r.intent.fastpath if r.intent else None) or ())
                 if r.target != target or r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
                     continue
                 ex, flagged = _flag_levers(r, flag_levers)
@@ -514,7 +514,7 @@ def _run_levers(r: RunRecord, cfg: dict) -> set[str]:
     """The bench.yaml levers a run ran with: its fast path, the flag levers its Megatron command holds, and the
     CUDA-graph lever where it ran the graph."""
     by_fast = {v["fast"]: n for n, v in cfg["levers"].items() if v.get("fast")}
-    fast = ((r.intent.fastpath if r.intent else None) or "").split(",")
+    fast = (r.intent.fastpath if r.intent else None) or ()
     flags = _flag_levers(r, _flag_lever_args(cfg))[1]
     graph = benchruns.graph_levers(cfg) if r.config.cuda_graph else set()
     return {by_fast.get(f, f) for f in fast if f} | flags | graph
@@ -689,7 +689,7 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 f"Run [{d.parent.name}](runs/{d.parent.name}/run.json): median step {rec.step_ms_median:.0f} ms "
                 "profiled (timers synchronise, kernels launch one by one, no CUDA graph). Megatron's timers, median "
                 "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."
-                + f" Fast path: `{rec.fastpath}`."
+                + f" Fast path: `{levers.text(rec.fastpath or ())}`."
                 + ("" if all((d.parent / t).exists() for t in rec.files.traces)
                    else " The trace itself was not kept (summarised, then deleted).")
                 + (f" Every kernel of the two steps: [kernels.txt](runs/{d.parent.name}/kernels.txt)."
@@ -741,7 +741,7 @@ def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:
         if not own and k not in pair_keys:
             continue  # a table row no bench section uses
         link = f"runs/{rec.run_dir.name}" if own else f"../{rec.run_dir.relative_to(bench_dir.parent)}"
-        rows.append([f"{k[0]} [{k[1]}; fast={k[2]}; cuda_graph={k[3]}; iters={k[4]}{'; ' + k[5] if k[5] else ''}]",
+        rows.append([f"{k[0]} [{k[1]}; fast={levers.text(k[2])}; cuda_graph={k[3]}; iters={k[4]}{'; ' + k[5] if k[5] else ''}]",
                      f"[{rec.run_dir.name}]({link}/run.json)"])
     return ["## Runs", "", *markdown.table(["run", "record"], rows)]
 

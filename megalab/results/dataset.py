@@ -32,6 +32,7 @@ from megalab.results.hosts import Hosts
 
 MACHINE = ("the machine, the same key on every page: GPU model and the smallest UUID of the GPUs its records saw "
            "together ('H100-aed36c01'; '<model>x<GPUs>-noid' for a record without a GPU UUID: megalab/results/hosts.py)")
+from megalab.runtime import levers
 
 # Where committed records live: collection -> folder under the checkout.
 RUN_DIRS = {"runs": "results/runs", "bench": "results/bench/runs", "holdout": "results/holdout/runs",
@@ -114,7 +115,7 @@ def _run_common() -> list[tuple[Col, Callable[[RunRecord], Any]]]:
          lambda r: _num(r.step_count)),
         (Col("warmup", "number", "steps", "steps dropped as warm-up"), lambda r: _num(r.warmup_iters)),
         (Col("fastpath", "text", "", "megalab's TE-free fast-path levers, comma-separated (`none`: no levers; empty where the record does not say)"),
-         lambda r: _text(r.fastpath)),
+         lambda r: "" if r.fastpath is None else levers.text(r.fastpath)),
         (Col("cuda_graph", "bool", "", "Megatron's full-iteration CUDA graph was on"), lambda r: bool(c(r).cuda_graph)),
         (Col("spec", "text", "", "layer spec without TE: megalab (TE-free) or local (Megatron's stock)"),
          lambda r: _text(c(r).spec)),

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import statistics
 
-from megalab.core import benchruns, catalog, clocks, markdown, provenance, variables
+from megalab.core import benchruns, catalog, clocks, markdown, provenance
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
 from megalab.results import chapter, defaults
+from megalab.runtime import levers
 
 
 def _tokens(exp) -> int:
@@ -110,14 +111,14 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
 
 def base_fast(block: dict, exp) -> set[str]:
     """A target's fast path before the round: its launcher default without the round's levers."""
-    return set(variables.default_fast(exp.num_experts, exp.model_cfg)) - set(block["round"])
+    return set(levers.default(exp.num_experts, exp.model_cfg)) - set(block["round"])
 
 
 def _added(r, base: set[str], graph: list[str]) -> str | None:
     """The round's levers a run has over the base ('' for the base itself), or None where it is neither: its fast
     path beyond the base, and `graph` (the round's CUDA-graph lever, where it tried one: the base then runs
     without the graph) where the run had the graph."""
-    fast = set((r.config.fastpath or "").split(","))
+    fast = set(r.config.fastpath or ())
     if not base <= fast:
         return None
     return ",".join(sorted(fast - base) + (graph if r.config.cuda_graph else []))
@@ -150,7 +151,7 @@ def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[st
         exp = catalog.get(goal["target"])
         base = base_fast(block, exp)
         # one code for the round's runs with and without its levers (a lever's own file counts for the base too)
-        fast = variables.default_fast(exp.num_experts, exp.model_cfg)
+        fast = levers.default(exp.num_experts, exp.model_cfg)
         host, code = provenance.host_key(today[0]), provenance.shared_code_key(today[0], fast, root)
         groups: dict[str, list] = {}
         for r in runs:

@@ -29,10 +29,11 @@ from megalab.core import catalog, flags, gpus, infile, logparse, markdown, prove
 from megalab.core import estimate as E
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
-                                   lever_flags, nccl_mib)
+                                   nccl_mib)
 from megalab.core.gpus import nominal_gb_to_gib
 from megalab.core.records import RunRecord, read_records
 from megalab.results import allowances, freeze
+from megalab.runtime import levers
 
 RECORD_DIRS = ("results/runs", "results/bench/runs", "results/holdout/runs")
 # The split of the records into a calibration set and a held-out set, fixed: a record is held out when
@@ -71,9 +72,8 @@ NOTE_ABOVE = 0.05
 
 def _record_layout(rec: RunRecord) -> tuple[catalog.Experiment, dict[str, Any], str]:
     cfg = rec.config
-    names = {f.name for f in dataclasses.fields(catalog.Experiment)}
     given = cfg.model_dump(exclude_unset=True)  # the fields the record has (an older one lacks some)
-    lay = catalog.Experiment(**{n: given[n] for n in names if n in given})
+    lay = catalog.Experiment.model_construct(**{n: given[n] for n in catalog.Experiment.model_fields if n in given})
     preset = cfg.model_preset or catalog.models()[lay.model]
     spec = "local" if cfg.spec == "local" and cfg.transformer_impl != "transformer_engine" else "megalab"
     return lay, preset, spec
@@ -90,7 +90,7 @@ def record_capacity_gib(rec: RunRecord) -> float:
 def estimate_record(rec: RunRecord) -> Estimate:
     lay, preset, spec = _record_layout(rec)
     return estimate(lay, spec=spec, gpu_name=rec.gpu_name, gpu_mem_gib=record_capacity_gib(rec),
-                    model_cfg=preset, cuda_graph=bool(rec.config.cuda_graph), **lever_flags(rec.config.fastpath or ""))
+                    model_cfg=preset, cuda_graph=bool(rec.config.cuda_graph), fast=rec.config.fastpath or ())
 
 
 def megatron_mem_by_rank(rec: RunRecord) -> dict[int, dict[str, float]]:
@@ -295,7 +295,7 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
                      "seen": d == HOLDOUT_DIR and step_set == CALIBRATION,  # out of catalog, before the freeze
                      "after_freeze": after,
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
-                     "fastpath": rec.config.fastpath or "none",
+                     "fastpath": levers.text(rec.config.fastpath or ()),
                      "features": est.step, "model_key": dataclasses.astuple(est.step),
                      "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
                      "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1,

@@ -37,7 +37,7 @@ PROGRAMS_PER_SM = 4  # enough programs to fill the GPU, few enough that the part
 WARPS = 4  # per program: 128 threads, 32 values each a tile
 
 
-def _bias_gelu_backward(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per_program,
+def bias_gelu_backward(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per_program,
                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """dx = gelu'(y + b) * g for this program's rows and columns (Megatron's bias_gelu_back, in fp32), and the
     sum of dx over those rows per column (the bias's partial gradient)."""
@@ -65,18 +65,18 @@ def _bias_gelu_backward(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per
     tl.store(part_ptr + pid_r * n + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
-def _megatron():
+def megatron_bias_gelu():
     from megatron.core.fusions import fused_bias_gelu
 
     return fused_bias_gelu
 
 
-class _BiasGeLU(torch.autograd.Function):
+class BiasGeLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, bias):
         ctx.save_for_backward(input, bias)
         ctx.bias = bias  # the Parameter: its main_grad lives on it
-        return _megatron().bias_gelu(bias, input)
+        return megatron_bias_gelu().bias_gelu(bias, input)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -93,7 +93,7 @@ class _BiasGeLU(torch.autograd.Function):
         row_programs = triton.cdiv(rows, per)
         dx = torch.empty_like(y)
         parts = param_grad.tables(1, row_programs, n, y.device)
-        kernel(_bias_gelu_backward)[(row_programs, col_blocks)](g, y, bias, dx, parts[0], rows, n, per,
+        kernel(bias_gelu_backward)[(row_programs, col_blocks)](g, y, bias, dx, parts[0], rows, n, per,
                                                                 BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
                                                                 num_warps=WARPS)
         dbias = param_grad.reduce([ctx.bias], parts)[0] if ctx.needs_input_grad[1] else None
@@ -108,8 +108,8 @@ def _eligible(input: torch.Tensor, bias: torch.Tensor) -> bool:
 def bias_gelu_impl(input: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Drop-in for Megatron's bias_gelu_impl(input, bias)."""
     if not _eligible(input, bias):
-        return _megatron().bias_gelu_impl(input, bias)
-    return _BiasGeLU.apply(input, bias)
+        return megatron_bias_gelu().bias_gelu_impl(input, bias)
+    return BiasGeLU.apply(input, bias)
 
 
 def install() -> bool:
@@ -118,7 +118,7 @@ def install() -> bool:
 
     if mlp.bias_gelu_impl is bias_gelu_impl:
         return True
-    if mlp.bias_gelu_impl is not _megatron().bias_gelu_impl:
+    if mlp.bias_gelu_impl is not megatron_bias_gelu().bias_gelu_impl:
         return False  # someone else's patch: leave it
     mlp.bias_gelu_impl = bias_gelu_impl
     return True

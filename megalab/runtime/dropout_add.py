@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from megalab.runtime import param_grad
+from megalab.runtime import levers, param_grad
 from megalab.runtime.jit import kernel
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -36,7 +36,6 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-ON = False  # set by megalab/runtime/fastpath.py for the dropout_add lever; read by get_bias_dropout_add
 ROW_GROUPS = 8  # rows per quarter-tile: a program's tile is 4 x 8 rows (one Philox draw for four of them)
 BLOCK_COLS = 128  # columns a program owns
 TILES_PER_PROGRAM = 8  # backward: tiles a program walks, keeping its columns' bias sums (one table row a program)
@@ -46,7 +45,7 @@ STAGES = 3
 WARPS = 4
 
 
-def _bda_forward(x_ptr, b_ptr, r_ptr, out_ptr, seed_ptr, rows, n, p, scale,
+def bda_forward(x_ptr, b_ptr, r_ptr, out_ptr, seed_ptr, rows, n, p, scale,
                  HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr, BLOCK_C: tl.constexpr):
     """Rows [4 * GROUPS * program_id(0), ...) and this program's columns: out = r + keep * (x + b) * scale."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -68,7 +67,7 @@ def _bda_forward(x_ptr, b_ptr, r_ptr, out_ptr, seed_ptr, rows, n, p, scale,
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def _bda_backward(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_per_program,
+def bda_backward(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_per_program,
                   HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
     """dx = keep * g * scale over this program's row groups and columns (the forward's mask, drawn again) and,
     with HAS_BIAS, dx summed over those rows per column (the bias's partial gradient)."""
@@ -121,7 +120,7 @@ class _BiasDropoutAdd(torch.autograd.Function):
         out = torch.empty_like(residual)
         scale = 1.0 / (1.0 - prob)
         grid = (triton.cdiv(triton.cdiv(rows, 4), ROW_GROUPS), triton.cdiv(n, BLOCK_COLS))
-        kernel(_bda_forward)[grid](x, bias if bias is not None else x, residual, out, seed, rows, n, prob, scale,
+        kernel(bda_forward)[grid](x, bias if bias is not None else x, residual, out, seed, rows, n, prob, scale,
                                    HAS_BIAS=bias is not None, GROUPS=ROW_GROUPS, BLOCK_C=BLOCK_COLS,
                                    num_warps=WARPS)
         ctx.save_for_backward(seed)
@@ -139,7 +138,7 @@ class _BiasDropoutAdd(torch.autograd.Function):
         programs, per = _grid_rows(ctx.rows)
         dx = torch.empty(ctx.shape, dtype=g.dtype, device=g.device)
         parts = param_grad.tables(1, programs, n, g.device) if has_bias else dx
-        kernel(_bda_backward)[(programs, col_blocks)](g, dx, seed, parts, ctx.rows, n, ctx.prob,
+        kernel(bda_backward)[(programs, col_blocks)](g, dx, seed, parts, ctx.rows, n, ctx.prob,
                                                       1.0 / (1.0 - ctx.prob), per, HAS_BIAS=has_bias,
                                                       GROUPS=ROW_GROUPS, BLOCK_C=BLOCK_COLS, STAGES=STAGES,
                                                       num_warps=WARPS)
@@ -170,6 +169,6 @@ def get_bias_dropout_add(training, fused):
     layer asks at every call, so the lever set after the model was built counts)."""
     from megatron.core.fusions import fused_bias_dropout
 
-    if ON and training and fused:
+    if levers.on(levers.DROPOUT_ADD) and training and fused:
         return bias_dropout_add_train
     return fused_bias_dropout.get_bias_dropout_add(training, fused)

@@ -1,64 +1,22 @@
-"""Speed without Transformer Engine or apex: faster stand-ins for what Megatron falls back on.
+"""Speed without Transformer Engine or apex: the fast-path levers' installs, and the drop-ins that live here.
 
-With neither TE nor apex installed, Megatron-Core 0.19 uses plain PyTorch for three per-step jobs
-that touch every parameter:
-  - the optimizer: torch.optim.AdamW in its default multi-tensor ("foreach") mode;
-  - the gradient norm for clipping: `local_multi_tensor_l2_norm`, one torch.norm per tensor and a
-    device-to-host copy of each result (a sync per parameter tensor);
-  - gradient scaling / main-to-model copies: `local_multi_tensor_scale`, a temporary per tensor.
-Each patch below replaces one of them with PyTorch's fused or foreach kernel. A fourth,
-`fused_wgrad`, stands in for apex's `fused_weight_gradient_mlp_cuda`, the kernel Megatron's linear
-layers call for `--gradient-accumulation-fusion`: the weight-gradient GEMM adds straight into the
-fp32 main_grad (torch.addmm with out_dtype=float32, one cuBLAS call) instead of writing a bf16
-gradient that a separate fp32 `add` kernel per parameter then accumulates (580 adds, 10.6 ms a step
-of row 111 in results/bench, "Where a step goes"). A fifth,
-`cudnn_sdpa`, puts cuDNN's fused attention first in PyTorch's SDPA backend order (PyTorch
-prefers flash; on Hopper cuDNN's kernel is often faster; any shape it cannot serve falls through). A sixth,
-`bf16_ce`, computes the loss from the bf16 logits without an fp32 copy of them
-(megalab/runtime/cross_entropy.py). A seventh, `addmm_bias`, adds a linear layer's bias inside its GEMM
-(torch.addmm: cuBLASLt's bias epilogue) where Megatron runs the GEMM and then a separate broadcast add
-(the QKV projection: 9.3 ms a step of row 111). A ninth, `compiled_rope`, runs Megatron's unfused
-rotary embedding as one compiled kernel each way (megalab/runtime/rope.py). A tenth, `clip_in_adam`,
-hands gradient clipping's coefficient to fused AdamW's kernel instead of scaling every gradient in a
-pass of its own (megalab/runtime/clip.py). An eleventh, `embed_wgrad`, adds the word embedding's
-gradient rows into its fp32 main_grad instead of a dense table-sized gradient per micro-batch
-(megalab/runtime/embedding_grad.py). A twelfth, `sdpa_gqa`, lets the attention kernel read each shared
-K/V head itself (SDPA's enable_gqa) instead of megalab's spec repeating K and V for every query head
-(megalab/runtime/spec.py, SDPAttention). A thirteenth, `flat_adam`, runs fused AdamW over flat buffers laid
-out like Megatron's grad buffer in one kernel that also writes the bf16 weights, so Megatron's per-tensor
-master-to-weight copy goes (megalab/runtime/flat_adam.py). A fourteenth, `device_norm`, gives Megatron's clip
-the tensor-scale kernel it looks for in TE (multi_tensor_scale_tensor), so the clip's norm stays on the GPU:
-Megatron otherwise reads it to the host (`.item()`), and the GPU waits idle while Python prepares the
-optimizer's launch. A fifteenth, `compiled_norm`, runs megalab's LayerNorm/RMSNorm as the kernels torch.compile
-generates, forward and backward (megalab/runtime/norm.py); a sixteenth, `triton_norm`, runs them as megalab's
-own Triton kernels, whose backward reads its inputs once (megalab/runtime/triton_norm.py); a seventeenth,
-`bias_gelu`, runs the MLP's bias-GeLU backward as one Triton kernel that also sums the bias's gradient
-(megalab/runtime/bias_gelu.py); an eighteenth, `norm_residual`, beside triton_norm, lets a transformer layer's
-norms hand Megatron the residual too, so that its gradient is added inside the norm's backward kernel instead of
-in a pass of autograd's own (megalab/runtime/triton_norm.py); a nineteenth, `dropout_add`, runs Megatron's
-bias-dropout-add as one Triton kernel each way whose backward draws the dropout mask again instead of reading a
-saved one, and sums the bias's gradient as it goes (megalab/runtime/dropout_add.py); a twentieth, `qkv_pack`,
-beside addmm_bias, packs the QKV projection's gradient (the cat of the query, key and value gradients) and sums its
-bias's gradient in the same pass, which the linear layer's backward then skips (megalab/runtime/qkv_split.py); a
-twenty-first, `zero_overlap`, zeroes the grad buffer on a side stream beside the forward instead of ahead of it
-(megalab/runtime/zero_overlap.py); a twenty-second, `gelu_epilogue`, adds a GeLU MLP's fc1 bias and applies GeLU in
-fc1's GEMM epilogue, and GeLU's derivative in fc2's input-gradient GEMM, through cuBLASLt (nvmath-python;
-megalab/runtime/gelu_epilogue.py).
-Each is named in MEGALAB_FAST (FAST=... or all); the launcher's default turns on those that paid in the benchmark
-(megalab/core/variables.py, default_fast) and the rest stay opt-in, so a benchmark can show what each one buys.
-Every one computes the same function as the piece it replaces (tests/test_fastpath.py and the lever's own test).
+With neither TE nor apex installed, Megatron-Core 0.19 falls back on plain PyTorch for work that touches every
+parameter each step: torch's foreach AdamW, `local_multi_tensor_l2_norm` (one torch.norm and a host copy per tensor)
+for the clip, `local_multi_tensor_scale` (a temporary per tensor) for scaling, a bf16 weight gradient added into the
+fp32 main_grad by one kernel a parameter (580 adds at row 111: results/bench, "Where a step goes"), and a linear
+layer's bias added in a pass after its GEMM. The drop-ins below replace those fallbacks, each computing the same
+function (tests/test_fastpath.py); the other levers' code is in their own files.
 
-An eighth lever, `grouped_gemm`, is not a patch: megalab/runtime/spec.py reads it when it builds MoE layers and
-then gives them GroupedMLP experts (megalab/runtime/grouped_experts.py: torch._grouped_mm instead of
-SequentialMLP's loop over the experts; tests/test_grouped_experts.py). The launcher adds it by
-default where the model preset asks for moe_grouped_gemm and Transformer Engine is absent.
+The levers themselves (what each does, what it needs, where the default turns it on, its evidence) are the table of
+megalab/runtime/levers.py, read as docs/levers.md. `apply` installs the ones a run names, in the table's order.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 
-# The names live in levers.py, which the torch-free launcher reads too.
-from megalab.runtime.levers import GROUPED_GEMM, PATCHES, SPEC_LEVERS, requested  # noqa: F401
+from megalab.runtime import levers
 
 
 def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
@@ -242,7 +200,8 @@ class FusedAdamW(torch.optim.AdamW):
 
 
 def prefer_cudnn_attention() -> bool:
-    """Order SDPA's backends cuDNN, flash, memory-efficient, math for the rest of the process."""
+    """Order SDPA's backends cuDNN, flash, memory-efficient, math for the rest of the process (a GPU-only choice:
+    on CPU there is nothing to reorder)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
@@ -251,112 +210,83 @@ def prefer_cudnn_attention() -> bool:
     return True
 
 
-def apply(names: list[str]) -> list[str]:
-    """Install the named patches into Megatron's modules; return what was applied.
-
-    A patch only replaces Megatron's *fallback*: where TE or apex provide the kernel, it is left alone.
-    SPEC_LEVERS are not patches (the spec reads them from MEGALAB_FAST) and are never returned here.
-    """
+def install_fused_adam() -> bool:
+    """Megatron builds `torch.optim.AdamW(...)` by attribute lookup when it makes the optimizer: FusedAdamW
+    instead, where Megatron falls back on torch's optimizer (no apex)."""
     import megatron.core.optimizer as mopt
+
+    if not getattr(mopt, "USING_PYTORCH_OPTIMIZER", False):
+        return False
+    torch.optim.AdamW = FusedAdamW
+    return True
+
+
+def install_foreach_norm() -> bool:
+    import megatron.core.optimizer.clip_grads as clip
+    from megatron.core import utils as mutils
+
+    if clip.l2_norm_impl is not mutils.local_multi_tensor_l2_norm:
+        return False
+    clip.l2_norm_impl = foreach_l2_norm
+    return True
+
+
+def install_foreach_scale() -> bool:
     import megatron.core.optimizer.clip_grads as clip
     import megatron.core.optimizer.optimizer as optmod
     from megatron.core import utils as mutils
 
+    if clip.multi_tensor_scale_impl is not mutils.local_multi_tensor_scale:
+        return False
+    clip.multi_tensor_scale_impl = foreach_scale
+    if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
+        optmod.multi_tensor_scale_impl = foreach_scale
+    return True
+
+
+def install_device_norm() -> bool:
+    """Megatron keeps the clip's norm a device tensor where a tensor-scale kernel exists (TE's): this is one."""
+    import megatron.core.optimizer.clip_grads as clip
+
+    if getattr(clip, "multi_tensor_scale_tensor_impl", False) is not None:
+        return False
+    clip.multi_tensor_scale_tensor_impl = foreach_scale
+    return True
+
+
+def install_flat_adam() -> bool:
+    from megalab.runtime import flat_adam
+
+    return flat_adam.install(FusedAdamW)  # it replaces FusedAdamW's step (fused_adam, which it needs, installed it)
+
+
+def _has(requirement: str) -> bool:
+    """Whether this process has what a lever requires (levers.REQUIREMENTS)."""
+    if requirement == "cuda":
+        return torch.cuda.is_available()
+    try:
+        importlib.import_module(requirement)
+    except ImportError:
+        return False
+    return True
+
+
+def apply(names) -> list[str]:
+    """Install the named levers into Megatron's modules, in the table's order (megalab/runtime/levers.py), and
+    return those applied: a lever applies where the machine has what it requires, the levers it needs were applied,
+    and its installer found Megatron's fallback to replace (where TE or apex provide the kernel, it is left alone).
+    The spec's levers are not installed and not returned, but the spec reads them with the rest (levers.applied)."""
+    asked = set(names)
     applied = []
-    if "fused_adam" in names and getattr(mopt, "USING_PYTORCH_OPTIMIZER", False):
-        # Megatron builds `torch.optim.AdamW(...)` by attribute lookup at optimizer creation time.
-        torch.optim.AdamW = FusedAdamW
-        applied.append("fused_adam")
-    if "foreach_norm" in names and clip.l2_norm_impl is mutils.local_multi_tensor_l2_norm:
-        clip.l2_norm_impl = foreach_l2_norm
-        applied.append("foreach_norm")
-    if "foreach_scale" in names and clip.multi_tensor_scale_impl is mutils.local_multi_tensor_scale:
-        clip.multi_tensor_scale_impl = foreach_scale
-        if getattr(optmod, "multi_tensor_scale_impl", None) is mutils.local_multi_tensor_scale:
-            optmod.multi_tensor_scale_impl = foreach_scale
-        applied.append("foreach_scale")
-    if "device_norm" in names and getattr(clip, "multi_tensor_scale_tensor_impl", False) is None:
-        # Megatron keeps the clip's norm a device tensor where a tensor-scale kernel exists (TE's): this is one
-        clip.multi_tensor_scale_tensor_impl = foreach_scale
-        applied.append("device_norm")
-    if "clip_in_adam" in names and torch.optim.AdamW is FusedAdamW:
-        from megalab.runtime import clip
-
-        if clip.install():
-            applied.append("clip_in_adam")  # only beside fused_adam: its kernel does the scaling
-    if "flat_adam" in names and torch.optim.AdamW is FusedAdamW:
-        from megalab.runtime import flat_adam
-
-        if flat_adam.install(FusedAdamW):
-            applied.append("flat_adam")  # only beside fused_adam: it replaces that optimizer's step
-    if "fused_wgrad" in names and install_wgrad_fusion():
-        applied.append("fused_wgrad")  # the launcher passes --gradient-accumulation-fusion with it
-    if "bf16_ce" in names:
-        from megalab.runtime import cross_entropy
-
-        if cross_entropy.install():
-            applied.append("bf16_ce")
-    if "addmm_bias" in names and install_addmm_bias():
-        applied.append("addmm_bias")
-    if "compiled_rope" in names:
-        from megalab.runtime import rope
-
-        if rope.install():
-            applied.append("compiled_rope")
-    if "embed_wgrad" in names:
-        from megalab.runtime import embedding_grad
-
-        if embedding_grad.install():
-            applied.append("embed_wgrad")
-    if "compiled_norm" in names:
-        from megalab.runtime import norm
-
-        norm.ON = True  # megalab's Norm reads it (megalab/runtime/spec.py)
-        applied.append("compiled_norm")
-    if "triton_norm" in names:
-        from megalab.runtime import triton_norm
-
-        if triton_norm.triton is not None:
-            triton_norm.ON = True  # megalab's Norm reads it (megalab/runtime/spec.py)
-            applied.append("triton_norm")
-    if "norm_residual" in names:
-        from megalab.runtime import triton_norm
-
-        if triton_norm.ON:  # only beside triton_norm: its backward kernel does the add
-            triton_norm.RESIDUAL = True  # megalab's ResidualNorm reads it (megalab/runtime/spec.py)
-            applied.append("norm_residual")
-    if "bias_gelu" in names:
-        from megalab.runtime import bias_gelu
-
-        if bias_gelu.triton is not None and bias_gelu.install():
-            applied.append("bias_gelu")
-    if "gelu_epilogue" in names:
-        from megalab.runtime import gelu_epilogue
-
-        if gelu_epilogue.install():
-            applied.append("gelu_epilogue")
-    if "dropout_add" in names:
-        from megalab.runtime import dropout_add
-
-        if dropout_add.triton is not None:
-            dropout_add.ON = True  # megalab's layer spec asks dropout_add.get_bias_dropout_add at every call
-            applied.append("dropout_add")
-    if "qkv_pack" in names and "addmm_bias" in applied:  # its bias comes from addmm_bias's forward
-        from megalab.runtime import qkv_split
-
-        if qkv_split.triton is not None and qkv_split.install():
-            qkv_split.ON = True  # read by split_along_dim, which Megatron's attention calls as SplitAlongDim
-            applied.append("qkv_pack")
-    if "zero_overlap" in names:
-        from megalab.runtime import zero_overlap
-
-        if zero_overlap.install():
-            applied.append("zero_overlap")
-    if "sdpa_gqa" in names:
-        from megalab.runtime import spec
-
-        spec.NATIVE_GQA = True
-        applied.append("sdpa_gqa")
-    if "cudnn_sdpa" in names and torch.cuda.is_available() and prefer_cudnn_attention():
-        applied.append("cudnn_sdpa")  # a GPU-only choice: on CPU there is nothing to reorder
+    for lever in levers.TABLE:
+        if lever.name not in asked or lever.spec:
+            continue
+        if not all(_has(r) for r in lever.requires) or not all(n in applied for n in lever.needs):
+            continue
+        if lever.install:
+            module, function = lever.install.split(":")
+            if not getattr(importlib.import_module(module), function)():
+                continue
+        applied.append(lever.name)
+    levers.mark_applied([*applied, *(n for n in levers.SPEC_LEVERS if n in asked)])
     return applied

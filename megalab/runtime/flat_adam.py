@@ -203,7 +203,7 @@ def why_not(optimizer: torch.optim.Optimizer, pairs: list) -> str | None:
     return None
 
 
-def _table(entries: list, device) -> tuple:
+def table(entries: list, device) -> tuple:
     """Chunks of at most BLOCK elements, none crossing a parameter: (starts int64, counts int32, groups int32)."""
     starts, counts, groups = [], [], []
     for offset, n, group in entries:
@@ -247,7 +247,7 @@ def adopt(optimizer: torch.optim.Optimizer, pairs: list) -> bool:
                 weight[off:off + n].copy_(model.reshape(-1))
                 model.data = weight[off:off + n].view_as(model)
                 entries.append((off, n, group_of[id(main)]))
-            spaces.append(_Space(grad, master, weight, _table(entries, grad.device),
+            spaces.append(_Space(grad, master, weight, table(entries, grad.device),
                                  [main for main, _ in members], [model.main_grad for _, model in members]))
             _SPACES[grad.untyped_storage().data_ptr()] = spaces[-1]
     optimizer.flat_adam = spaces

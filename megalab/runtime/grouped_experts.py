@@ -45,7 +45,6 @@ Costs and limits, each handled where it arises below:
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 from functools import partial
 
@@ -77,11 +76,11 @@ def _host_to(values: list[int], dtype: torch.dtype, device: torch.device) -> tor
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
-def wanted(moe_grouped_gemm: bool = False, env=os.environ) -> bool:
-    """Whether megalab's spec builds MoE layers with GroupedMLP: the lever is in MEGALAB_FAST, or
+def wanted(moe_grouped_gemm: bool = False) -> bool:
+    """Whether megalab's spec builds MoE layers with GroupedMLP: the run has the lever (levers.applied), or
     Megatron's own --moe-grouped-gemm is set (which, with the local implementation, Megatron itself
     ignores: its local spec builds SequentialMLP whatever the flag says)."""
-    return bool(moe_grouped_gemm) or LEVER in levers.requested(env)
+    return bool(moe_grouped_gemm) or levers.on(LEVER)
 
 
 def experts_builder():
@@ -332,7 +331,7 @@ class GroupedMLP(SequentialMLP):
 
     def __init__(self, num_local_experts, config, submodules, pg_collection=None, name=None):
         super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection, name=name)
-        self.stacked = levers.EXPERT_STACK in levers.requested() and not self._sequential()
+        self.stacked = levers.on(levers.EXPERT_STACK) and not self._sequential()
         if self.stacked:
             experts = list(self.local_experts)
             self.linear_fc1 = _Stacked([e.linear_fc1 for e in experts])
@@ -424,7 +423,7 @@ class GroupedMLP(SequentialMLP):
             raise ValueError("Only support fusion of swiglu and quick_gelu with per_token_scale in MLP.")
         if bias is not None:
             h = h + bias
-        if (act is F.gelu and not cfg.gated_linear_unit and moe_act.LEVER in levers.requested()
+        if (act is F.gelu and not cfg.gated_linear_unit and levers.on(moe_act.LEVER)
                 and moe_act.eligible(h, probs)):
             return moe_act.weighted_gelu(h, probs)  # one kernel each way instead of three passes
         if cfg.gated_linear_unit:

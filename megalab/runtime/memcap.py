@@ -9,33 +9,41 @@ iterations, each time subtracting what is then in use outside the allocator: wha
 the allocator gets less, and the process as a whole stays under the card's size, as on a real card.
 
 Nominal GB are scaled like the H100 80GB's (81559 MiB for "80"), so GPU_MEM_GB=80 reproduces the
-reference card.
+reference card: nominal_gb_to_gib is that conversion, the one the launcher's plan and the pages read too (so this
+module imports torch only where it caps).
 """
 from __future__ import annotations
 
 import os
 
-import torch
-
 H100_80GB_MIB = 81559  # NVML's total for an H100 80GB HBM3: what "80" means
+
+
+def nominal_gb_to_gib(gb: float) -> float:
+    """GPU_MEM_GB=N as GiB: N eightieths of an H100 80GB's 81559 MiB (80 -> 79.65 GiB)."""
+    return gb * (H100_80GB_MIB / 80) / 1024
 
 
 class MemoryCap:
     """The process-wide cap, re-applied while memory outside the allocator can still grow."""
 
-    def __init__(self, cap_gb: str, device: int, reapply_iterations: int = 3):
+    def __init__(self, cap_gb: float, device: int, reapply_iterations: int = 3):
         self.cap_gb = cap_gb
-        self.cap = float(cap_gb) * (H100_80GB_MIB / 80) * 2**20
+        self.cap = nominal_gb_to_gib(cap_gb) * 2**30
         self.device = device
         self.reapply_iterations = reapply_iterations
         self.fraction = None
 
     def outside_allocator(self) -> int:
         """Bytes this process holds outside PyTorch's allocator (context, NCCL, cuBLAS workspaces)."""
+        import torch
+
         free, total = torch.cuda.mem_get_info(self.device)
         return (total - free) - torch.cuda.memory_reserved(self.device)
 
     def apply(self, announce: bool = False) -> None:
+        import torch
+
         total = torch.cuda.mem_get_info(self.device)[1]
         outside = self.outside_allocator()
         fraction = max(0.0, min(1.0, (self.cap - outside) / total))
@@ -46,7 +54,7 @@ class MemoryCap:
         if int(os.environ.get("LOCAL_RANK", 0)) != 0:
             return
         if first:
-            print(f"megalab: gpu_mem_cap_gb={self.cap_gb} cap_mib={self.cap / 2**20:.0f} "
+            print(f"megalab: gpu_mem_cap_gb={self.cap_gb:.15g} cap_mib={self.cap / 2**20:.0f} "
                   f"allocator_fraction={fraction:.4f} device_total_mib={total / 2**20:.0f}", flush=True)
         elif announce:
             print(f"megalab: gpu_mem_cap re-applied outside_allocator_mib={outside / 2**20:.0f} "
@@ -54,6 +62,8 @@ class MemoryCap:
 
     def step(self, iteration: int) -> None:
         """Called from each forward step: re-apply during the first iterations only."""
+        import torch
+
         if iteration <= self.reapply_iterations and not torch.cuda.is_current_stream_capturing():
             self.apply(announce=True)
 
@@ -64,13 +74,15 @@ _CAP: MemoryCap | None = None
 def install() -> MemoryCap | None:
     """Set the cap from MEGALAB_GPU_MEM_GB (the launcher passes GPU_MEM_GB), before anything is allocated."""
     global _CAP
-    cap_gb = os.environ.get("MEGALAB_GPU_MEM_GB")
+    import torch
+
+    cap_gb = os.environ.get("MEGALAB_GPU_MEM_GB")  # the launcher's GPU_MEM_GB (plan.py writes it, variables.gb_text)
     if not cap_gb:
         return None
     device = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(device)
     torch.zeros(1, device="cuda")  # create the context so it is counted
-    _CAP = MemoryCap(cap_gb, device)
+    _CAP = MemoryCap(float(cap_gb), device)
     _CAP.apply()
     return _CAP
 

@@ -171,7 +171,7 @@ class MoELayer(_MegatronMoELayer):
     def __init__(self, config, submodules=None, layer_number=None, pg_collection=None, **kwargs):
         pg_collection = pg_collection or get_default_pg_collection()  # as Megatron's layer does
         super().__init__(config, submodules, layer_number=layer_number, pg_collection=pg_collection, **kwargs)
-        if LEVER not in levers.requested():
+        if not levers.on(LEVER):
             return
         why_not = eligible(self.token_dispatcher, config)
         if why_not is None:

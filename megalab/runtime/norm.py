@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-ON = False  # set by megalab/runtime/fastpath.py for the compiled_norm lever, before the model runs
 _COMPILED: list = []  # the compiled _norm, made once per process at the first CUDA call
 
 

@@ -29,7 +29,7 @@ BLOCK_ROWS = 64  # rows of the table summed per step of the loop
 BLOCK_COLS = 64  # columns per program: hidden 1600 gives 25 programs a table
 
 
-def _sum_rows(part_ptr, out0_ptr, out1_ptr, rows, n, ADD: tl.constexpr, BLOCK_R: tl.constexpr,
+def sum_rows(part_ptr, out0_ptr, out1_ptr, rows, n, ADD: tl.constexpr, BLOCK_R: tl.constexpr,
               BLOCK_C: tl.constexpr):
     """Columns [pid * BLOCK_C, ...) of table program_id(1): the sum over its rows, added to (ADD) or written
     into that table's output, in the output's dtype."""
@@ -75,7 +75,7 @@ def reduce(params: list[torch.Tensor], parts: torch.Tensor) -> list[torch.Tensor
     into = all(into_main_grad(p) for p in params)
     outs = [p.main_grad if into else torch.empty(n, dtype=p.dtype, device=parts.device) for p in params]
     grid = (triton.cdiv(n, BLOCK_COLS), count)
-    kernel(_sum_rows)[grid](parts, outs[0], outs[-1], rows, n, ADD=into, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+    kernel(sum_rows)[grid](parts, outs[0], outs[-1], rows, n, ADD=into, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
                             num_warps=4)
     if not into:
         return outs

@@ -27,7 +27,7 @@ ensure_typing_override()  # megatron-core 0.19 uses typing.override (3.12+); har
 
 import torch  # noqa: E402
 
-from megalab.runtime import fastpath, memcap  # noqa: E402
+from megalab.runtime import fastpath, levers, memcap  # noqa: E402
 
 
 def _skip_helper_compilation_if_prebuilt() -> None:
@@ -184,7 +184,7 @@ def _report_implementation(args, fast: list[str]) -> None:
 
             experts = "megalab_grouped_mm" if grouped_experts.wanted(args.moe_grouped_gemm) else experts
     print(f"megalab: transformer_impl={args.transformer_impl} spec={spec} transformer_engine={te} "
-          f"fastpath={','.join(fast) or 'none'} cp={cp} moe_experts={experts}", flush=True)
+          f"fastpath={levers.text(fast)} cp={cp} moe_experts={experts}", flush=True)
 
 
 def main() -> None:
@@ -201,7 +201,8 @@ def main() -> None:
     set_startup_timestamps(program_start=_PROGRAM_START_TIME, main_entry=time.time())
     _skip_helper_compilation_if_prebuilt()
     memcap.install()  # GPU_MEM_GB: an 80 GB card on a bigger one (megalab/runtime/memcap.py)
-    fast = fastpath.apply(fastpath.requested())  # opt-in: MEGALAB_FAST=all (megalab/runtime/fastpath.py)
+    # the launcher's levers (MEGALAB_FAST, parsed once here), installed (megalab/runtime/levers.py)
+    fast = fastpath.apply(levers.parse(os.environ.get("MEGALAB_FAST", "")))
 
     args = parse_and_validate_args()
     if args.spec and args.spec[0] != "local":

@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from megalab.runtime import param_grad
+from megalab.runtime import levers, param_grad
 from megalab.runtime.jit import kernel, sms
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -37,14 +37,13 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-ON = False  # set by megalab/runtime/fastpath.py for the qkv_pack lever; read by split_along_dim at every call
 BLOCK_TOKENS = 64  # tokens a program copies per step of its loop (64 x 4 warps was the fastest tile at 111's shape)
 PROGRAMS_PER_SM = 4  # row programs x heads: enough to fill the GPU, few enough that the partial table stays small
 WARPS = 4
 VIEWS = ("ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0")  # autograd nodes of a view, walked back
 
 
-def _pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, q_s, q_b, q_h, k_s, k_b, k_h, v_s,
+def pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, q_s, q_b, q_h, k_s, k_b, k_h, v_s,
           v_b, v_h, wq, wk, W, SUMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
     """One piece (program_id(2): query, key or value, widths wq, wk and the rest of W) of one group
     (program_id(1)): this program's tokens, copied into the piece's columns of the group's W in the packed
@@ -113,7 +112,7 @@ class _SplitWithBias(torch.autograd.Function):
                 g = g.contiguous()
             pieces.append(g)
         q, k, v = pieces
-        kernel(_pack)[(row_programs, heads, 3)](q, k, v, packed, parts, tokens, b, heads, per, *q.stride()[:3],
+        kernel(pack)[(row_programs, heads, 3)](q, k, v, packed, parts, tokens, b, heads, per, *q.stride()[:3],
                                                 *k.stride()[:3], *v.stride()[:3], ctx.sizes[0], ctx.sizes[1], W,
                                                 SUMS=sums, BLOCK_T=BLOCK_TOKENS,
                                                 BLOCK_W=triton.next_power_of_2(max(ctx.sizes)), num_warps=WARPS)
@@ -138,7 +137,7 @@ def split_along_dim(mixed: torch.Tensor, dim: int, sizes):
     megalab's to take."""
     node = None
     # three pieces (query, key, value): the pack's one launch takes exactly three
-    if (ON and triton is not None and len(sizes) == 3 and mixed.dim() == 4 and dim in (3, -1)
+    if (levers.on(levers.QKV_PACK) and triton is not None and len(sizes) == 3 and mixed.dim() == 4 and dim in (3, -1)
             and torch.is_grad_enabled() and mixed.requires_grad
             and (mixed.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
             and mixed.numel() < 2 ** 31):

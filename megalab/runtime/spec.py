@@ -41,7 +41,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab.runtime import cp_attention, dropout_add, grouped_experts, moe_dispatch, norm, triton_norm  # noqa: E402
+from megalab.runtime import cp_attention, dropout_add, grouped_experts, levers, moe_dispatch, norm, triton_norm  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -82,8 +82,6 @@ from megatron.core.utils import divide  # noqa: E402
 
 __all__ = ["SDPAttention", "Norm", "megalab_layer_spec", "megalab_transformer_layer_spec"]
 
-
-NATIVE_GQA = False  # set by fastpath.apply for the sdpa_gqa lever, before the model is built
 
 
 class SDPAttention(MegatronModule):
@@ -194,10 +192,10 @@ class SDPAttention(MegatronModule):
 
         # Grouped-query attention. By default each K/V group is repeated for the query heads that share
         # it (as DotProductAttention does): every SDPA kernel takes that. With the sdpa_gqa lever
-        # (NATIVE_GQA) the kernel reads the shared K/V head itself (enable_gqa=True): no copies of K
+        # the kernel reads the shared K/V head itself (enable_gqa=True): no copies of K
         # and V forward, no sums of their gradients backward. cuDNN's and flash's kernels take it; the
         # ring/all-gather paths of context parallelism keep the copies.
-        gqa = nq != nkv and NATIVE_GQA and self.cp_size == 1
+        gqa = nq != nkv and levers.on(levers.SDPA_GQA) and self.cp_size == 1
         if nq != nkv and not gqa:
             key = key.repeat_interleave(nq // nkv, dim=2)
             value = value.repeat_interleave(nq // nkv, dim=2)
@@ -329,12 +327,12 @@ class Norm(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if triton_norm.takes(x):  # the triton_norm lever (its file)
-            if self.gives_residual and triton_norm.RESIDUAL:  # the norm_residual lever: (output, residual)
+            if self.gives_residual and levers.on(levers.NORM_RESIDUAL):  # the norm_residual lever: (output, residual)
                 return triton_norm.norm_residual(x, self.weight, self.bias, self.eps,
                                                  self.normalization == "RMSNorm", self.zero_centered_gamma)
             return triton_norm.norm(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
                                     self.zero_centered_gamma)
-        if norm.ON and x.is_cuda:  # the compiled_norm lever (megalab/runtime/norm.py)
+        if levers.on(levers.COMPILED_NORM) and x.is_cuda:  # the compiled_norm lever (megalab/runtime/norm.py)
             return norm.compiled(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
                                  self.zero_centered_gamma)
         weight = self.weight + 1 if self.zero_centered_gamma else self.weight
@@ -462,7 +460,7 @@ def megalab_layer_spec(config, vp_stage: Optional[int] = None) -> ModuleSpec:
     if cfg.num_moe_experts is None:
         layer_specs = [dense] * cfg.num_layers
     else:
-        # Grouped-GEMM experts when MEGALAB_FAST has the grouped_gemm lever (the launcher's
+        # Grouped-GEMM experts with the grouped_gemm lever (the launcher's
         # substitute for the preset's moe_grouped_gemm without TE) or --moe-grouped-gemm is set.
         moe = megalab_transformer_layer_spec(
             num_experts=cfg.num_moe_experts,

@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from megalab.runtime import param_grad
+from megalab.runtime import levers, param_grad
 from megalab.runtime.jit import kernel, sms
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever
@@ -34,8 +34,6 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-ON = False  # set by megalab/runtime/fastpath.py for the triton_norm lever, before the model runs
-RESIDUAL = False  # set by fastpath.py for the norm_residual lever (beside triton_norm): see _NormResidual
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
 # backward: enough programs to fill the GPU, few enough that the partial table stays small. 3 beat 4 at every shape
 # of the microbenchmark (78.2 against 81.4 us a call at 111; results/bench/grid-tuning-microbench.txt).
@@ -73,7 +71,7 @@ def _norm_forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n, eps,
     tl.store(rstd_ptr + row, rstd)
 
 
-def _norm_backward(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n,
+def norm_backward(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n,
                    rows_per_program, RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SHIFTED: tl.constexpr,
                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """A block of rows: each row's dx (plus the residual's gradient dr, with HAS_RES), and this block's sums of
@@ -119,7 +117,7 @@ def _block(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def _warps(block: int) -> int:
+def warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 8192 else 16
 
 
@@ -140,7 +138,7 @@ def _forward(ctx, x, weight, bias, eps, rms, shifted):
     block = _block(n)
     kernel(_norm_forward)[(rows,)](x2, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
                                    RMS=rms, HAS_BIAS=bias is not None, SHIFTED=shifted, BLOCK=block,
-                                   num_warps=_warps(block))
+                                   num_warps=warps(block))
     ctx.save_for_backward(x2, weight, mean, rstd)
     ctx.params = [weight] if bias is None else [weight, bias]  # the Parameters: main_grad lives on them
     ctx.rms, ctx.shifted, ctx.shape = rms, shifted, x.shape
@@ -165,10 +163,10 @@ def _backward(ctx, dy, dres):
     parts = param_grad.tables(len(ctx.params), programs, n, x2.device)  # dgamma's, then dbeta's
     has_bias = len(ctx.params) == 2
     block = _block(n)
-    kernel(_norm_backward)[(programs,)](x2, weight, dy2, dr2, dx, mean, rstd, parts[0], parts[-1], rows, n, per,
+    kernel(norm_backward)[(programs,)](x2, weight, dy2, dr2, dx, mean, rstd, parts[0], parts[-1], rows, n, per,
                                         RMS=ctx.rms, HAS_BIAS=has_bias, SHIFTED=ctx.shifted,
                                         HAS_RES=dres is not None, BLOCK=block, STAGES=STAGES,
-                                        num_warps=_warps(block))
+                                        num_warps=warps(block))
     grads = param_grad.reduce(ctx.params, parts) if any(ctx.needs_input_grad[1:3]) else [None, None]
     return dx.view(ctx.shape), grads[0], grads[1] if has_bias else None, None, None, None
 
@@ -206,7 +204,7 @@ def fits(x: torch.Tensor) -> bool:
 def takes(x: torch.Tensor) -> bool:
     """Whether megalab's Norm runs these kernels on `x`: the lever is on, x fits, and x is on the GPU (or Triton's
     interpreter runs, which takes CPU tensors: the CPU tests of the layers around them)."""
-    return ON and fits(x) and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    return levers.on(levers.TRITON_NORM) and fits(x) and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, rms: bool,

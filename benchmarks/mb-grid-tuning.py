@@ -14,7 +14,7 @@ GPU time per call: torch.profiler's kernel time (megalab/harness/bench.py kernel
 of the partial sums; "differs" is the largest difference from the shipped kernel's output. Shapes as in
 mb-pipelined-loops.py: row 111 and two that are not catalog rows.
 
-Run: python results/bench/mb-grid-tuning.py > results/bench/grid-tuning-microbench.txt
+Run: python benchmarks/mb-grid-tuning.py > results/bench/grid-tuning-microbench.txt
 """
 import importlib.util
 import sys
@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
-spec = importlib.util.spec_from_file_location("mbp", ROOT / "results/bench/mb-pipelined-loops.py")  # its helpers
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+spec = importlib.util.spec_from_file_location("mbp", ROOT / "benchmarks/mb-pipelined-loops.py")  # its helpers
 mbp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mbp)
 from megalab.harness.bench import kernel_us as gpu_us  # noqa: E402
@@ -100,7 +100,7 @@ def _norm_bwd(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, 
 def _pack3(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, qs_s, qs_b, qs_h, ks_s, ks_b, ks_h,
            vs_s, vs_b, vs_h, width, W, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, EVICT: tl.constexpr,
            STAGES: tl.constexpr):
-    """qkv_split._pack for all three pieces in one launch: program_id(2) picks the piece."""
+    """qkv_split.pack for all three pieces in one launch: program_id(2) picks the piece."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
     piece = tl.program_id(2)
@@ -146,7 +146,7 @@ def gelu(rows, n, sms):
 
         def f():
             if shipped:
-                kernel(bias_gelu._bias_gelu_backward)[(programs, col_blocks)](
+                kernel(bias_gelu.bias_gelu_backward)[(programs, col_blocks)](
                     g, y, bias, dx, parts[0], rows, n, per, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
             else:
                 _gelu_bwd[(programs, col_blocks)](g, y, bias, dx, parts[0], rows, n, per, BLOCK_R=block_r,
@@ -185,7 +185,7 @@ def norm(rows, n, sms):
 
         def f():
             if shipped:
-                kernel(triton_norm._norm_backward)[(programs,)](
+                kernel(triton_norm.norm_backward)[(programs,)](
                     x, w, dy, dr, dx, mean, rstd, parts[0], parts[1], rows, n, per, RMS=False, HAS_BIAS=True,
                     SHIFTED=False, HAS_RES=True, BLOCK=block, STAGES=triton_norm.STAGES, num_warps=warps)
             else:
@@ -194,7 +194,7 @@ def norm(rows, n, sms):
             param_grad.reduce([w, b], parts)
         return f
 
-    warps = triton_norm._warps(block)
+    warps = triton_norm.warps(block)
     run(3, False, triton_norm.PROGRAMS_PER_SM, warps, shipped=True)()
     ref = dx.clone()
     mbp.report(f"shipped ({triton_norm.PROGRAMS_PER_SM}/SM)", run(3, False, triton_norm.PROGRAMS_PER_SM, warps,
@@ -224,14 +224,14 @@ def pack(s, b, heads, hn, sms):
 
         def f():
             if shipped:
-                kernel(qkv_split._pack)[(programs, heads, 3)](dq, dk, dv, packed, parts, tokens, b, heads, per,
+                kernel(qkv_split.pack)[(programs, heads, 3)](dq, dk, dv, packed, parts, tokens, b, heads, per,
                                                               *strides, hn, hn, W, SUMS=True,
                                                               BLOCK_T=qkv_split.BLOCK_TOKENS,
                                                               BLOCK_W=triton.next_power_of_2(hn),
                                                               num_warps=qkv_split.WARPS)
             elif three:  # one launch a piece, as shipped through 0c57b23 (mb-pipelined-loops.py's copy, 1 stage)
                 for i, g in enumerate((dq, dk, dv)):
-                    mbp._pack[(programs, heads)](g, packed, parts, tokens, b, heads, per, *g.stride()[:3], hn, W,
+                    mbp.pack[(programs, heads)](g, packed, parts, tokens, b, heads, per, *g.stride()[:3], hn, W,
                                                  i * hn, BLOCK_T=qkv_split.BLOCK_TOKENS,
                                                  BLOCK_W=triton.next_power_of_2(hn), STAGES=1,
                                                  num_warps=qkv_split.WARPS)

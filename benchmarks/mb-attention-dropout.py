@@ -7,7 +7,7 @@ and dV back into the projection's gradient, as in a run.
 Why: the attention takes 46-53 ms of row 111's 346 ms GPU step (cudnn_sdpa puts cuDNN first); with dropout,
 the kernels run at a fraction of their dropout-free speed. This says which backend is quickest at this shape.
 
-Run: python results/bench/mb-attention-dropout.py > results/bench/attention-dropout-microbench.txt
+Run: python benchmarks/mb-attention-dropout.py > results/bench/attention-dropout-microbench.txt
 """
 import torch
 import torch.nn.functional as F

@@ -54,10 +54,10 @@ print("layouts: y^T", tuple(yT.shape), yT.stride(), " pre^T", tuple(preT.shape),
 
 # today's path, for the values and the times
 pre_ref = x @ w1.t()
-y_ref = BG._megatron().bias_gelu(b1, pre_ref)
+y_ref = BG.megatron_bias_gelu().bias_gelu(b1, pre_ref)
 pre_leaf = pre_ref.detach().requires_grad_()
 b_leaf = b1.detach().requires_grad_()
-y2 = BG._BiasGeLU.apply(pre_leaf, b_leaf)
+y2 = BG.BiasGeLU.apply(pre_leaf, b_leaf)
 dy = g @ w2
 y2.backward(dy)
 
@@ -72,15 +72,15 @@ print(f"values: y {rel(yT.t(), y_ref):.2e}  pre {rel(preT.t(), pre_ref + b1):.2e
 
 def base_fwd():
     p = x @ w1.t()
-    return BG._megatron().bias_gelu(b1, p)
+    return BG.megatron_bias_gelu().bias_gelu(b1, p)
 
 
 def base_bwd():
     d = g @ w2
-    return BG._BiasGeLU.backward(_Ctx(), d)
+    return BG.BiasGeLU.backward(_Ctx(), d)
 
 
-class _Ctx:  # what _BiasGeLU.backward reads off its ctx
+class _Ctx:  # what BiasGeLU.backward reads off its ctx
     saved_tensors = (pre_ref, b1)
     bias = b_leaf
     needs_input_grad = (True, True)

@@ -11,7 +11,7 @@ Two times per way: the GPU's (the kernels' own time, summed by torch.profiler) a
 loop without syncs, which is the host's time where the host is slower than the kernels (torch.compile's wrapper
 adds host work per call; a CUDA graph or a GPU-bound step hides it).
 
-Run: python results/bench/mb-norm.py > results/bench/norm-microbench.txt
+Run: python benchmarks/mb-norm.py > results/bench/norm-microbench.txt
 """
 import torch
 import torch.nn.functional as F

@@ -1,6 +1,6 @@
 """Which flat AdamW kernel variant keeps the bandwidth (1.56e9 parameters, GPT-2 XL shapes, Megatron-like group
 order): block size, warps, the clip coefficient on or off, IEEE (sqrt_rn, div_rn) or approximate ops. Run on
-one GPU: python results/bench/mb-flat-adam-variants.py. Its one run (1x H100, 2026-11-26, megalab 41b888f's
+one GPU: python benchmarks/mb-flat-adam-variants.py. Its one run (1x H100, 2026-11-26, megalab 41b888f's
 kernel as `flat_adam.step`) was read on the device and not kept: the first kernel took 15.9 ms without the clip
 coefficient and 23.3 ms with it; IEEE ops at 1024-2048 elements on 8 warps held 15.7-15.8 ms either way, while
 approximate ops or 4096-8192 elements on 4 warps fell to 22-39 ms. megalab/runtime/flat_adam.py took 2048 x 8
@@ -89,8 +89,8 @@ for main, model in pairs:
     entries.append((model.main_grad.storage_offset(), model.numel(), 0 if main.dim() > 1 else 1))
 for block in (1024, 2048, 4096, 8192):
     flat_adam.BLOCK = block
-    t = flat_adam._table(entries, "cuda")
-    tsorted = flat_adam._table(sorted(entries), "cuda")
+    t = flat_adam.table(entries, "cuda")
+    tsorted = flat_adam.table(sorted(entries), "cuda")
     for warps in (4, 8, 16):
         if block // (32 * warps) < 1: continue
         for hs in (False, True):

@@ -3,7 +3,7 @@
 forward and backward through autograd, the bias in an fp32 main_grad as in a run; the backward's time is
 forward+backward less the forward (torch.profiler's kernel time, megalab/harness/bench.py kernel_us).
 
-Run: python results/bench/mb-bias-gelu-grid.py > results/bench/bias-gelu-grid-microbench.txt
+Run: python benchmarks/mb-bias-gelu-grid.py > results/bench/bias-gelu-grid-microbench.txt
 """
 import torch
 

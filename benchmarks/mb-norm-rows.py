@@ -7,7 +7,7 @@ GPU time per call: the kernels' own time, summed by torch.profiler (megalab/harn
 ideal is the bytes the backward must move (read x, dy and the residual's gradient, write dx) at an H100 SXM's
 datasheet 3.35 TB/s.
 
-Run: python results/bench/mb-norm-rows.py > results/bench/norm-rows-microbench.txt
+Run: python benchmarks/mb-norm-rows.py > results/bench/norm-rows-microbench.txt
 """
 import torch
 import triton
@@ -84,7 +84,7 @@ def main():
 
             def bwd():
                 if rows_a_step == 1:  # the shipped kernel (its loop unpipelined when this file's output was taken)
-                    triton_norm.kernel(triton_norm._norm_backward)[(programs,)](
+                    triton_norm.kernel(triton_norm.norm_backward)[(programs,)](
                         x, w, dy, dr, dx, mean, rstd, parts[0], parts[1], rows, n, per, RMS=False, HAS_BIAS=True,
                         SHIFTED=False, HAS_RES=True, BLOCK=block, STAGES=triton_norm.STAGES, num_warps=warps)
                 else:

@@ -5,7 +5,7 @@
                  master-to-weight copy, one copy_ per tensor (_multi_tensor_copy_this_to_that with bf16);
   flat         : flat_adam's kernel over buffers laid out like Megatron's grad buffer (reverse order).
 
-Run: python results/bench/mb-flat-adam.py > results/bench/flat-adam-microbench.txt
+Run: python benchmarks/mb-flat-adam.py > results/bench/flat-adam-microbench.txt
 """
 import time
 

@@ -10,7 +10,7 @@ run does. GPU time per call: the kernels' own time, summed by torch.profiler (me
 The ideal is the bytes each must move (forward: read x and residual, write out; backward: read the output's
 gradient, write the input's) at an H100 SXM's datasheet 3.35 TB/s.
 
-Run: python results/bench/mb-dropout-add.py > results/bench/dropout-add-microbench.txt
+Run: python benchmarks/mb-dropout-add.py > results/bench/dropout-add-microbench.txt
 """
 import torch
 

@@ -25,7 +25,7 @@ The reduction's section compares its copies with each other only: in the committ
 tile (64 x 64, 1 stage, one launch a table) took about three times the shipped kernel (both tables in one launch),
 a difference this file does not explain; nothing from that section was adopted.
 
-Run: python results/bench/mb-pipelined-loops.py > results/bench/pipelined-loops-microbench.txt
+Run: python benchmarks/mb-pipelined-loops.py > results/bench/pipelined-loops-microbench.txt
 """
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,7 @@ SHAPES = [  # (what, s, b, heads, head dim); hidden = heads x head dim
 @triton.jit
 def _norm_bwd(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, rows, n, rows_per_program,
               BLOCK: tl.constexpr, STAGES: tl.constexpr, EARLY: tl.constexpr):
-    """triton_norm._norm_backward for LayerNorm with a bias and the residual's gradient (HAS_RES)."""
+    """triton_norm.norm_backward for LayerNorm with a bias and the residual's gradient (HAS_RES)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -81,7 +81,7 @@ def _norm_bwd(x_ptr, w_ptr, dy_ptr, dr_ptr, dx_ptr, mean_ptr, rstd_ptr, dw_ptr, 
 @triton.jit
 def _gelu_bwd(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per_program, BLOCK_R: tl.constexpr,
               BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
-    """bias_gelu._bias_gelu_backward, its loop a tl.range."""
+    """bias_gelu.bias_gelu_backward, its loop a tl.range."""
     pid_r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < n
@@ -104,9 +104,9 @@ def _gelu_bwd(g_ptr, y_ptr, b_ptr, dx_ptr, part_ptr, rows, n, rows_per_program, 
 
 
 @triton.jit
-def _pack(src, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, s_s, s_b, s_h, width, W, off,
+def pack(src, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, s_s, s_b, s_h, width, W, off,
           BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, STAGES: tl.constexpr):
-    """qkv_split._pack with its sums, its loop a tl.range."""
+    """qkv_split.pack with its sums, its loop a tl.range."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK_W)
@@ -135,7 +135,7 @@ def _quarter(groups, k: tl.constexpr, last, rows, n, cols, cmask):
 @triton.jit
 def _bda_bwd(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_per_program, GROUPS: tl.constexpr,
              BLOCK_C: tl.constexpr, STAGES: tl.constexpr, FIRST: tl.constexpr):
-    """dropout_add._bda_backward with a bias; FIRST: the four rows' loads before any store."""
+    """dropout_add.bda_backward with a bias; FIRST: the four rows' loads before any store."""
     pid_r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < n
@@ -178,7 +178,7 @@ def _bda_bwd(g_ptr, dx_ptr, seed_ptr, part_ptr, rows, n, p, scale, groups_per_pr
 @triton.jit
 def _bda_fwd(x_ptr, b_ptr, r_ptr, out_ptr, seed_ptr, rows, n, p, scale, groups_per_program, GROUPS: tl.constexpr,
              BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
-    """dropout_add._bda_forward with a bias, walking groups_per_program row groups, the four rows' loads first."""
+    """dropout_add.bda_forward with a bias, walking groups_per_program row groups, the four rows' loads first."""
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < n
     seed = tl.load(seed_ptr)
@@ -211,8 +211,8 @@ def _bda_fwd(x_ptr, b_ptr, r_ptr, out_ptr, seed_ptr, rows, n, p, scale, groups_p
 
 
 @triton.jit
-def _sum_rows(part_ptr, out_ptr, rows, n, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
-    """param_grad._sum_rows for one table, added into an fp32 main_grad, its loop a tl.range."""
+def sum_rows(part_ptr, out_ptr, rows, n, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, STAGES: tl.constexpr):
+    """param_grad.sum_rows for one table, added into an fp32 main_grad, its loop a tl.range."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < n
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
@@ -258,13 +258,13 @@ def norm(rows, n, sms):
 
         def f():
             if shipped:
-                kernel(triton_norm._norm_backward)[(programs,)](
+                kernel(triton_norm.norm_backward)[(programs,)](
                     x, w, dy, dr, dx, mean, rstd, parts[0], parts[1], rows, n, per, RMS=False, HAS_BIAS=True,
                     SHIFTED=False, HAS_RES=True, BLOCK=block, STAGES=triton_norm.STAGES,
-                    num_warps=triton_norm._warps(block))
+                    num_warps=triton_norm.warps(block))
             else:
                 _norm_bwd[(programs,)](x, w, dy, dr, dx, mean, rstd, parts[0], parts[1], rows, n, per, BLOCK=block,
-                                       STAGES=stages, EARLY=early, num_warps=triton_norm._warps(block))
+                                       STAGES=stages, EARLY=early, num_warps=triton_norm.warps(block))
             param_grad.reduce([w, b], parts)
         return f
 
@@ -292,7 +292,7 @@ def gelu(rows, n, sms):
     def run(stages, shipped=False):
         def f():
             if shipped:
-                kernel(bias_gelu._bias_gelu_backward)[(programs, col_blocks)](
+                kernel(bias_gelu.bias_gelu_backward)[(programs, col_blocks)](
                     g, y, bias, dx, parts[0], rows, n, per, BLOCK_R=bias_gelu.BLOCK_ROWS,
                     BLOCK_C=bias_gelu.BLOCK_COLS, num_warps=bias_gelu.WARPS)
             else:
@@ -326,7 +326,7 @@ def pack(s, b, heads, hn, sms):
         def f():
             if shipped:  # since the grid-tuning microbenchmark: the three pieces in one launch
                 strides = [x for g in pieces for x in g.stride()[:3]]
-                kernel(qkv_split._pack)[(programs, heads, 3)](*pieces, packed, parts, tokens, b, heads, per, *strides,
+                kernel(qkv_split.pack)[(programs, heads, 3)](*pieces, packed, parts, tokens, b, heads, per, *strides,
                                                               hn, hn, W, SUMS=True, BLOCK_T=qkv_split.BLOCK_TOKENS,
                                                               BLOCK_W=triton.next_power_of_2(hn),
                                                               num_warps=qkv_split.WARPS)
@@ -334,7 +334,7 @@ def pack(s, b, heads, hn, sms):
                 off = 0
                 for g in pieces:
                     args = (g, packed, parts, tokens, b, heads, per, g.stride(0), g.stride(1), g.stride(2), hn, W, off)
-                    _pack[(programs, heads)](*args, BLOCK_T=qkv_split.BLOCK_TOKENS, BLOCK_W=triton.next_power_of_2(hn),
+                    pack[(programs, heads)](*args, BLOCK_T=qkv_split.BLOCK_TOKENS, BLOCK_W=triton.next_power_of_2(hn),
                                              STAGES=stages, num_warps=qkv_split.WARPS)
                     off += hn
             param_grad.reduce([bias], parts)
@@ -366,7 +366,7 @@ def dropout(rows, n):
         def f():
             args = (g, dx, seed, parts, rows, n, 0.1, 1 / 0.9, per)
             if shipped:
-                kernel(dropout_add._bda_backward)[(programs, col_blocks)](
+                kernel(dropout_add.bda_backward)[(programs, col_blocks)](
                     *args, HAS_BIAS=True, GROUPS=dropout_add.ROW_GROUPS, BLOCK_C=dropout_add.BLOCK_COLS,
                     STAGES=dropout_add.STAGES, num_warps=dropout_add.WARPS)
             else:
@@ -400,7 +400,7 @@ def dropout_forward(rows, n):
 
         def f():
             if shipped:
-                kernel(dropout_add._bda_forward)[(programs, col_blocks)](
+                kernel(dropout_add.bda_forward)[(programs, col_blocks)](
                     x, bias, r, out, seed, rows, n, 0.1, 1 / 0.9, HAS_BIAS=True, GROUPS=dropout_add.ROW_GROUPS,
                     BLOCK_C=dropout_add.BLOCK_COLS, num_warps=dropout_add.WARPS)
             else:
@@ -438,7 +438,7 @@ def sums(rows, n, sms):
                     param_grad.reduce(params, parts)
                 else:
                     for i, p in enumerate(params):
-                        _sum_rows[(triton.cdiv(width, block_c),)](parts[i], p.main_grad, programs, width,
+                        sum_rows[(triton.cdiv(width, block_c),)](parts[i], p.main_grad, programs, width,
                                                                   BLOCK_R=block_r, BLOCK_C=block_c, STAGES=stages,
                                                                   num_warps=4)
             return f

@@ -8,7 +8,7 @@ loop without syncs (the host's time where it is slower than the kernels; a CUDA 
 hides it). The ideal is the bytes each way must move (forward: read x, write y; backward: read x and dy,
 write dx) at the GPU's memory speed.
 
-Run: python results/bench/mb-triton-norm.py > results/bench/triton-norm-microbench.txt
+Run: python benchmarks/mb-triton-norm.py > results/bench/triton-norm-microbench.txt
 """
 import torch
 import torch.nn.functional as F

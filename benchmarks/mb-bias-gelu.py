@@ -13,7 +13,7 @@ GPU time per call: the kernels' own time, summed by torch.profiler (megalab/harn
 is the bytes the backward must move (read the gradient and the saved input, write the input gradient) at the GPU's
 memory speed.
 
-Run: python results/bench/mb-bias-gelu.py > results/bench/bias-gelu-microbench.txt
+Run: python benchmarks/mb-bias-gelu.py > results/bench/bias-gelu-microbench.txt
 """
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,7 @@ def main():
         print(f"{what}: backward moves {moved / 1e6:.0f} MB (at an H100 SXM datasheet 3.35 TB/s: "
               f"{moved / 3.35e6:.0f} us)")
         want = grads(M.bias_gelu_impl)
-        ways = [("Megatron", M.bias_gelu_impl, None)] + [("triton", bias_gelu._BiasGeLU.apply, t) for t in TILES]
+        ways = [("Megatron", M.bias_gelu_impl, None)] + [("triton", bias_gelu.BiasGeLU.apply, t) for t in TILES]
         for name, fn, tile in ways:
             if tile is not None:
                 bias_gelu.BLOCK_ROWS, bias_gelu.BLOCK_COLS, warps = tile

@@ -11,7 +11,7 @@ GPU time per call: the kernels' own time, summed by torch.profiler (megalab/harn
 ideal is the bytes each must move (forward: read x and residual, write out; backward: read the gradient, write
 dx) at an H100 SXM's datasheet 3.35 TB/s.
 
-Run: python results/bench/mb-dropout-rng.py > results/bench/dropout-rng-microbench.txt
+Run: python benchmarks/mb-dropout-rng.py > results/bench/dropout-rng-microbench.txt
 """
 import torch
 import triton

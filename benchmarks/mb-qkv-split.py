@@ -14,7 +14,7 @@ strides are what the layer's backward sees. GPU time per call: torch.profiler's 
 (megalab/harness/bench.py kernel_us). The ideal is the bytes the cat must move (read three, write one) at an H100
 SXM's datasheet 3.35 TB/s.
 
-Run: python results/bench/mb-qkv-split.py > results/bench/qkv-split-microbench.txt
+Run: python benchmarks/mb-qkv-split.py > results/bench/qkv-split-microbench.txt
 """
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,7 @@ def pack_into(pieces, packed, parts, tokens, batch, heads, row_programs, per, su
     off = 0
     for g in pieces:
         w = g.shape[-1]
-        kernel(qkv_split._pack)[(row_programs, heads)](g, packed, parts, tokens, batch, heads, per, g.stride(0),
+        kernel(qkv_split.pack)[(row_programs, heads)](g, packed, parts, tokens, batch, heads, per, g.stride(0),
                                                         g.stride(1), g.stride(2), w, W, off, SUMS=sums,
                                                         BLOCK_T=block_t, BLOCK_W=triton.next_power_of_2(w),
                                                         num_warps=warps)
