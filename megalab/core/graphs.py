@@ -17,8 +17,11 @@ REFUSED = (
     ("te", "measured without Transformer Engine only; TE brings its own graph paths (--cuda-graph-impl transformer_engine)"),
     ("spec_local", "Megatron's stock local spec stays stock: it is the bench's unmodified baseline"),
     ("profile", "Megatron's per-microbatch timers and the torch profiler need kernels launched one by one"),
-    ("moe", "MoE token routing synchronises with the host; capture fails on the rig "
+    ("moe", "Megatron's MoE token dispatcher synchronises with the host (without the moe_gather lever, with "
+            "expert or expert-tensor parallel, or token dropping); capture fails on the rig "
             "(522: 'operation not permitted on an event last recorded in a capturing stream')"),
+    ("moe_gpus", "with the moe_gather lever MoE captures and replays on one GPU (510; results/bench, levers tried "
+                 "against the default); on several GPUs it is not yet measured: CUDA_GRAPH=1 to try"),
     ("pp_no_vpp", "Megatron's non-interleaved pipeline schedule synchronises the device in its p2p sends, "
                   "which capture forbids (006: cudaErrorStreamCaptureUnsupported in p2p_communication._communicate); "
                   "interleaved (VPP) pipelines capture (489)"),
@@ -106,14 +109,23 @@ def decide(requested: str, *, features: set[str], predicted_peak_gib: float | No
                                f"where auto wants {spare:.1f} GiB to spare")
 
 
-def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_interval) -> set[str]:
-    """The REFUSED features an experiment and its options have."""
+# Megatron flags that keep Megatron's own (host-syncing) MoE dispatcher even with moe_gather (moe_dispatch.eligible)
+_SYNCING_MOE_FLAGS = ("--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+                      "--moe-router-padding-for-quantization", "--moe-shared-expert-overlap")
+
+
+def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_interval, fast=(),
+                extra_args=()) -> set[str]:
+    """The REFUSED features an experiment and its options have (fast: the run's levers; extra_args: EXTRA_ARGS)."""
+    gather = ("moe_gather" in fast and exp.ep == 1 and exp.etp == 1
+              and not any(a in _SYNCING_MOE_FLAGS for a in (*exp.extra_args, *extra_args)))
     found = {
         "te": impl == "transformer_engine",
         "spec_local": spec != "megalab",
         "profile": profile or bool(getattr(exp, "timing_log_level", 0)),
         "torch_profiler": profile,
-        "moe": bool(exp.num_experts),
+        "moe": bool(exp.num_experts) and not gather,
+        "moe_gpus": bool(exp.num_experts) and gather and exp.gpus > 1,
         "pp_no_vpp": exp.pp > 1 and not exp.layers_per_virtual_stage,
         "cp": exp.cp > 1,
         "recompute": exp.recompute not in (None, "", "none"),

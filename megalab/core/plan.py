@@ -156,7 +156,7 @@ def cuda_graph(exp: Experiment, opts: Options, impl: str, machine: Machine, fast
     the run builds); its reason quotes the peak the plan prints (with the graph where it is on)."""
     requested = {True: "1", False: "0"}.get(opts.cuda_graph, opts.cuda_graph)
     features = graphs.features_of(exp, impl=impl, spec=opts.spec, profile=opts.profile, nnodes=opts.nnodes,
-                                  exit_interval=opts.exit_interval)
+                                  exit_interval=opts.exit_interval, fast=fast, extra_args=opts.extra_args)
     peak = graph_peak = capacity = None
     if requested == "auto" and not features:
         capacity = machine.gpu_memory_gib  # the GPU found, else the planning GPU; GPU_MEM_GB's cap applied

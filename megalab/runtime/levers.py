@@ -60,6 +60,7 @@ RULES = {
     "gqa": Rule("grouped-query attention, no experts", lambda m: m.gqa),
     "moe_grouped_gemm": Rule("experts whose preset asks for moe_grouped_gemm (its TE-free substitute)",
                              lambda m: m.moe_grouped_gemm),
+    "moe": Rule("every model with experts", lambda m: m.moe),
 }
 
 # What a run's machine must have for a lever to apply (fastpath.apply checks; without it the lever is not applied).
@@ -135,13 +136,14 @@ TABLE: tuple[Lever, ...] = (
       "(runtime/gelu_epilogue.py)", "megalab.runtime.gelu_epilogue:install", "gpt2_mlp",
       requires=("nvmath", "cuda"), evidence=(TRIED, MICRO + "gelu-epilogue-microbench.txt")),
     L("moe_gather", "MoE tokens permuted and combined by gathers on the GPU, no host sync, no atomics, where "
-      "EP = ETP = 1 (runtime/moe_dispatch.py)", None, spec=True, estimated=False, evidence=(TRIED,)),
+      "EP = ETP = 1 (runtime/moe_dispatch.py); lets the CUDA graph capture MoE", None, "moe", spec=True,
+      estimated=False, evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
     L("expert_stack", "a MoE layer's expert weights as one tensor per linear, its gradient added into main_grad "
-      "in the grouped GEMM's backward (runtime/grouped_experts.py)", None, needs=("grouped_gemm",), spec=True,
-      estimated=False, evidence=(TRIED,)),
+      "in the grouped GEMM's backward (runtime/grouped_experts.py)", None, "moe_grouped_gemm",
+      needs=("grouped_gemm",), spec=True, estimated=False, evidence=(TRIED,)),
     L("moe_act", "the experts' GeLU times the router's probability in one Triton kernel each way "
       "(runtime/moe_act.py)", None, needs=("grouped_gemm",), requires=("triton",), spec=True, estimated=False,
-      evidence=(TRIED,)),
+      evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
 )
 del L
 BY_NAME = {lever.name: lever for lever in TABLE}

@@ -24,9 +24,10 @@ except ImportError:  # pragma: no cover
     triton = None
 
 LEVER = levers.MOE_ACT
-BLOCK_ROWS = 8  # rows per program; a row (ffn columns) is walked in BLOCK_COLS steps
+# 4 rows x 4 warps: the fastest tile each way at row 510's shape (results/bench/moe-kernels-microbench.txt)
+BLOCK_ROWS = 4  # rows per program; a row (ffn columns) is walked in BLOCK_COLS steps
 BLOCK_COLS = 1024
-WARPS = 8
+WARPS = 4
 
 
 def _forward(h_ptr, p_ptr, y_ptr, rows, n, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):

@@ -44,7 +44,7 @@ from megatron.core.transformer.moe.token_dispatcher import (
 LEVER = levers.MOE_GATHER
 
 
-BLOCK_T = 16  # gather_sum's tile: tokens x hidden columns per program
+BLOCK_T = 8  # gather_sum's tile, tokens x hidden columns: the fastest of five (results/bench/moe-kernels-microbench.txt)
 BLOCK_H = 256
 
 
