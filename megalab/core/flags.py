@@ -278,6 +278,7 @@ MODEL_FLAGS = {
     "--rotary-base": ("rotary_base", int), "--swiglu": ("swiglu", None),
     "--untie-embeddings-and-output-weights": ("untie_embeddings", None),
     "--disable-bias-linear": ("disable_bias_linear", None),
+    "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", int),
 }
 
 # Megatron flags that change a target's batch or layout, as the Experiment field each overrides (a None
@@ -287,6 +288,8 @@ LAYOUT_FLAGS = {
     "--tensor-model-parallel-size": ("tp", int), "--pipeline-model-parallel-size": ("pp", int),
     "--context-parallel-size": ("cp", int), "--sequence-parallel": ("sp", None),
     "--use-distributed-optimizer": ("zero2", None),
+    "--num-experts": ("num_experts", int), "--moe-router-topk": ("topk", int),
+    "--expert-model-parallel-size": ("ep", int), "--expert-tensor-parallel-size": ("etp", int),
 }
 
 

@@ -75,6 +75,12 @@ def _record_layout(rec: RunRecord) -> tuple[catalog.Experiment, dict[str, Any], 
     given = cfg.model_dump(exclude_unset=True)  # the fields the record has (an older one lacks some)
     lay = catalog.Experiment.model_construct(**{n: given[n] for n in catalog.Experiment.model_fields if n in given})
     preset = cfg.model_preset or catalog.models()[lay.model]
+    extra = tuple(shlex.split(cfg.extra_args or ""))
+    if extra:  # flags the launcher of an older record did not yet read into its config (e.g. --moe-router-topk)
+        try:
+            lay, preset = flags.effective_experiment(lay, extra), flags.effective_model(preset, extra)
+        except catalog.CatalogError:
+            pass  # the record's own config stands
     spec = "local" if cfg.spec == "local" and cfg.transformer_impl != "transformer_engine" else "megalab"
     return lay, preset, spec
 
