@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from megalab.runtime import memcap
 from megalab.core import catalog, git, graphs
 from megalab.__main__ import main
 from megalab.core import estimate as E, gpus, steptime
@@ -210,7 +211,7 @@ def test_local_spec_at_mbs15_does_not_fit_an_h100():
 
 
 def test_gpu_mem_gb_80_is_an_h100():
-    assert gpus.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
+    assert memcap.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
     assert E.gpu_spec("NVIDIA H200")[0] == pytest.approx(143771 / 1024)
 
 

@@ -117,7 +117,7 @@ RING_STRANDED_CHUNKS_PER_STEP = 1.0
 
 # ---- GPUs -----------------------------------------------------------------------------------------
 # Memory and peak from the one datasheet table (megalab/core/gpus.py); GPU_MEM_GB=N caps to
-# gpus.nominal_gb_to_gib(N) GiB (80: an H100 80GB).
+# memcap.nominal_gb_to_gib(N) GiB (80: an H100 80GB).
 DEFAULT_MFU = 0.35
 SPECS = ("megalab", "local")
 
