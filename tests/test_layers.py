@@ -126,7 +126,8 @@ def test_megalab_imports_sit_at_module_top(module):
     assert not inner, f"{module} imports {inner} inside a function: import it at the top"
 
 
-TORCH_FREE_RUNTIME = {"megalab.runtime", "megalab.runtime.levers"}  # levers: names and parsing only
+# levers: the lever table; memcap: GPU_MEM_GB's conversion (torch inside its functions only)
+TORCH_FREE_RUNTIME = {"megalab.runtime", "megalab.runtime.levers", "megalab.runtime.memcap"}
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(("megalab.harness", "megalab.results"))])

@@ -61,13 +61,12 @@ def test_cap_is_left_alone_after_the_first_iterations_and_while_capturing(monkey
 def test_the_runtime_cap_and_the_launcher_read_one_conversion(gb):
     """GPU_MEM_GB becomes GiB in one function (memcap.nominal_gb_to_gib), which the launcher's plan reads too. The
     launcher passes the cap as text the entry point parses back once (variables.gb_text: 80.0 -> "80")."""
-    from megalab.core import gpus, variables
+    from megalab.core import variables
 
     text = variables.gb_text(gb)
     assert float(text) == gb and (text == "80") == (gb == 80.0)
     cap = memcap.MemoryCap(float(text), device=0)
-    assert cap.cap / GiB == gpus.nominal_gb_to_gib(gb)
-    assert gpus.nominal_gb_to_gib is memcap.nominal_gb_to_gib
+    assert cap.cap / GiB == memcap.nominal_gb_to_gib(gb)
 
 
 def test_nominal_gb_become_gib_in_one_function():

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import megatron_verdict
+from megalab.runtime import memcap
 from megalab.core import catalog, flags, plan
 from megalab.harness import launch, pyinfo
 from megalab.core.variables import LaunchError, Options
@@ -84,7 +85,7 @@ def test_without_a_gpu_the_plan_is_for_an_h100_unless_gpu_says_otherwise():
 def test_gpu_mem_gb_141_plans_an_h200_not_an_h100():
     m = plan.machine_of(gpus=0, opts=Options(gpu_mem_gb=141.0))
     assert m.gpu_name == "NVIDIA H200"
-    assert m.gpu_memory_gib == pytest.approx(gpus.nominal_gb_to_gib(141))
+    assert m.gpu_memory_gib == pytest.approx(memcap.nominal_gb_to_gib(141))
     out = subprocess.run([sys.executable, "-m", "megalab", "plan", "101"], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "GPU_MEM_GB": "141"})
     assert "(NVIDIA H200)" in out.stdout and "H100" not in out.stdout

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from megalab.runtime import memcap
 from megalab.core import logparse
 from megalab.results import tables
 from megalab.harness import record
@@ -126,7 +127,7 @@ def test_gpu_datasheet_lookup(name, short, tflops):
 def test_gpu_datasheet_unknown_and_memory():
     assert gpus.lookup("Tesla T4") is None and gpus.peak_tflops(None) is None
     assert gpus.lookup("NVIDIA H100 80GB HBM3").memory_gib == pytest.approx(81559 / 1024)
-    assert gpus.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
+    assert memcap.nominal_gb_to_gib(80) == pytest.approx(81559 / 1024)
     assert gpus.short_gpu_name("NVIDIA H100 80GB HBM3") == "H100 80GB" and gpus.short_gpu_name(None) == "GPU"
 
 

@@ -117,7 +117,7 @@ RING_STRANDED_CHUNKS_PER_STEP = 1.0
 
 # ---- GPUs -----------------------------------------------------------------------------------------
 # Memory and peak from the one datasheet table (megalab/core/gpus.py); GPU_MEM_GB=N caps to
-# gpus.nominal_gb_to_gib(N) GiB (80: an H100 80GB).
+# memcap.nominal_gb_to_gib(N) GiB (80: an H100 80GB).
 DEFAULT_MFU = 0.35
 SPECS = ("megalab", "local")
 
@@ -439,12 +439,41 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
     if spec not in SPECS:
         raise ValueError(f"spec must be one of {SPECS}, got {spec!r}")
     e = exp  # a catalog.Experiment (for a run record: rebuilt from its config)
-    cfg = model_cfg if model_cfg is not None else exp.model_cfg
-    sh = Shape.of(cfg, e)
+    sh = Shape.of(model_cfg if model_cfg is not None else exp.model_cfg, e)
+    p, m = e.pp, e.num_microbatches
+    v = (sh.layers // p) // e.layers_per_virtual_stage if e.layers_per_virtual_stage else 1
+    vpad = padded_vocab(sh.vocab, e.tp)
+    stages, per_layer_sbh = memory_stages(e, sh, spec=spec, fast=fast, cuda_graph=cuda_graph, v=v, vpad=vpad)
+
+    name = gpu_name or gpus.DEFAULT_GPU_NAME
+    mem, peak = gpu_spec(name)
+    fl = flops_breakdown(sh, gbs=e.gbs, tp=e.tp, recompute=e.recompute)
+    bubble = (p - 1) / (v * m) if p > 1 else 0.0
+    features = None
+    if mfu is not None:  # the old guess, on request (plan --mfu)
+        step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
+    else:
+        features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, cuda_graph=cuda_graph,
+                                 fast=fast)
+        step_s = steptime.step_seconds(features)
+        mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
+    return Estimate(
+        target=e.id, model=e.model, spec=spec, gpus=e.gpus, tp=e.tp, pp=p, cp=e.cp, dp=e.dp, ep=e.ep, etp=e.etp,
+        sp=e.sp, zero2=e.zero2, recompute=e.recompute, mbs=e.mbs, gbs=e.gbs, num_microbatches=m,
+        virtual_stages=v, vocab=sh.vocab, vocab_padded=vpad, params_total=total_params(sh, e.tp),
+        stages=stages, per_layer_sbh=per_layer_sbh, seq=sh.seq, hidden=sh.h, gpu_name=name,
+        gpu_mem_gib=gpu_mem_gib if gpu_mem_gib is not None else mem, peak_tflops=peak,
+        flops_per_step=fl["model"], hw_flops_per_step=fl["hardware"], bubble=bubble, mfu=mfu,
+        step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12, step=features,
+        bf16_ce="bf16_ce" in fast)
+
+
+def memory_stages(e: Any, sh: Shape, *, spec: str, fast: frozenset[str], cuda_graph: bool, v: int,
+                  vpad: int) -> tuple[list[Stage], float]:
+    """Each pipeline stage's memory per GPU (its parameters and state, the activations it holds, the transients of
+    its backward and optimizer step, what lies outside the allocator), and the activations per layer in s b h."""
     t, p, cp = e.tp, e.pp, e.cp
     dp, m = e.dp, e.num_microbatches
-    v = (sh.layers // p) // e.layers_per_virtual_stage if e.layers_per_virtual_stage else 1
-    vpad = padded_vocab(sh.vocab, t)
     ep, etp = e.ep, e.etp
     expert_dp = max(1, e.gpus // (p * ep * etp))
     dense_dp_opt = dp * cp if e.zero2 else 1  # distributed optimizer shards over the DP x CP group
@@ -504,28 +533,7 @@ def estimate(exp: Any, *, gpu_mem_gib: float | None = None, spec: str = "megalab
                             optimizer_step_bytes=step_temp, ring_slack_bytes=ring, allocated_bytes=allocated,
                             overhead_bytes=overhead, peak_bytes=allocated + overhead + graph,
                             graph_bytes=graph))
-
-    name = gpu_name or gpus.DEFAULT_GPU_NAME
-    mem, peak = gpu_spec(name)
-    fl = flops_breakdown(sh, gbs=e.gbs, tp=t, recompute=e.recompute)
-    bubble = (p - 1) / (v * m) if p > 1 else 0.0
-    features = None
-    if mfu is not None:  # the old guess, on request (plan --mfu)
-        step_s = fl["hardware"] / (e.gpus * peak * 1e12 * mfu) * (1 + bubble)
-    else:
-        features = step_features(e, sh, stages, vpad=vpad, v=v, gpu_name=name, cuda_graph=cuda_graph,
-                                 fast=fast)
-        step_s = steptime.step_seconds(features)
-        mfu = fl["model"] / (step_s * e.gpus * peak * 1e12)
-    return Estimate(
-        target=e.id, model=e.model, spec=spec, gpus=e.gpus, tp=t, pp=p, cp=cp, dp=dp, ep=ep, etp=etp,
-        sp=e.sp, zero2=e.zero2, recompute=e.recompute, mbs=e.mbs, gbs=e.gbs, num_microbatches=m,
-        virtual_stages=v, vocab=sh.vocab, vocab_padded=vpad, params_total=total_params(sh, t),
-        stages=stages, per_layer_sbh=per_layer_sbh, seq=sh.seq, hidden=sh.h, gpu_name=name,
-        gpu_mem_gib=gpu_mem_gib if gpu_mem_gib is not None else mem, peak_tflops=peak,
-        flops_per_step=fl["model"], hw_flops_per_step=fl["hardware"], bubble=bubble, mfu=mfu,
-        step_ms=step_s * 1e3, tflops_per_gpu=fl["model"] / step_s / e.gpus / 1e12, step=features,
-        bf16_ce="bf16_ce" in fast)
+    return stages, per_layer_sbh
 
 
 def layer_lever_bytes(sh: Shape, *, triton_norm: bool, norm_residual: bool, bias_gelu: bool, dropout_add: bool,
@@ -560,109 +568,141 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     peak = gpu.tflops_bf16 * 1e12
     hbm = (gpu.hbm_tbps or default.hbm_tbps) * 1e12
     link = gpu.link_gbps or default.link_gbps
-    t, p, cp, ep, etp = e.tp, e.pp, e.cp, e.ep, e.etp
-    b, s, h = e.mbs, sh.seq // cp, sh.h
-    gran, method, nrec = parse_recompute(e.recompute)
-    full = gran == "full"
-    act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
+    full = parse_recompute(e.recompute)[0] == "full"
+    passes = 4.0 if full else 3.0
+    b, s, h, t = e.mbs, sh.seq // e.cp, sh.h, e.tp
+    outside = steptime.ELEMENTWISE_OUTSIDE_TP  # elementwise work on the whole hidden state: split by TP only with SP
+    a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
+    for st in stages:
+        ga, gb = _gemm_terms(e, sh, st, fast=fast, vpad=vpad, peak=peak, passes=passes)
+        a_.append(ga)
+        b_.append(gb)
+        hbm_s.append(_memory_bound_bytes(e, sh, st, fast=fast, vpad=vpad, passes=passes) / hbm)
+        elementwise.append(st.layers * passes / 3 * b * s * h * (outside / (t if e.sp else 1) + (1 - outside) / t) / hbm)
+        per_layer = steptime.KERNELS_PER_LAYER * (4 / 3 if full else 1)
+        if sh.num_experts and "grouped_gemm" not in fast:
+            per_layer += sh.num_experts / e.ep * steptime.KERNELS_PER_EXPERT
+        kernels.append(0.0 if cuda_graph else st.layers * per_layer)  # a graph replays them in one launch
+        c, n_calls = _stage_comm(e, sh, st, link=link, full=full, v=v)
+        comm.append(c)
+        calls.append(0 if cuda_graph else n_calls)  # the graph replays the collectives: no host latency
+        moe.append(st.layers if sh.num_experts else 0)
+    slots = e.num_microbatches + ((e.pp - 1) / v if e.pp > 1 else 0.0)
+    return steptime.Features(a=tuple(a_), b=tuple(b_), kernels=tuple(kernels), comm_s=tuple(comm),
+                             calls=tuple(calls), moe_layers=tuple(moe), hbm_s=tuple(hbm_s),
+                             elementwise=tuple(elementwise), slots=slots,
+                             optimizer_s=_optimizer_seconds(e, stages, fast=fast, hbm=hbm),
+                             dp_comm_s=_dp_comm_seconds(e, sh, stages, link=link))
+
+
+def _gemm_terms(e: Any, sh: Shape, st: Stage, *, fast: frozenset[str], vpad: int, peak: float,
+                passes: float) -> tuple[float, float]:
+    """A stage's GEMMs per micro-batch as the step-time model's two terms (steptime.gpu_terms): its layers' passes
+    (the core attention's forward again under selective recompute) and, on the last stage, the output layer."""
+    t, cp, ep, etp, b = e.tp, e.cp, e.ep, e.etp, e.mbs
+    grouped = "grouped_gemm" in fast
+    layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=grouped, layers=st.layers, last=False,
+                             vocab_padded=vpad)
+    ga, gb = steptime.gpu_terms(layer_g, peak, passes)
+    if parse_recompute(e.recompute)[0] == "selective":  # the core attention's forward again
+        ga2, gb2 = steptime.gpu_terms(layer_g[2:3], peak, 1.0)
+        ga, gb = ga + ga2, gb + gb2
+    if st.index == e.pp - 1:
+        la, lb = steptime.gpu_terms(steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped=grouped, layers=0,
+                                                   last=True, vocab_padded=vpad)[-1:], peak, 3.0)
+        ga, gb = ga + la, gb + lb
+    return ga, gb
+
+
+def _memory_bound_bytes(e: Any, sh: Shape, st: Stage, *, fast: frozenset[str], vpad: int, passes: float) -> float:
+    """HBM bytes a stage's memory-bound kernels move per micro-batch: the loss over this rank's logits (last stage),
+    the QKV bias added in a pass of its own (without addmm_bias, in every forward), the weight gradients' adds into
+    main_grad (without fused_wgrad), the unfused RoPE (without compiled_rope), the word embedding's dense gradient
+    (first stage; none with embed_wgrad on an untied table), grouped-query attention's repeated K/V (none with
+    sdpa_gqa, except under CP, whose attention repeats them either way), and the layer's kernels the levers replace
+    where they do not run."""
+    t, cp, b, s, h = e.tp, e.cp, e.mbs, sh.seq // e.cp, sh.h
+    full = parse_recompute(e.recompute)[0] == "full"
     layer_out, layer_in = layer_lever_bytes(sh, triton_norm="triton_norm" in fast,
                                             norm_residual="norm_residual" in fast, bias_gelu="bias_gelu" in fast,
                                             dropout_add="dropout_add" in fast, qkv_pack="qkv_pack" in fast,
                                             gelu_epilogue="gelu_epilogue" in fast and t == 1 and not e.sp)
-    a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
-    for st in stages:
-        last = st.index == p - 1
-        layer_g = steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp, grouped="grouped_gemm" in fast,
-                                 layers=st.layers, last=False, vocab_padded=vpad)
-        passes = 4.0 if full else 3.0
-        ga, gb = steptime.gpu_terms(layer_g, peak, passes)
-        if gran == "selective":  # the core attention's forward again
-            ga2, gb2 = steptime.gpu_terms(layer_g[2:3], peak, 1.0)
-            ga, gb = ga + ga2, gb + gb2
-        if last:
-            la, lb = steptime.gpu_terms(steptime.gemms(sh, mbs=b, tp=t, cp=cp, ep=ep, etp=etp,
-                                                       grouped="grouped_gemm" in fast, layers=0, last=True,
-                                                       vocab_padded=vpad)[-1:], peak, 3.0)
-            ga, gb = ga + la, gb + lb
-        a_.append(ga)
-        b_.append(gb)
-        # memory-bound kernels: the loss over this rank's logits (last stage), the QKV bias added in a
-        # pass of its own (without addmm_bias, in every forward), the weight gradients' adds into main_grad
-        # (without fused_wgrad), the unfused RoPE (without compiled_rope), the word embedding's dense
-        # gradient (first stage; none with embed_wgrad on an untied table), grouped-query attention's
-        # repeated K/V (none with sdpa_gqa, except under CP, whose attention repeats them either way), and
-        # the elementwise work (x ELEMENTWISE_BYTES)
-        x = 0.0
-        if st.index == 0 and not ("embed_wgrad" in fast and not sh.tied):
-            x += vpad / t * h * steptime.EMBED_GRAD_BYTES
-        if sh.kv < h and not ("sdpa_gqa" in fast and cp == 1):
-            x += (passes / 3) * st.layers * b * s * h / t * steptime.GQA_REPEAT_BYTES
-        if last:
-            x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if "bf16_ce" in fast
-                                     else steptime.LOSS_BYTES_PER_LOGIT)
-        if sh.bias and "addmm_bias" not in fast:
-            x += st.layers * (2 if full else 1) * b * s * (h + 2 * sh.kv) / t * steptime.BIAS_ADD_BYTES
-        if "fused_wgrad" not in fast:  # each weight gradient added into main_grad by a kernel of its own
-            x += st.params * steptime.WGRAD_ADD_BYTES
-        if sh.rope:  # the rotated query and key channels, forward (again when recomputed) and backward
-            x += (passes / 3) * st.layers * b * s * (h + sh.kv) / t * (
-                steptime.ROPE_BYTES_COMPILED if "compiled_rope" in fast else steptime.ROPE_BYTES)
-        # the layer's kernels megalab's levers replace, where they do not run: on the whole hidden state (split by
-        # TP only with SP) and inside the tensor-parallel region
-        x += st.layers * passes / 3 * b * s * h * (layer_out / (t if e.sp else 1) + layer_in / t)
-        hbm_s.append(x / hbm)
-        outside = steptime.ELEMENTWISE_OUTSIDE_TP  # the whole hidden state: split by TP only with SP
-        elementwise.append(st.layers * passes / 3 * b * s * h * (outside / (t if e.sp else 1) + (1 - outside) / t) / hbm)
-        per_layer = steptime.KERNELS_PER_LAYER * (4 / 3 if full else 1)
-        if sh.num_experts and "grouped_gemm" not in fast:
-            per_layer += sh.num_experts / ep * steptime.KERNELS_PER_EXPERT
-        kernels.append(0.0 if cuda_graph else st.layers * per_layer)  # a graph replays them in one launch
-        # TP: 2 all-reduces per layer forward, 2 backward, 2 more in a recomputed forward (SP's
-        # reduce-scatter + all-gather move the same bytes)
-        c = st.layers * (6 if full else 4) * steptime.ring_allreduce_s(act, t, link)
-        n_calls = st.layers * (6 if full else 4) if t > 1 else 0
-        if cp > 1:
-            n_calls += st.layers * {"p2p": 3 * (cp - 1), "all_gather": 2}.get(e.cp_comm or "p2p", 8)
-            kv_chunk = 2 * 2 * b * s * sh.kv / t  # K and V of s/cp tokens, bf16
-            mode = e.cp_comm or "p2p"
-            if mode == "p2p":
-                c += st.layers * 3 * (cp - 1) * kv_chunk / (link * 1e9)  # forward ring, backward K/V + dK/dV
-            elif mode == "all_gather":
-                c += st.layers * 2 * steptime.one_way_s(kv_chunk * cp, cp, link)
-            else:  # a2a: q, k, v, output forward and their gradients backward
-                c += st.layers * 8 * steptime.one_way_s(2 * b * s * h / t, cp, link)
-        if sh.num_experts and ep * etp > 1:  # dispatch + combine, forward and backward
-            c += st.layers * 4 * steptime.one_way_s(2 * b * s * sh.topk * h * etp, ep * etp, link)
-            n_calls += st.layers * 4
-        if p > 1:  # activations forward and their gradients backward, per virtual chunk
-            c += 2 * v * act / (link * 1e9)
-            n_calls += 2 * v
-        comm.append(c)
-        calls.append(0 if cuda_graph else n_calls)  # the graph replays the collectives: no host latency
-        moe.append(st.layers if sh.num_experts else 0)
+    x = 0.0
+    if st.index == 0 and not ("embed_wgrad" in fast and not sh.tied):
+        x += vpad / t * h * steptime.EMBED_GRAD_BYTES
+    if sh.kv < h and not ("sdpa_gqa" in fast and cp == 1):
+        x += (passes / 3) * st.layers * b * s * h / t * steptime.GQA_REPEAT_BYTES
+    if st.index == e.pp - 1:
+        x += b * s * vpad / t * (steptime.LOSS_BYTES_PER_LOGIT_BF16_CE if "bf16_ce" in fast
+                                 else steptime.LOSS_BYTES_PER_LOGIT)
+    if sh.bias and "addmm_bias" not in fast:
+        x += st.layers * (2 if full else 1) * b * s * (h + 2 * sh.kv) / t * steptime.BIAS_ADD_BYTES
+    if "fused_wgrad" not in fast:  # each weight gradient added into main_grad by a kernel of its own
+        x += st.params * steptime.WGRAD_ADD_BYTES
+    if sh.rope:  # the rotated query and key channels, forward (again when recomputed) and backward
+        x += (passes / 3) * st.layers * b * s * (h + sh.kv) / t * (
+            steptime.ROPE_BYTES_COMPILED if "compiled_rope" in fast else steptime.ROPE_BYTES)
+    # the layer's kernels megalab's levers replace, where they do not run: on the whole hidden state (split by
+    # TP only with SP) and inside the tensor-parallel region
+    x += st.layers * passes / 3 * b * s * h * (layer_out / (t if e.sp else 1) + layer_in / t)
+    return x
+
+
+def _stage_comm(e: Any, sh: Shape, st: Stage, *, link: float, full: bool, v: int) -> tuple[float, int]:
+    """(seconds, collective calls) of a stage's communication within a micro-batch: TP's all-reduces (2 per layer
+    forward, 2 backward, 2 more in a recomputed forward; SP's reduce-scatter + all-gather move the same bytes), CP's
+    K/V exchange by its mode, MoE's dispatch and combine, and PP's activations and their gradients."""
+    t, p, cp, ep, etp = e.tp, e.pp, e.cp, e.ep, e.etp
+    b, s, h = e.mbs, sh.seq // cp, sh.h
+    act = 2 * b * s * h  # one bf16 activation [b, s/cp, h]
+    c = st.layers * (6 if full else 4) * steptime.ring_allreduce_s(act, t, link)
+    n_calls = st.layers * (6 if full else 4) if t > 1 else 0
+    if cp > 1:
+        n_calls += st.layers * {"p2p": 3 * (cp - 1), "all_gather": 2}.get(e.cp_comm or "p2p", 8)
+        kv_chunk = 2 * 2 * b * s * sh.kv / t  # K and V of s/cp tokens, bf16
+        mode = e.cp_comm or "p2p"
+        if mode == "p2p":
+            c += st.layers * 3 * (cp - 1) * kv_chunk / (link * 1e9)  # forward ring, backward K/V + dK/dV
+        elif mode == "all_gather":
+            c += st.layers * 2 * steptime.one_way_s(kv_chunk * cp, cp, link)
+        else:  # a2a: q, k, v, output forward and their gradients backward
+            c += st.layers * 8 * steptime.one_way_s(2 * b * s * h / t, cp, link)
+    if sh.num_experts and ep * etp > 1:  # dispatch + combine, forward and backward
+        c += st.layers * 4 * steptime.one_way_s(2 * b * s * sh.topk * h * etp, ep * etp, link)
+        n_calls += st.layers * 4
+    if p > 1:  # activations forward and their gradients backward, per virtual chunk
+        c += 2 * v * act / (link * 1e9)
+        n_calls += 2 * v
+    return c, n_calls
+
+
+def _optimizer_seconds(e: Any, stages: list[Stage], *, fast: frozenset[str], hbm: float) -> float:
+    """The busiest GPU's optimizer step: AdamW's HBM traffic over the parameters it updates (fused or foreach, the
+    clip's own pass or inside fused AdamW, the per-tensor walk flat_adam removes) and the gradients it reads."""
     busiest = max(stages, key=lambda st: st.params)
-    expert_dp = max(1, e.gpus // (p * ep * etp))
     opt_params = busiest.optimizer_bytes / BYTES_OPTIMIZER  # the parameters this GPU updates
     opt_bytes = steptime.OPT_BYTES_FUSED if "fused_adam" in fast else steptime.OPT_BYTES_FOREACH
     opt_bytes += steptime.CLIP_BYTES_IN_ADAM if "clip_in_adam" in fast and "fused_adam" in fast else steptime.CLIP_BYTES
     if "fused_adam" in fast and not ("flat_adam" in fast and not e.zero2):  # flat_adam serves Megatron's non-distributed optimizer only
         opt_bytes += steptime.OPT_BYTES_PER_TENSOR
-    optimizer_s = (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
-    dp = e.dp * cp
-    dp_comm = 0.0
-    if dp > 1 or expert_dp > 1:
-        n = dp if not sh.num_experts else max(dp, expert_dp)
-        grads = busiest.params * steptime.GRAD_REDUCE_BYTES
-        if e.zero2:  # reduce-scatter the grads, all-gather the bf16 weights
-            dp_comm = steptime.one_way_s(grads, n, link) + \
-                steptime.one_way_s(busiest.params * steptime.PARAM_GATHER_BYTES, n, link)
-        else:
-            dp_comm = steptime.ring_allreduce_s(grads, n, link)
-    slots = e.num_microbatches + ((p - 1) / v if p > 1 else 0.0)
-    return steptime.Features(a=tuple(a_), b=tuple(b_), kernels=tuple(kernels), comm_s=tuple(comm),
-                             calls=tuple(calls), moe_layers=tuple(moe), hbm_s=tuple(hbm_s),
-                             elementwise=tuple(elementwise), slots=slots,
-                             optimizer_s=optimizer_s, dp_comm_s=dp_comm)
+    return (opt_params * opt_bytes + busiest.params * steptime.GRAD_BYTES) / hbm
+
+
+def _dp_comm_seconds(e: Any, sh: Shape, stages: list[Stage], *, link: float) -> float:
+    """The data-parallel reduction of the busiest GPU's gradients: an all-reduce, or with ZeRO-2 a reduce-scatter of
+    the gradients and an all-gather of the bf16 weights."""
+    busiest = max(stages, key=lambda st: st.params)
+    p, ep, etp = e.pp, e.ep, e.etp
+    expert_dp = max(1, e.gpus // (p * ep * etp))
+    dp = e.dp * e.cp
+    if dp <= 1 and expert_dp <= 1:
+        return 0.0
+    n = dp if not sh.num_experts else max(dp, expert_dp)
+    grads = busiest.params * steptime.GRAD_REDUCE_BYTES
+    if e.zero2:  # reduce-scatter the grads, all-gather the bf16 weights
+        return steptime.one_way_s(grads, n, link) + steptime.one_way_s(busiest.params * steptime.PARAM_GATHER_BYTES, n,
+                                                                       link)
+    return steptime.ring_allreduce_s(grads, n, link)
 
 
 def flops_breakdown(sh: Shape, *, gbs: int, tp: int = 1, recompute: str = "none") -> dict[str, float]:

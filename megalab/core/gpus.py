@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megalab.runtime.memcap import nominal_gb_to_gib  # noqa: F401 (GPU_MEM_GB's one conversion, read here too)
-
 
 @dataclass(frozen=True)
 class GPU:

@@ -26,6 +26,7 @@ from megalab.core.schema import Intent, Machine
 from megalab.core.variables import LaunchError, Options
 from megalab.core import gpus as gpus_table
 from megalab.runtime import levers
+from megalab.runtime.memcap import nominal_gb_to_gib
 from megalab.core import graphs
 from megalab.core import estimate
 
@@ -74,7 +75,7 @@ def capped(memory_gib: float, gpu_mem_gb: float | None) -> float:
     """The memory a run may use: the card's, never more than GPU_MEM_GB's cap."""
     if not gpu_mem_gb or memory_gib is None:
         return memory_gib
-    return min(memory_gib, gpus_table.nominal_gb_to_gib(gpu_mem_gb))
+    return min(memory_gib, nominal_gb_to_gib(gpu_mem_gb))
 
 
 def te_available() -> str | None:

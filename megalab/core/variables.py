@@ -272,7 +272,7 @@ class Options:
 
     iters: int = 100
     warmup: int = 3
-    gpu_mem_gb: float | None = None  # nominal GB (gpus.nominal_gb_to_gib), 80 = an H100 80GB
+    gpu_mem_gb: float | None = None  # nominal GB (memcap.nominal_gb_to_gib), 80 = an H100 80GB
     dry_run: bool = False
     gpu: str | None = None  # GPU=h200: the planning GPU (plan.Machine resolves it)
     outdir: Path = ROOT / "outdir"

@@ -13,8 +13,9 @@ import re
 from typing import Any, Callable
 
 from megalab.core import catalog, provenance
-from megalab.core.gpus import nominal_gb_to_gib, short_gpu_name
-from megalab.core.records import RunRecord, num as _num
+from megalab.core.gpus import short_gpu_name
+from megalab.runtime.memcap import nominal_gb_to_gib
+from megalab.core.records import RecordError, RunRecord, num as _num
 from megalab.results import alike, predicted
 from megalab.results.chapter import (MISSING as _MISSING, REF_GB_TO_GIB, RIG_GPUS, Context, measured as _measured,
                                      reference_kind, row_id as _row_id, runs_behind, scaling_series, virtual_stages)

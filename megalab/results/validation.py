@@ -30,7 +30,7 @@ from megalab.core import estimate as E
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
                                    nccl_mib)
-from megalab.core.gpus import nominal_gb_to_gib
+from megalab.runtime.memcap import nominal_gb_to_gib
 from megalab.core.records import RunRecord, read_records
 from megalab.results import allowances, freeze
 from megalab.runtime import levers
