@@ -201,7 +201,7 @@ quickstart-python:
 
 # STRICT reaches a recipe only as $(filter 1,...): --strict or nothing, never its text.
 tables:
-	@$(PY) -m megalab tables $(if $(filter 1,$(STRICT)),--strict) && exec $(PY) -m megalab data-report
+	@exec $(PY) -m megalab tables $(if $(filter 1,$(STRICT)),--strict)
 
 # Your own runs (OUTDIR, default outdir/) beside the committed ones, written to OUTDIR/compare/.
 .PHONY: compare

@@ -61,7 +61,7 @@ def main() -> None:
     print(f"  torch gather + sum         {t:8.1f} us")
     for bt, bh in ((8, 256), (16, 256), (16, 512), (32, 256), (64, 128)):
         moe_dispatch.BLOCK_T, moe_dispatch.BLOCK_H = bt, bh
-        t = _bench(lambda: moe_dispatch._gather_sum(x, rows_of_token))
+        t = _bench(lambda: moe_dispatch.gather_sum(x, rows_of_token))
         print(f"  triton {bt:2d} x {bh:3d}              {t:8.1f} us ({gb * (1 + 1 / a.topk) / t * 1e6:6.0f} GB/s)")
 
 

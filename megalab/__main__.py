@@ -155,7 +155,7 @@ def _list(args) -> int:
     chapters = catalog.chapters()
     rows = [["target", "GPUs", "reproduces", "what it shows"]]
     for exp in catalog.catalog().values():
-        kind = f"ref {exp.ref}" if exp.ref else (f"2-GPU analogue of {exp.analogue_of}" if exp.analogue_of else "")
+        kind = f"ref {exp.ref}" if exp.ref else (f"{exp.gpus}-GPU analogue of {exp.analogue_of}" if exp.analogue_of else "")
         rows.append([exp.id, str(exp.gpus), kind, exp.about])
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     rows.insert(1, ["-" * w for w in widths])

@@ -74,10 +74,10 @@ def test_every_reference_row_has_its_target_with_the_same_numbers(chapter, count
             assert (exp.ref or exp.analogue_of) in rows_by_id, f"{exp.id}: no row {exp.ref or exp.analogue_of}"
 
 
-def test_analogues_run_on_two_gpus():
+def test_analogues_run_on_the_gpus_the_rig_lends():
     for exp in catalog.catalog().values():
         if exp.analogue_of:
-            assert exp.gpus == 2 and exp.ref is None, exp.id
+            assert exp.gpus in (1, 2) and exp.ref is None, exp.id
 
 
 def test_chapter2_sweeps_have_their_1_and_2_gpu_points_as_reference_rows():
@@ -264,7 +264,7 @@ def test_a_run_records_the_dropped_and_substituted_flags(monkeypatch, tmp_path, 
     rec = json.load(open(next((tmp_path / "out").glob("*/run.json"))))
     assert rec["config"]["dropped_flags"] == ["--moe-permute-fusion"]
     assert rec["config"]["substituted_flags"] == {"--moe-grouped-gemm": "grouped_gemm"}
-    assert rec["config"]["fastpath"][-1] == "grouped_gemm"
+    assert "grouped_gemm" in rec["config"]["fastpath"]
     assert "--moe-grouped-gemm" not in rec["command"]
     out = capsys.readouterr().out
     assert "substitute --moe-grouped-gemm" in out and "dropped    --moe-permute-fusion" in out

@@ -335,7 +335,8 @@ def test_the_line_on_todays_code_reads_only_runs_of_todays_code():
     with code_as_at_base():
         steps = V.step_rows(ROOT)
     today = {r["run"].split("/")[-1] for r in steps if r["code_today"]}
-    since = {r["run"].split("/")[-1] for r in steps if r["run"].split("/")[-1] >= "20261127_0841"
+    today = {t for t in today if t < "20261129"}  # issue 63's runs came after the base: not this test's
+    since = {r["run"].split("/")[-1] for r in steps if "20261129" > r["run"].split("/")[-1] >= "20261127_0841"
              and ("gelu_epilogue" not in r["fastpath"].split(",") or r["run"].split("/")[-1] >= "20261127_1514")}
     assert today == since and any("gelu_epilogue" in r["fastpath"] for r in steps if r["code_today"])
     assert not any(r["run"].startswith(V.HOLDOUT_DIR) for r in steps if r["code_today"])
@@ -483,6 +484,12 @@ KNOWN_MISSES = {
     # 2026-11-23 with the CUDA graph: -9.3% with GRAPH_MEMORY_SHARE 0.02, -10.2% since the twenty-first session's two
     # graph on/off pairs beyond the catalog (+0.1% each) moved the calibration median to 1.5%, 1% by its rule.
     "results/holdout/runs/20261123_120334___600-llama1b-1gpu-gbs8",
+    # Issue 63 (2026-11-29, one H200 capped at 80 GB): MoE with moe_gather and expert_stack, over-predicted by 10.2%
+    # (two with the CUDA graph); the estimator has no term yet for what these levers change in a MoE layer's memory
+    # (issue 63, item 5).
+    "results/bench/runs/20261129_082019___510-olmoe-1gpu-gbs4",
+    "results/holdout/runs/20261129_082638___510-olmoe-1gpu-gbs4",
+    "results/holdout/runs/20261129_091310___510-olmoe-1gpu-gbs4",
 }
 
 

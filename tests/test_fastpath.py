@@ -88,7 +88,7 @@ def test_apply_replaces_only_megatrons_fallbacks(monkeypatch):
                        "flat_adam", "device_norm", "compiled_norm", "triton_norm", "bias_gelu", "dropout_add",
                        "qkv_pack", "norm_residual", "fused_wgrad", "compiled_rope", "embed_wgrad", "sdpa_gqa",
                        "zero_overlap"]
-    assert levers.applied() == {*applied, "grouped_gemm"}
+    assert levers.applied() == {*applied, *levers.SPEC_LEVERS}
     assert torch.optim.AdamW is fastpath.FusedAdamW
     from megalab.runtime import dropout_add
     assert dropout_add.get_bias_dropout_add(True, True) is dropout_add.bias_dropout_add_train

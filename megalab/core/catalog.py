@@ -63,7 +63,7 @@ class Experiment(BaseModel):
     # Megatron's --timing-log-level: 2 reports per-microbatch forward/backward timers (profile-* targets)
     timing_log_level: typing.Annotated[int, Field(ge=0, le=2)] = 0
     ref: str | None = None  # row id in configs/reference/anchor_8xh100.csv (this chapter)
-    analogue_of: str | None = None  # reference row this 2-GPU stand-in illustrates
+    analogue_of: str | None = None  # reference row this stand-in on the GPUs the rig lends (1 or 2) illustrates
     extra_args: tuple[str, ...] = ()
 
     # ---- derived -------------------------------------------------------------------------

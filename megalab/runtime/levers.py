@@ -216,6 +216,16 @@ def on(name: str) -> bool:
     return name in _APPLIED
 
 
+def mark_spec_levers_asked(env=None) -> None:
+    """Where nothing was installed (Megatron-LM's own entry point runs no fastpath.apply), the spec's levers that
+    MEGALAB_FAST asks for; a no-op after fastpath.apply, which notes them itself."""
+    import os
+
+    if not _APPLIED:
+        asked = parse((os.environ if env is None else env).get("MEGALAB_FAST", ""))
+        _APPLIED.update(n for n in asked if n in SPEC_LEVERS)
+
+
 def mark_applied(names) -> None:
     """fastpath.apply's record of what it installed (the one writer)."""
     _APPLIED.clear()

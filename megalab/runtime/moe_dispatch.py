@@ -62,7 +62,7 @@ def _gather_sum_kernel(x_ptr, rows_ptr, out_ptr, tokens, hidden, K: tl.constexpr
     tl.store(out_ptr + t[:, None].to(tl.int64) * hidden + h[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def _gather_sum(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def gather_sum(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """out[t] = sum_j x[rows[t, j]], summed in fp32 and rounded once to x's dtype: one Triton kernel on a GPU (it
     reads each row once and writes no [T * k, hidden] intermediate), a gather and a sum elsewhere."""
     t, k = rows.shape
@@ -91,7 +91,7 @@ class _Expand(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         _, rows_of_token = ctx.saved_tensors
-        return _gather_sum(grad, rows_of_token), None, None
+        return gather_sum(grad, rows_of_token), None, None
 
 
 class _Combine(torch.autograd.Function):
@@ -100,7 +100,7 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, token_of_row, rows_of_token):
         ctx.save_for_backward(token_of_row, rows_of_token)
-        return _gather_sum(y, rows_of_token)
+        return gather_sum(y, rows_of_token)
 
     @staticmethod
     def backward(ctx, grad):

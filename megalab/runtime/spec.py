@@ -447,6 +447,7 @@ def megalab_layer_spec(config, vp_stage: Optional[int] = None) -> ModuleSpec:
     `moe_layer_freq`, sliced as Megatron's `get_gpt_decoder_block_spec` does.
     """
     cfg = _transformer_config(config)
+    levers.mark_spec_levers_asked()  # Megatron-LM's own pretrain_gpt.py (MEGATRON_LM=) calls no fastpath.apply
     if cfg.multi_latent_attention:
         raise NotImplementedError("megalab_layer_spec does not support multi-latent attention")
     if cfg.experimental_attention_variant is not None:
