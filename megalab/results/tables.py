@@ -316,7 +316,8 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
     if not check and not force:
-        lost = keep.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()})
+        lost = keep.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()},
+                           {p: text for p, text in pages.items() if p.suffix == ".md"})
         if lost and (lost := keep.unexplained(lost, keep.catalog_change())):
             raise keep.WouldShrink(keep.sentence(lost))
     # the pages link these figures: drawn first, so no link is ever dangling
@@ -413,7 +414,7 @@ def main(args: argparse.Namespace) -> int:
     force = args.force or variables.value("FORCE")
     try:
         changed = write_tables(root, check=args.check, strict=strict, force=force)
-    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError, keep.WouldShrink) as e:
+    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError, keep.WouldShrink, checks.ChecksError) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays
