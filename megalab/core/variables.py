@@ -234,7 +234,7 @@ VARIABLES: tuple[Variable, ...] = (
     V("LIMIT_DOCS", "int", None, "make prepare-data: only the first N documents", group="make", minimum=1,
       example="1000"),
     V("FORCE", "flag", False, "make prepare-data: rebuild a finished dataset; make tables: write pages that lose "
-      "rows, numbers or pages (FORCE=1)", group="make"),
+      "rows, numbers or pages; megalab refresh: rewrite a record that loses measurements (FORCE=1)", group="make"),
     V("VENV", "str", ".venv", "make setup/test: the test venv (without a GPU, PY's default)", group="make"),
     V("TORCH_SPEC", "str", "torch==2.13.0", "make setup: the torch installed where none is importable",
       group="make"),

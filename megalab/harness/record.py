@@ -17,7 +17,7 @@ from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = 
 
 from pydantic import ValidationError
 
-from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
+from megalab.core.schema import MEASURED, SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
 from megalab.core import git, infile, logparse
 from megalab.core.provenance import CODE_PATHS
 from megalab.harness.monitor import describe_busy
@@ -251,11 +251,41 @@ def memory_peaks_from_csv(csv_path: Path, num_gpus: int) -> list[int]:
     return [peaks[g] for g in sorted(peaks)[:num_gpus]]
 
 
-def refresh(run_dir: Path) -> dict:
+class Downgrade(RecordError):
+    """refresh would rewrite a record as a worse one (a status, measurements lost): one line, nothing written."""
+
+
+# What a refresh may change but never lose: the measured fields (a value, a list, a mapping), and how far the log went
+MEASURED_FIELDS = ("step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_min", "step_ms_max", "tflops_per_gpu",
+                   "mfu", "loss_first", "loss_last", "params_total", "megatron_mem", "megatron_mem_by_rank",
+                   "theoretical_mem_mb", "timers_ms", "breakdown_ms", "mem_peak_mib", "mem_peak_gib")
+COUNTS = ("step_count", "iters_logged", "train_iters")
+
+
+def losses(old: dict, new: dict) -> list[str]:
+    """What NEW, a record derived again, lacks that OLD had: a status no longer ok (or no longer measured), a
+    measured field gone or with fewer values, a count lower."""
+    out = []
+    if old.get("status") != new.get("status") and (old.get("status") == "ok" or (
+            old.get("status") in MEASURED and new.get("status") not in MEASURED)):
+        out.append(f"status {old.get('status')} -> {new.get('status')}")
+    for k in MEASURED_FIELDS:
+        before, after = old.get(k), new.get(k)
+        if before not in (None, [], {}) and (after in (None, [], {}) or (
+                isinstance(before, (list, dict)) and isinstance(after, (list, dict)) and len(after) < len(before))):
+            out.append(k)
+    out += [f"{k} {old[k]} -> {new.get(k)}" for k in COUNTS if isinstance(old.get(k), int)
+            and not (isinstance(new.get(k), int) and new[k] >= old[k])]
+    return out
+
+
+def refresh(run_dir: Path, force: bool = False) -> dict:
     """Recompute a record's measured fields from the raw log and memory CSV beside it.
 
     For records written by an older megalab (a parser fix, a monitor that sampled GPUs the run
-    did not use): every measured number is derived again from the raw files, none is typed in.
+    did not use): every measured number is derived again from the raw files, none is typed in. A record
+    it would make worse (its log cut short: a status no longer ok, measurements lost) is a Downgrade and
+    stays as it is, unless FORCE.
     """
     import datetime as dt
 
@@ -282,5 +312,11 @@ def refresh(run_dir: Path) -> dict:
     new = finite_or_none({**raw, **meas, "mem_baseline_mib": list(old.mem_baseline_mib[: old.num_gpus]),
                           "refreshed": [*old.refreshed, stamp]})
     out = RunRecord.of(new).dump(like=new)
+    worse = losses(old.dump(), out)
+    if worse and not force:
+        shown = ", ".join(worse[:8]) + (f" and {len(worse) - 8} more" if len(worse) > 8 else "")
+        raise Downgrade(f"{path}: refreshed from raw files that say less than it (a log cut short?), it would lose "
+                        f"{shown}; nothing written; fix: restore the run's raw log and memory CSV, or FORCE=1 megalab "
+                        "refresh DIR to write it as they say")
     write(out, path)
     return out
