@@ -40,7 +40,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "fuzz_driver.py"
 SEED = 31  # the issue's number: every damage below is drawn from random.Random(SEED)
-NEWEST = "2999-01-01T00:00:00+00:00"  # a damaged record is the newest of its target: it would stand in the row
+
+
+def newest(srcs: list[Path]) -> str:
+    """A start a minute after every source's: a damaged record is the newest of its target (it would stand in
+    the row), and not in the future (a record that starts there is refused: issue 60)."""
+    import datetime as dt
+
+    stamps = []
+    for src in srcs:
+        try:
+            stamps.append(dt.datetime.fromisoformat(json.loads((src / "run.json").read_text())["started"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return (max(stamps) + dt.timedelta(minutes=1)).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------- the sandbox
@@ -329,7 +342,7 @@ def record_cases(root: Path = ROOT, *, batch: bool = True, seed: int = SEED) -> 
     per_source = []
     for src in srcs:
         raw = json.loads((src / "run.json").read_text(encoding="utf-8"))
-        raw["started"] = NEWEST
+        raw["started"] = newest(srcs)
         per_source.append((src, raw, record_damages(raw, rng, whole_file=len(per_source) < 2)))
     damages = []  # (src, raw, name, damage, invalid), round-robin over the sources
     depth = max(len(d) for _, _, d in per_source)
@@ -438,7 +451,7 @@ def beside_cases(root: Path = ROOT, *, batch: bool = True) -> list[dict]:
     cases = []
     for folder_rel, src in sorted(pick.items()):
         raw = json.loads((src / "run.json").read_text(encoding="utf-8"))
-        raw["started"] = NEWEST
+        raw["started"] = newest(srcs)
         for i, (name, what, dmg) in enumerate(damages):
             folder = f"{folder_rel}/29990102_{i:06d}___{raw.get('target')}"
             files = {folder: {"copy": str(src.relative_to(root))}, f"{folder}/run.json": b64(json.dumps(raw))}

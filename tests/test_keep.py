@@ -135,7 +135,7 @@ def test_compare_writes_its_own_pages_as_they_come(tmp_path):
     from megalab.results import compare
 
     out = tmp_path / "outdir"
-    run = _write(out, "20250101_000000___" + T101, started="2030-01-01T00:00:00+00:00")
+    run = _write(out, "20250101_000000___" + T101, started="2026-01-01T00:00:00+00:00")
     compare.compare(out)
     shutil.rmtree(run)
     compare.compare(out)  # no WouldShrink
