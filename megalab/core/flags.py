@@ -14,7 +14,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from megalab.core.catalog import CatalogError, Experiment
+from pydantic import ValidationError
+
+from megalab.core.catalog import CatalogError, Experiment, Preset
 from megalab.core.variables import LaunchError, Options
 from megalab.runtime import levers
 
@@ -327,7 +329,14 @@ def effective_model(preset: dict[str, Any], args) -> dict[str, Any]:
     """The preset with the model flags among `args` (argv items: a target's extra args plus EXTRA_ARGS)
     applied. Raises CatalogError for a flag without its value."""
     values, _ = read(args, MODEL_FLAGS, lambda key: preset.get(key, 8))
-    return {**preset, **values}
+    model = {**preset, **values}
+    if values:  # in range as a preset's own sizes are (a 0 would divide by zero in the plan and the estimator)
+        try:
+            Preset.model_validate(model)
+        except ValidationError as e:
+            if e.errors()[0]["loc"]:  # a value out of range; the rules between values are check_model's (its fixes)
+                raise CatalogError(_out_of_range(MODEL_FLAGS, e, preset, "model")) from None
+    return model
 
 
 def effective_experiment(exp: Experiment, args) -> Experiment:
@@ -336,9 +345,26 @@ def effective_experiment(exp: Experiment, args) -> Experiment:
     changes, _ = read(args, LAYOUT_FLAGS, lambda field: getattr(exp, field))
     if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
         return exp
-    out = exp.model_copy(update=changes)
+    try:  # in range as a catalog entry's own (a micro-batch of 0 would divide by zero)
+        out = Experiment.model_validate({**exp.model_dump(), **changes})
+    except ValidationError as e:
+        raise CatalogError(_out_of_range(LAYOUT_FLAGS, e, exp.model_dump(), "layout")) from None
     out.validate()
     return out
+
+
+def _out_of_range(table: dict[str, tuple[str, Any]], e: ValidationError, before: dict[str, Any], what: str) -> str:
+    """One line for a value of TABLE's flags the model or layout does not take: the flag, the problem, the fix
+    (BEFORE's value of it, the preset's or the catalog entry's, where it has one)."""
+    first = e.errors()[0]
+    msg = first["msg"].removeprefix("Value error, ")
+    field = str(first["loc"][0]) if first["loc"] else None
+    flag = next((f for f, (key, _) in table.items() if key == field), None)
+    if flag is None:  # a rule between two values
+        return f"{msg}; fix: change the {what} flags of the extra args so that it holds"
+    shown = f" (the {'preset' if what == 'model' else 'catalog entry'}'s)" if before.get(field) is not None else ""
+    example = before.get(field) if before.get(field) is not None else "a value in range"
+    return f"{flag} {first.get('input')!r}: {msg}; fix: {flag} {example}{shown}, or drop it"
 
 
 def check_model(model: dict[str, Any], exp: Experiment) -> None:
