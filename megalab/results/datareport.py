@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 
 from megalab.core import flags, infile, logparse, markdown, records
-from megalab.results import columns, hosts, plots
+from megalab.results import columns, hosts, keep, plots
 from megalab.core.records import RunRecord
 from megalab.core.paths import ROOT
 from megalab.core import provenance
@@ -282,10 +282,11 @@ def _records_section(recs: list[RunRecord], root: Path) -> list[str]:
     return L or ["None yet."]
 
 
-def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]:
+def write_report(root: Path | None = None, *, check: bool = False, force: bool | None = None) -> list[Path]:
     """Write the page and its figure under ROOT; return the paths that changed (check: would change).
 
-    The figure is removed when there is no ok real-data run, so the page never links a stale one.
+    The figure is removed when there is no ok real-data run, so the page never links a stale one. A page
+    that would lose a record's link is refused (keep.write_page), unless FORCE (make tables judged it first).
     """
     root = Path(root) if root is not None else ROOT
     page, fig = root / PAGE, root / FIGURE
@@ -301,7 +302,7 @@ def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]
             changed += [] if fig.exists() else [fig]
         elif markdown.write_if_changed(fig, draw_curve(*curve)):
             changed.append(fig)
-    if markdown.write_if_changed(page, render(root, recs), check=check):
+    if keep.write_page(root, page, render(root, recs), "python -m megalab data-report", check=check, force=force):
         changed.append(page)
     return changed
 

@@ -315,9 +315,14 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
                                           unlike=unlike)
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
+    rows = dataset.rows_frame(records, reference, twogpu, root, hosts)
     if not check and not force:
-        lost = keep.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()},
-                           {p: text for p, text in pages.items() if p.suffix == ".md"})
+        linked = {p: text for p, text in pages.items() if p.suffix == ".md"}  # the index and the data page: links
+        linked[root / "results" / "README.md"] = index.render(root, frames, overview=overview.sentence(
+            overview.points(rows)), **(index_page or {}))
+        if (root / datareport.RUNS).is_dir():
+            linked[root / datareport.PAGE] = datareport.render(root)
+        lost = keep.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()}, linked)
         if lost and (lost := keep.unexplained(lost, keep.catalog_change())):
             raise keep.WouldShrink(keep.sentence(lost))
     # the pages link these figures: drawn first, so no link is ever dangling
@@ -329,12 +334,11 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
         if not check:
             path.unlink()
         changed.append(path)
-    rows = dataset.rows_frame(records, reference, twogpu, root, hosts)
     changed += dataset.write(root, records, reference, twogpu, check=check, hosts=hosts, rows=rows)  # runs/rows.csv
     drawn, said = overview.write(root / "results", rows, check=check)  # the index's first figure
     changed += drawn
     if (root / datareport.RUNS).is_dir():  # before the index, which lists the pages there are
-        changed += datareport.write_report(root, check=check)  # results/data/README.md
+        changed += datareport.write_report(root, check=check, force=True)  # results/data/README.md (judged above)
     changed += index.write(root, frames, check=check, overview=said, **(index_page or {}))  # results/README.md
     for path, (text, moved) in tutorials.items():
         for line in moved:
