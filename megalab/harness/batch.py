@@ -36,9 +36,10 @@ def cli(argv: list[str], environ=os.environ) -> int:
             raise SystemExit(code) from None
         failed += rc != 0
     print(f"batch: {failed} of {len(ids)} run(s) did not end ok")
-    if refused:  # a run that failed is a result (an OOM row); a target refused before it started is a mistake
-        print(f"batch: {len(refused)} of {len(ids)} target(s) refused before they started ({' '.join(refused)}), "
-              "each said why above; fix: correct those IDS and run them again", file=sys.stderr)
+    if refused:  # a run that failed is a result (an OOM row); a target refused, or a record lost, is not
+        print(f"batch: {len(refused)} of {len(ids)} target(s) refused, or run without a record written "
+              f"({' '.join(refused)}), each said why above; fix: correct those IDS (or free the disk) and run them "
+              "again", file=sys.stderr)
         return 2
     return 0
 

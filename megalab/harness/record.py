@@ -93,6 +93,8 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
         status = "incomplete"
     if ended_by in ("killed", "hung"):
         status = ended_by
+    elif ended_by == "unwritable":  # its log could not be written (a full disk): ended, and no measurement
+        status = "failed"
     elif ended_by == "exit_hang":
         last = summary.iterations[-1].iteration if summary.iterations else None
         done = summary.finished or bool(summary.train_iters and last and last >= summary.train_iters)
@@ -131,7 +133,10 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
     exp, opts, impl, run_dir = plan.exp, plan.opts, plan.impl, plan.run_dir
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
-    summary = logparse.parse_file(run_dir / "logs.txt", limit=None)  # this launch's own log: never refused for size
+    try:  # this launch's own log: never refused for size
+        summary = logparse.parse_file(run_dir / "logs.txt", limit=None)
+    except logparse.LogReadError:  # none could be written (a full disk): the record says how the run ended
+        summary = logparse.parse_log("")
     busy = list(busy_gpus or [])
     if hasattr(monitor, "busy_at_start"):  # memory in use at start with no process listed counts too
         busy += [b for b in monitor.busy_at_start() if b["gpu"] not in {x["gpu"] for x in busy}]
@@ -192,8 +197,12 @@ def write(rec: dict | RunRecord, path: Path) -> None:
               "(the launcher wrote a field the schema refuses)", file=sys.stderr)
         data = finite_or_none(rec)
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(path)
+    except OSError:  # a full disk: no half record left behind (the caller says so, in one line)
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def one_line(rec: dict | RunRecord) -> str:
