@@ -113,6 +113,16 @@ def _inside(v: str) -> str:
     return v
 
 
+# A git commit id as the launcher writes it (`-dirty`: the run code had uncommitted changes): what git is asked about
+COMMIT = re.compile(r"[0-9a-fA-F]{4,64}(-dirty)?")
+
+
+def _commit(v: str) -> str:
+    if not COMMIT.fullmatch(v):  # git reads a value that starts with '-' as its own option
+        raise ValueError(f"not a git commit id ({_short(v)}): hexadecimal, `-dirty` after it where the tree was")
+    return v
+
+
 def _target(v: str) -> str:
     if not TARGET.fullmatch(v):
         raise ValueError(f"not a target id ({_short(v)}): letters, digits, '.', '_' and '-', a letter or digit first")
@@ -159,6 +169,7 @@ Levers = Annotated[tuple[str, ...], PlainValidator(lever_names),
                    PlainSerializer(lambda v: v.written if getattr(v, "written", None) is not None else list(v),
                                    return_type=Any)]
 InFolder = Annotated[str, Strict(), AfterValidator(_inside)]
+Commit = Annotated[str, Strict(), AfterValidator(_commit)]
 
 
 class _Part(BaseModel):
@@ -257,7 +268,7 @@ class Observed(_Part):
 
 
 class Versions(_Part):
-    megalab_commit: Str | None = None
+    megalab_commit: Commit | None = None
     megatron_core: Str | None = None
     torch: Str | None = None
     transformer_engine: Str | None = None

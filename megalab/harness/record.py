@@ -17,7 +17,7 @@ from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = 
 
 from pydantic import ValidationError
 
-from megalab.core.schema import MEASURED, SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
+from megalab.core.schema import COMMIT, MEASURED, SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
 from megalab.core import git, infile, logparse
 from megalab.core.provenance import CODE_PATHS
 from megalab.harness.monitor import describe_busy
@@ -26,7 +26,7 @@ from megalab.harness.monitor import describe_busy
 def _git_commit(root: Path = ROOT) -> str | None:
     # A copied working tree (a GPU rig, a container) may have no .git: the launching side can
     # pass the commit in MEGALAB_COMMIT.
-    if os.environ.get("MEGALAB_COMMIT"):
+    if os.environ.get("MEGALAB_COMMIT") and COMMIT.fullmatch(os.environ["MEGALAB_COMMIT"]):  # else: git's own
         return os.environ["MEGALAB_COMMIT"]
     sha = git.run(root, "rev-parse", "HEAD")  # None, not a hang, where git cannot answer (core/git.py)
     if sha is None or sha.returncode != 0 or not sha.stdout.strip():
