@@ -137,7 +137,7 @@ def _iso(v: str) -> str:
     return v
 
 
-_NUMBERED = re.compile(r"(?:profile-|resume-)?((\d+)[^.]*)")  # a catalog id (its number first), its variants
+_NUMBERED = re.compile(r"(?:profile-|resume-)?((\d+)[^.]*)(?:\..*)?")  # a catalog id (its number first), its variants
 
 
 def _contradicts(named: str, target: str) -> bool:

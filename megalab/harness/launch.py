@@ -443,8 +443,8 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
         record.write(rec, run_dir / "run.json")
     except OSError as e:  # a full disk: the result still reaches the terminal, and the exit says it is lost
         lost = RecordLost(f"{run_dir / 'run.json'}: the run's record cannot be written ({e.strerror or e}); it ended "
-                          f"{rec['status']} ({record.one_line(rec).removeprefix('result     ')}); fix: free space on "
-                          "OUTDIR's disk and run it again (its log, if any, is in the run dir)")
+                          f"so: {record.one_line(rec).removeprefix('result     ')}; fix: free space on OUTDIR's disk "
+                          "and run it again (its log, if any, is in the run dir)")
         if outcome.reason != "killed":
             raise lost from None
         print(f"megalab: {lost}", file=sys.stderr, flush=True)  # a stop asked for still stops every caller

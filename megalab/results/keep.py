@@ -13,7 +13,9 @@ Lost is:
   a table     a chapter table embedded in a tutorial (`<!-- megalab:table chapter=N -->`) whose chapter
               is gone (and a tutorial quote of a row or column that is gone: quotes.QuoteError; what the
               tables and quotes show is the rows', which the rules above keep);
-  a link      a link of a chapter page or a tutorial that the new text lacks (`[text](target)`);
+  a link      a link of a chapter page, a tutorial, the index or the data page that the new text lacks and
+              whose file is gone (`[text](target)`: a record, a tutorial, a figure; a link that moves to a
+              newer run, the older one's file still there, loses nothing);
   a tutorial  the tutorial a chapter names (`tutorial:`) missing, or without its chapter's table, or a
               marker of a generated region opened and never closed (a file cut short); and, where git can
               tell, a tutorial the working tree has cut short against HEAD (its text a beginning of
@@ -132,11 +134,10 @@ def losses(root: Path, chapters: Mapping[int, dict], frames: Mapping[int, Any],
 def write_page(root: Path, path: Path, text: str, command: str, *, check: bool = False,
                force: bool | None = None) -> bool:
     """A report page (the bench's, the data page) written as markdown.write_if_changed writes it, unless it would
-    lose a link to one of its own files (a record under its runs/, a transcript: not `../`, which picks among
-    others' runs): WouldShrink, one line, nothing written, unless FORCE (default: FORCE=1 in the environment)."""
+    lose a link whose file is gone (a record, a transcript): WouldShrink, one line, nothing written, unless FORCE
+    (default: FORCE=1 in the environment)."""
     if not check and not (variables.value("FORCE") if force is None else force):
-        lost = [loss for loss in _lost_links(root, path, _old(path), text) if not loss.what.startswith("the link to ../")]
-        if lost:
+        if lost := _lost_links(root, path, _old(path), text):
             raise WouldShrink(sentence(lost, command=command))
     return markdown.write_if_changed(path, text, check=check)
 
@@ -150,9 +151,22 @@ def _old(path: Path) -> str:
 
 
 def _lost_links(root: Path, path: Path, old: str, new: str) -> list[Loss]:
-    rel = _shown(root, path)
+    """The links of OLD that NEW lacks and whose file is gone (a record, a tutorial, a figure): a link that moves
+    to a newer run of the same thing, its older record still there, loses nothing."""
+    rel, now = _shown(root, path), set(LINK.findall(new))
     return [Loss(rel, f"the link to {target}") for target in dict.fromkeys(LINK.findall(old))
-            if target not in set(LINK.findall(new))]
+            if target not in now and _gone(path.parent, target)]
+
+
+def _gone(folder: Path, target: str) -> bool:
+    """Whether a relative link's file is missing (a web address, or a link of no file, never is)."""
+    file = target.split("#", 1)[0]
+    if not file or "://" in file or file.startswith(("mailto:", "/")):
+        return False
+    try:
+        return not os.path.lexists(folder / file)
+    except (OSError, ValueError):
+        return True
 
 
 def _shown(root: Path, path: Path) -> str:
