@@ -192,6 +192,7 @@ def _plan(args) -> int:
 
 def _refresh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="DIR", help="a run directory (its run.json, logs.txt, CSV)")
+    p.add_argument("--force", action="store_true", help="write a record that loses a status or measurements (FORCE=1)")
 
 
 def _refresh(args) -> int:
@@ -201,12 +202,13 @@ def _refresh(args) -> int:
 
     from megalab.core.logparse import LogReadError
     from megalab.core.schema import RecordError
+    from megalab.core.variables import value
     from megalab.harness import record
 
-    rc = 0
+    rc, force = 0, args.force or value("FORCE")
     for d in args.run_dirs:
         try:
-            print(record.one_line(record.refresh(Path(d))))
+            print(record.one_line(record.refresh(Path(d), force)))
         except (RecordError, LogReadError) as e:
             fix = "" if "fix:" in str(e) else "; fix: restore the run's raw log (or leave the record as it is)"
             print(f"megalab refresh: {e}{fix}", file=sys.stderr)

@@ -10,8 +10,11 @@ that read them (argv of `python -m megalab`, with an environment) and what a cor
 Each command is megalab.__main__.main(argv), the CLI's own entry, run with stdout and stderr captured and
 an alarm as a time limit: an exception out of it, or a traceback printed, is a traceback; running into the
 alarm is a hang. After each command the pages are compared with what they were (a row, a reference value,
-a quoted number or a page lost); after each case every file under results/, tutorials/ and configs/ is put
-back as PRISTINE has it. Standard library only, besides the sandbox's megalab.
+a quoted number or a page lost), the files a command must leave alone (`unchanged`) with theirs, and, in a
+case that plants hostile text (`markup`: its tokens), every page is read for that text quoted raw (a tag, a
+comment, a line break) and every table for rows of the wrong width; after each case every file under
+results/, tutorials/ and configs/ is put back as PRISTINE has it. Standard library only, besides the
+sandbox's megalab.
 """
 from __future__ import annotations
 
@@ -232,6 +235,63 @@ def _tutorial_state(name: str, text: str) -> tuple[dict, dict]:
     return quotes, embeds
 
 
+# --------------------------------------------------------------------------- raw markup (issue 60)
+
+# A `<` that opens a tag, a comment or an autolink, but our own markers' (the pages' and the tutorials' comments)
+RAW = re.compile(r"<(?!!-- (?:q |/q -->|check |/check -->|megalab:table|/megalab:table|generated|published|/published))"
+                 r"[A-Za-z/!?]")
+DELIMITER = re.compile(r"\|(\s*:?-+:?\s*\|)+\s*")
+
+
+def _cells(line: str) -> int:
+    """How many cells GFM splits a table row into (a pipe after a backslash splits none)."""
+    n, slashes = 0, 0
+    for ch in line.strip():
+        n += ch == "|" and slashes % 2 == 0
+        slashes = slashes + 1 if ch == "\\" else 0
+    return n
+
+
+def markup(root: Path, tokens: list[str]) -> tuple[list[str], list[str]]:
+    """(what the pages quote raw of the hostile texts of TOKENS, and which tokens they quote at all): a raw tag or
+    comment on a line of a token, a line holding a token's second half without its first (a line break quoted),
+    a table row whose cells are not its header's."""
+    bad, seen = [], set()
+    pages = [*root.glob("results/*.md"), *root.glob("results/*/README.md"), *root.glob("tutorials/*.md")]
+    for p in sorted(pages):
+        text = _text(p) or ""
+        if not any(t in text for t in tokens):
+            continue
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            for t in tokens:
+                if t not in line:
+                    continue
+                seen.add(t)
+                if RAW.search(line):
+                    bad.append(f"{p.relative_to(root)}:{i + 1}: raw markup near {t}: {line[:160]!r}")
+                if f"{t}B" in line and f"{t}A" not in line.split(f"{t}B")[0]:
+                    bad.append(f"{p.relative_to(root)}:{i + 1}: a line break of {t}'s text: {line[:160]!r}")
+            if line.startswith("|") and i + 1 < len(lines) and DELIMITER.fullmatch(lines[i + 1]) \
+                    and (i == 0 or not lines[i - 1].startswith("|")):
+                width, j = _cells(line), i + 1
+                while j < len(lines) and lines[j].startswith("|"):
+                    if _cells(lines[j]) != width:
+                        bad.append(f"{p.relative_to(root)}:{j + 1}: {_cells(lines[j])} cells under a header of {width}")
+                    j += 1
+    return bad, sorted(seen)
+
+
+def _digest(root: Path, rels: list[str]) -> dict[str, bytes | None]:
+    out = {}
+    for rel in rels:
+        try:
+            out[rel] = (root / rel).read_bytes()
+        except OSError:
+            out[rel] = None
+    return out
+
+
 def lost(before: dict, after: dict) -> list[str]:
     out = []
     for (page, target), status in before["rows"].items():
@@ -300,9 +360,13 @@ def main() -> int:
         before = page_state(SANDBOX)
         for cmd in case["commands"]:
             reset_caches()
+            kept = _digest(SANDBOX, cmd.get("unchanged", []))
             r = run(cmd["argv"], {**case.get("env", {}), **cmd.get("env", {})}, cmd.get("limit", 60))
             after = page_state(SANDBOX)
             r["lost"], before = lost(before, after), after
+            r["changed"] = [rel for rel, data in _digest(SANDBOX, cmd.get("unchanged", [])).items() if data != kept[rel]]
+            if case.get("markup"):
+                r["markup"], r["quoted"] = markup(SANDBOX, case["markup"])
             r.update(case=case["name"], **{k: cmd[k] for k in ("expect", "mentions", "any_of") if k in cmd})
             results.append(r)
             log.write(json.dumps(r) + "\n")

@@ -12,7 +12,10 @@ repository; judge() says what each answer was:
                      log, a CSV beside a record is skipped with one line naming its file; a config or
                      a variable is refused, non-zero, in one line with its fix)
     page lost        exit 0, and a row, a published value, a quoted number or a page went from the
-                     pages (pages never shrink silently: `make tables` refuses, FORCE=1 allows)
+                     pages (pages never shrink silently: `make tables` refuses, FORCE=1 allows), or a file
+                     a command must leave as it is (a committed record refresh would make worse) changed
+    raw markup       (issue 60) a page that quotes a hostile text raw: a tag, a comment or a line break of
+                     it, or a table row with more or fewer cells than its header
 
     .venv/bin/python tests/fuzz_inputs.py [--group records,catalog,...] [--per-input] [--json OUT]
 
@@ -27,6 +30,7 @@ import base64
 import collections
 import copy
 import gzip
+import io
 import json
 import os
 import random
@@ -40,7 +44,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "fuzz_driver.py"
 SEED = 31  # the issue's number: every damage below is drawn from random.Random(SEED)
-NEWEST = "2999-01-01T00:00:00+00:00"  # a damaged record is the newest of its target: it would stand in the row
+
+
+def newest(srcs: list[Path]) -> str:
+    """A start a minute after every source's: a damaged record is the newest of its target (it would stand in
+    the row), and not in the future (a record that starts there is refused: issue 60)."""
+    import datetime as dt
+
+    stamps = []
+    for src in srcs:
+        try:
+            stamps.append(dt.datetime.fromisoformat(json.loads((src / "run.json").read_text())["started"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return (max(stamps) + dt.timedelta(minutes=1)).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------- the sandbox
@@ -102,7 +119,8 @@ def judge(case: dict, r: dict) -> dict[str, bool]:
         unclear = not silent and (not named or not ("fix" in err or "usage:" in err))
     broken = bool(r["traceback"] or r["hang"])
     return {"traceback": bool(r["traceback"]), "hang": bool(r["hang"]), "silent": silent and not broken,
-            "unclear": unclear and not broken, "lost": bool(r["lost"]) and r["rc"] == 0}
+            "unclear": unclear and not broken, "lost": bool(r["lost"]) and r["rc"] == 0 or bool(r.get("changed")),
+            "markup": bool(r.get("markup"))}
 
 
 def figures(cases: list[dict], results: list[dict]) -> dict[str, collections.Counter]:
@@ -131,14 +149,14 @@ def figures(cases: list[dict], results: list[dict]) -> dict[str, collections.Cou
     return out
 
 
-KINDS = ("traceback", "hang", "silent", "unclear", "lost")
+KINDS = ("traceback", "hang", "silent", "unclear", "lost", "markup")
 
 
 def report(figs: dict[str, collections.Counter]) -> str:
     """The audit's table: per group, inputs and (input, command) runs, then each kind of wrong answer
     counted over runs, and (in brackets) over inputs."""
     lines = [f"{'group':<12}{'inputs':>8}{'runs':>7}{'tracebacks':>12}{'hangs':>7}{'silent':>8}{'unclear':>9}"
-             f"{'pages lost':>12}   (inputs with each)"]
+             f"{'pages lost':>12}{'raw markup':>12}   (inputs with each)"]
     total = collections.Counter()
     for group, c in sorted(figs.items()):
         if group == "settle":
@@ -151,7 +169,8 @@ def report(figs: dict[str, collections.Counter]) -> str:
 
 def _line(group: str, c: collections.Counter) -> str:
     return (f"{group:<12}{c['inputs']:>8}{c['runs']:>7}{c['traceback']:>12}{c['hang']:>7}{c['silent']:>8}"
-            f"{c['unclear']:>9}{c['lost']:>12}   ({' / '.join(str(c['inputs with ' + k]) for k in KINDS)})")
+            f"{c['unclear']:>9}{c['lost']:>12}{c['markup']:>12}   "
+            f"({' / '.join(str(c['inputs with ' + k]) for k in KINDS)})")
 
 
 def failures(cases: list[dict], results: list[dict], limit: int = 40) -> list[str]:
@@ -166,7 +185,8 @@ def failures(cases: list[dict], results: list[dict], limit: int = 40) -> list[st
             tail = [ln for ln in r["stderr"].splitlines() if ln.strip()][-2:]
             env = {k: (v if len(v) < 40 else v[:37] + "...") for k, v in (r["env"] or {}).items()}
             out.append(f"{r['case'][:80]}: {' '.join(a[:60] for a in r['argv'])} {env or ''}: {','.join(bad)} "
-                       f"(rc {r['rc']}) {' | '.join(tail)[:400]} {r['lost'][:3] if r['lost'] else ''}")
+                       f"(rc {r['rc']}) {' | '.join(tail)[:400]} {r['lost'][:3] if r['lost'] else ''}"
+                       f"{r.get('markup', [])[:3] or ''}{r.get('changed') or ''}")
     return out[:limit]
 
 
@@ -329,7 +349,7 @@ def record_cases(root: Path = ROOT, *, batch: bool = True, seed: int = SEED) -> 
     per_source = []
     for src in srcs:
         raw = json.loads((src / "run.json").read_text(encoding="utf-8"))
-        raw["started"] = NEWEST
+        raw["started"] = newest(srcs)
         per_source.append((src, raw, record_damages(raw, rng, whole_file=len(per_source) < 2)))
     damages = []  # (src, raw, name, damage, invalid), round-robin over the sources
     depth = max(len(d) for _, _, d in per_source)
@@ -352,6 +372,11 @@ def record_cases(root: Path = ROOT, *, batch: bool = True, seed: int = SEED) -> 
         if len(pending) == BATCH:
             cases.append(_record_case(f"records batch {len(cases)}", pending))
             pending = []
+    for item in cross_items(root, srcs):  # issue 60: valid records a reader must not take
+        if batch:
+            pending.append(item)
+        else:
+            cases.append(_record_case(item["name"], [item]))
     if pending:
         cases.append(_record_case(f"records batch {len(cases)}", pending))
     return cases
@@ -438,7 +463,7 @@ def beside_cases(root: Path = ROOT, *, batch: bool = True) -> list[dict]:
     cases = []
     for folder_rel, src in sorted(pick.items()):
         raw = json.loads((src / "run.json").read_text(encoding="utf-8"))
-        raw["started"] = NEWEST
+        raw["started"] = newest(srcs)
         for i, (name, what, dmg) in enumerate(damages):
             folder = f"{folder_rel}/29990102_{i:06d}___{raw.get('target')}"
             files = {folder: {"copy": str(src.relative_to(root))}, f"{folder}/run.json": b64(json.dumps(raw))}
@@ -691,19 +716,28 @@ def variable_values(var) -> list[tuple[str, bool | None]]:
     command that parses the variables (`plan` parses them all, as `make <target>` does); None: odd, but
     the variable's own (a long or non-ASCII text)."""
     t = var.type
+    if t == "int" and var.maximum is not None:  # just past its bound (issue 60: sane bounds)
+        vals = [(f"{int(var.maximum) + 1}", True)]
+    else:
+        vals = []
     if t == "int":
-        vals = [("abc", True), ("1.5", True), ("nan", True), ("", False), ("99999999999999999999999", None),
+        vals += [("abc", True), ("1.5", True), ("nan", True), ("", False),
+                ("99999999999999999999999", True if var.maximum is not None else None),
                 ("-5", var.minimum is not None and var.minimum > -5), ("0", var.minimum is not None and var.minimum > 0),
                 ("0x10", True), ("1\n2", True)]
     elif t == "float":
         vals = [("abc", True), ("nan", True), ("inf", True), ("-inf", True), ("1e999", True),
-                ("-1", bool(var.positive or var.minimum is not None)), ("0", bool(var.positive)), ("1e-300", None)]
+                ("-1", bool(var.positive or var.minimum is not None)), ("0", bool(var.positive)), ("1e-300", None),
+                ("1e300", True if var.maximum is not None else None)]
     elif t == "flag":
         vals = [("maybe", True), ("2", True), ("-1", True), ("yes", False)]
     elif t == "choice":
         vals = [("bogus", True), (var.choices[0].upper() + "x", True), (" " + var.choices[0], True)]
     elif t == "words":
         vals = [("'unbalanced", True), ('"also', True)]
+    elif t == "size":  # docker's sizes (issue 60: DOCKER_SHM=abc went to docker as it was)
+        vals = [("abc", True), ("0", True), ("2t", True), ("16g; rm -rf x", True), ("-1g", True), ("1e3g", True),
+                ("512m", False), ("16 GiB", False)]
     else:
         vals = [("x" * 5000, None), ("\u00e9\u4e2d\U0001f4a5", None)]
     return vals
@@ -716,13 +750,19 @@ SPECIFIC = {
     "LOAD": (("/nonexistent/ckpt",), [["run", "101", {"DRY_RUN": "1"}]]),
     "OUTDIR": (("/dev/null",), [["run", "101", {"DRY_RUN": "1"}]]),
     "SPLIT": (("a,b,c", "1,,2"), [["plan", "101"]]), "MASTER_ADDR": (("bad host", "-x"), [["plan", "101"]]),
-    "IDS": (("999-nope",), [["campaign", {"DRY_RUN": "1", "GPUS": "1"}]]),
+    "IDS": (("999-nope", "999-nope 998-nope"), [["campaign", {"DRY_RUN": "1", "GPUS": "1"}], ["batch", {"DRY_RUN": "1"}]]),
     "SBATCH_ARGS": (("'unbalanced",), [["slurm", "101", {"DRY_RUN": "1"}]]),
     "SRUN_ARGS": (("'unbalanced",), [["slurm", "101", {"DRY_RUN": "1"}]]),
     "DOCKER_ARGS": (("'unbalanced",), [["docker-run", "--print"]]),
     "DOCKER_CMD": (("'unbalanced",), [["docker-run", "--print"]]),
     "ID": (("999-nope",), [["show-command", "@"]]), "GREP": (("[unclosed",), [["arguments", "@"]]),
     "BENCH_ARGS": (("--parts bogus", "--budget-s x"), [["bench", "run", "@words"]]),
+    # issue 60: EXTRA_ARGS' layout and model flags out of range (--micro-batch-size 0 was a ZeroDivisionError)
+    "EXTRA_ARGS": (("--micro-batch-size 0", "--global-batch-size -4", "--tensor-model-parallel-size 0",
+                    "--pipeline-model-parallel-size=-1", "--context-parallel-size 0", "--num-layers 0",
+                    "--num-attention-heads 0", "--hidden-size -1600", "--seq-length 0", "--num-query-groups 0",
+                    "--vocab-size 0", "--normalization BatchNorm", "--micro-batch-size 99999999999999999999"),
+                   [["plan", "101"]]),
 }
 
 # The command each variable's group reaches, besides `plan 101`, which reads them all as `make <target>`
@@ -802,9 +842,233 @@ def pages_cases(root: Path = ROOT) -> list[dict]:
             for rel, what, dmg in damages]
 
 
+# --------------------------------------------------------------------------- issue 60: what pages quote, records made worse
+
+# Hostile texts, each holding its family's TOKEN: tags, comments (our own markers among them), pipes after
+# backslashes, line breaks of every kind (TOKEN+A before one, TOKEN+B after), controls, a link. A page must quote
+# them all escaped: no raw tag or comment on a line of a token, no B without its A, no table row of another width.
+HOSTILE = ["<script>alert('{t}')</script>|{t}|", "{t}A\n| --- |\n{t}B | x", "<img src=x onerror=alert(1)> {t} \\| {t} \\\\| e",
+           "<!--{t}--> <!-- q 101 | our ms -->6<!-- /q --> <!-- /megalab:table -->", "{t}A\r\n<{t}-tag a=1>\u2028{t}B\x85",
+           "[{t}](javascript:alert(1)) `{t}` <a href=x>{t}</a>", "{t}A\x00\x1b[31m\x0b{t}B\tend", "</td></tr></table><{t}>|"]
+ONE_LINE = [h for h in HOSTILE if not any(c in h for c in "\n\r\x00\x0b\x85\u2028")]  # a CSV cell's or a YAML key's
+FAMILIES = {"rec": "records", "cat": "catalog titles and abouts", "mod": "model presets' abouts", "chk": "checks.yaml",
+            "ref": "reference CSVs' notes", "bch": "bench.yaml", "fil": "bench files (matmul, trace summaries, CP)"}
+QUOTED = {"mlxrec", "mlxcat", "mlxchk", "mlxref", "mlxbch", "mlxfil"}  # the families some page quotes (mod: none)
+# Fields a record keeps typed (a hostile text there is a record skipped, never quoted): left as they are
+TYPED = {"target", "status", "started", "ended", "schema", "files", "fixture", "megalab_commit", "gpu_mem_gb", "chapter"}
+
+
+def hostile(token: str, i: int, pool: list[str] = HOSTILE) -> str:
+    return pool[i % len(pool)].format(t=token)
+
+
+def _hostile_record(raw: Any, token: str, n: list[int]) -> Any:
+    """RAW with every text (and the keys of its measured mappings) hostile, the typed fields as they were."""
+    if isinstance(raw, dict):
+        out = {}
+        for k, v in raw.items():
+            n[0] += 1
+            out[k] = v if k in TYPED else _hostile_record(v, token, n)
+        for k in ("megatron_mem", "timers_ms", "theoretical_mem_mb"):
+            if isinstance(out.get(k), dict):
+                out[k][hostile(token, n[0], ONE_LINE)] = 1.0
+        return out
+    if isinstance(raw, list):
+        return [_hostile_record(v, token, n) for v in raw]
+    if isinstance(raw, str):
+        n[0] += 1
+        return hostile(token, n[0])
+    return raw
+
+
+def _yaml_hostile(text: str, token: str, fields) -> str:
+    import yaml
+
+    doc = yaml.safe_load(text)
+    n = [0]
+
+    def h() -> str:
+        n[0] += 1
+        return hostile(token, n[0])
+
+    fields(doc, h)
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=False)
+
+
+def markup_cases(root: Path = ROOT) -> list[dict]:
+    """Every text a page quotes made hostile at once, a token for each family (FAMILIES): the records' every text
+    (copies of the sources, the newest of their targets), the catalog's titles and abouts, the presets' abouts,
+    checks.yaml's claims, sources and notes, the reference CSVs' notes, bench.yaml's abouts and the bench's files.
+    Every page writer then runs; none may quote one raw (fuzz_driver.markup) or crash."""
+    import csv as csvmod
+
+    files: dict[str, dict] = {}
+    srcs = sources(root)
+    for i, src in enumerate(srcs):
+        raw = json.loads((src / "run.json").read_text(encoding="utf-8"))
+        rec = {**_hostile_record(raw, "mlxrec", [i]), "started": newest(srcs)}
+        folder = f"{src.parent.relative_to(root)}/29990103_{i:06d}___{raw.get('target')}"
+        files[folder] = {"copy": str(src.relative_to(root)), "without": ["tensorboard", "torch_profile"]}
+        files[f"{folder}/run.json"] = b64(json.dumps(rec, indent=1))
+    for path in sorted((root / "configs" / "experiments").glob("*.yaml")):
+        def chapter(doc, h):
+            doc["title"] = h()
+            for e in doc["experiments"]:
+                e["about"] = h()
+        files[str(path.relative_to(root))] = b64(_yaml_hostile(path.read_text(encoding="utf-8"), "mlxcat", chapter))
+
+    def presets(doc, h):
+        for preset in doc.values():
+            preset["about"] = h()
+
+    def claims(doc, h):
+        for c in doc["claims"]:
+            c["claim"], c["source"] = h(), h()
+            if isinstance(c.get("published"), dict):
+                c["published"].update(source=h(), note=h())
+            if isinstance(c.get("differs"), dict):
+                c["differs"] = {k: h() for k in c["differs"]}
+
+    def bench(doc, h):
+        for lever in doc["levers"].values():
+            lever["about"] = h()
+    for rel, token, fields in (("configs/models.yaml", "mlxmod", presets), ("configs/checks.yaml", "mlxchk", claims),
+                               ("configs/bench.yaml", "mlxbch", bench)):
+        files[rel] = b64(_yaml_hostile((root / rel).read_text(encoding="utf-8"), token, fields))
+    for name in ("anchor_8xh100.csv", "twogpu_2xh200.csv"):
+        rel = f"configs/reference/{name}"
+        rows = list(csvmod.DictReader(io.StringIO((root / rel).read_text(encoding="utf-8"))))
+        for i, row in enumerate(rows):
+            row["notes"] = " ".join(x for x in (row["notes"], hostile("mlxref", i, ONE_LINE)) if x)  # what it said kept
+        out = io.StringIO()
+        w = csvmod.DictWriter(out, list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        files[rel] = b64(out.getvalue())
+    extra = "".join(f"| {hostile('mlxfil', i, ONE_LINE)} | 1 | 2 | 3 |\n" for i in range(len(ONE_LINE)))  # a file: its
+    # lines are its own, so its hostile texts are one line each
+    for src in srcs:
+        summary = src / "trace-summary.md"
+        if summary.exists():
+            files[str(summary.relative_to(root))] = b64(summary.read_text(encoding="utf-8") + extra
+                                                        + hostile("mlxfil", 1, ONE_LINE) + "\n")
+    cp = root / "results" / "bench" / "cp-ring-microbench.txt"
+    files[str(cp.relative_to(root))] = b64(cp.read_text(encoding="utf-8") + "\n".join(ONE_LINE).format(t="mlxfil")
+                                           + "\n| a | b |\n--- | ---\n")
+    mm = json.loads((root / "results" / "bench" / "matmul.json").read_text(encoding="utf-8"))
+    files["results/bench/matmul.json"] = b64(json.dumps({**mm, "gpu_name": hostile("mlxfil", 0)}))
+    commands = _commands([["tables"], ["check"], ["plan", "--validate"], ["bench-report"], ["integrity"]])
+    return [{"name": "hostile text in every field a page quotes", "group": "markup", "files": files,
+             "commands": commands, "expect": "any", "markup": [f"mlx{k}" for k in FAMILIES],
+             "inputs": [f"{FAMILIES[k]} (token mlx{k})" for k in FAMILIES]}]
+
+
+def downgrade_cases(root: Path = ROOT) -> list[dict]:
+    """A committed ok record beside raw files that say less (a log emptied, cut at 5% or half way, its end line
+    gone, not gzip; a memory CSV of its header only): refresh must refuse, naming what would go, and leave the
+    record as it is; with FORCE=1 it writes what the files say."""
+    import gzip as gz
+
+    src = next(s for s in sources(root) if s.parent.name == "runs" and s.parent.parent.name == "results"
+               and (s / "logs.txt.gz").exists() and json.loads((s / "run.json").read_text())["status"] == "ok")
+    log = gz.decompress((src / "logs.txt.gz").read_bytes())
+    cuts = [("log empty", {"logs.txt.gz": b64(gz.compress(b""))}),
+            ("log cut at 5%", {"logs.txt.gz": b64(gz.compress(log[: len(log) // 20]))}),
+            ("log cut half way", {"logs.txt.gz": b64(gz.compress(log[: len(log) // 2]))}),
+            ("log without its last lines", {"logs.txt.gz": b64(gz.compress(b"\n".join(log.split(b"\n")[:-40])))}),
+            ("memory CSV header only", {"gpu_memory.csv": b64("t_s,gpu,mem_used_mib\n")})]
+    files, commands, inputs = {}, [], []
+    for i, (what, beside) in enumerate(cuts):
+        folder = f"results/runs/29990104_{i:06d}___{src.name.split('___')[-1]}"
+        files[folder] = {"copy": str(src.relative_to(root)), "without": ["tensorboard", "torch_profile"]}
+        files.update({f"{folder}/{name}": dmg for name, dmg in beside.items()})
+        commands.append({"argv": ["refresh", folder], "env": {}, "expect": "refuse", "unchanged": [f"{folder}/run.json"],
+                         "mentions": [Path(folder).name, "would lose", "FORCE=1"]})
+        inputs.append(f"refresh of {src.name}: {what}")
+    commands.append({"argv": ["refresh", folder], "env": {"FORCE": "1"}, "expect": "any"})
+    return [{"name": "refresh over raw files that say less", "group": "downgrade", "files": files,
+             "commands": commands, "inputs": inputs}]
+
+
+def tutorial_cases(root: Path = ROOT) -> list[dict]:
+    """Tutorials damaged as a hand or a full disk damages them (emptied, cut inside the table or a quote, the
+    table's end marker gone, a quote's end marker gone, removed while its chapter names it): make tables refuses
+    in one line naming each, writes nothing."""
+    tuts = sorted(p for p in (root / "tutorials").glob("*.md") if "megalab:table chapter=" in p.read_text(encoding="utf-8"))
+    texts = {p: p.read_text(encoding="utf-8") for p in tuts}
+
+    def cut_at(text: str, marker: str, after: int = 40) -> str:
+        return text[: text.index(marker) + after] if marker in text else text[: len(text) // 2]
+    damages = [("emptied", lambda t: ""),
+               ("cut inside its table", lambda t: cut_at(t, "<!-- megalab:table chapter=", 300)),
+               ("cut inside a quote", lambda t: cut_at(t, "<!-- q ", 30)),
+               ("its table's end marker gone", lambda t: t.replace("<!-- /megalab:table -->", "", 1)),
+               ("a quote's end marker gone", lambda t: t.replace("<!-- /q -->", "", 1)),
+               ("removed", None)]
+    files, mentions, inputs = {}, [], []
+    for (what, damage), p in zip(damages, tuts):
+        rel = str(p.relative_to(root))
+        files[rel] = {"special": "delete"} if damage is None else b64(damage(texts[p]))
+        mentions.append(rel)
+        inputs.append(f"{rel}: {what}")
+    cmd = {"argv": ["tables"], "env": {}, "expect": "refuse", "mentions": mentions}
+    return [{"name": "tutorials cut, emptied, removed", "group": "tutorials", "files": files, "commands": [cmd],
+             "inputs": inputs}]
+
+
+def cross_items(root: Path, srcs: list[Path]) -> list[dict]:
+    """Records a reader must not take, though each is a valid record (issue 60's cross-checks): a target its
+    folder contradicts, a start in the future, a folder name a page cannot link, a commit id git would read as
+    an option. Items of the records batch (record_cases)."""
+    src = next(s for s in srcs if s.parent.name == "runs" and s.parent.parent.name == "results")
+    raw = json.loads((src / "run.json").read_text(encoding="utf-8"))
+    target = raw["target"]
+    other = next(t for t in (s.name.split("___")[-1] for s in srcs) if t.split("-")[0] != target.split("-")[0])
+    base = {**raw, "started": newest(srcs)}
+    parent = str(src.parent.relative_to(root))
+    cases = [("target another than its folder's", f"29990105_000000___{other}", base),
+             ("started in 2099", f"29990105_000001___{target}", {**base, "started": "2099-01-01T00:00:00+00:00"}),
+             ("folder name with a space and brackets", f"29990105_000002 [x]___{target}", base),
+             ("folder name with markup", f"29990105_000003<b>___{target}", base),
+             ("commit id an option of git", f"29990105_000004___{target}",
+              {**base, "versions": {**(raw.get("versions") or {}), "megalab_commit": "--output=/tmp/mlx"}})]
+    return [{"name": f"record {src.name}: {what}", "folder": f"{parent}/{folder}", "source": str(src.relative_to(root)),
+             "damage": rec, "invalid": True, "chapter": (raw.get("config") or {}).get("chapter")}
+            for what, folder, rec in cases]
+
+
+def second_round_reference_cases(root: Path = ROOT) -> list[dict]:
+    """A published row's target renamed on the CSV's side only (to no target, to another entry's): make tables
+    refuses in one line naming the file and the row."""
+    rel = "configs/reference/anchor_8xh100.csv"
+    text = (root / rel).read_text(encoding="utf-8")
+    first = text.splitlines()[1].split(",")
+    other = text.splitlines()[2].split(",")[2]
+    cases = []
+    for what, new in (("renamed to no target", first[2] + "-renamed"), ("renamed to another entry's", other)):
+        changed = text.replace(",".join(first), ",".join(first[:2] + [new] + first[3:]), 1)
+        cases.append({"name": f"{rel}: row {first[1]}'s target {what}", "group": "reference",
+                      "files": {rel: b64(changed)}, "expect": "refuse",
+                      "commands": [{"argv": ["tables"], "env": {}, "limit": 60, "mentions": [rel, first[1]]}]})
+    return cases
+
+
+def checks_in_tables_cases(root: Path = ROOT) -> list[dict]:
+    """configs/checks.yaml damaged as `make check` refuses it: make tables reads it too, and says it in one line."""
+    rel = "configs/checks.yaml"
+    text = (root / rel).read_text(encoding="utf-8")
+    damages = [("empty file", b64("")), ("cut after a line", b64("".join(text.splitlines(keepends=True)[:40]))),
+               ("not UTF-8", b64(text.encode() + b"\n# \xff\xfe\n")), ("a directory", {"special": "dir"})]
+    return [{"name": f"{rel}: {what} (make tables)", "group": "checks", "files": {rel: dmg}, "expect": "refuse",
+             "commands": [{"argv": ["tables"], "env": {}, "limit": 60, "mentions": ["checks.yaml"]}]}
+            for what, dmg in damages]
+
+
 GROUPS = {"records": record_cases, "beside": beside_cases, "catalog": catalog_cases, "models": models_cases,
-          "checks": checks_cases, "bench": bench_cases, "reference": reference_cases, "variables": variable_cases,
-          "pages": pages_cases}
+          "checks": lambda: checks_cases() + checks_in_tables_cases(),
+          "bench": bench_cases, "reference": lambda: reference_cases() + second_round_reference_cases(),
+          "variables": variable_cases, "pages": pages_cases, "markup": markup_cases, "downgrade": downgrade_cases,
+          "tutorials": tutorial_cases}
 
 # The sandbox holds a dozen of the committed records: its pages are made again from them first (FORCE: they
 # are smaller than the committed ones), and that is what every later answer is compared with.

@@ -135,7 +135,7 @@ def test_compare_writes_its_own_pages_as_they_come(tmp_path):
     from megalab.results import compare
 
     out = tmp_path / "outdir"
-    run = _write(out, "20250101_000000___" + T101, started="2030-01-01T00:00:00+00:00")
+    run = _write(out, "20250101_000000___" + T101, started="2026-01-01T00:00:00+00:00")
     compare.compare(out)
     shutil.rmtree(run)
     compare.compare(out)  # no WouldShrink
@@ -246,3 +246,29 @@ def test_make_tables_drops_the_row_of_an_uncommitted_catalog_removal_but_not_a_c
     capsys.readouterr()
     assert main(["tables", "--root", str(pages)]) == 1
     assert "results/01-dp-zero2.md: row 101" in capsys.readouterr().err and csv.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- tutorials and links (issue 60)
+
+def test_a_tutorial_cut_short_or_without_a_region_head_has_is_a_loss(tmp_path):
+    """Against HEAD (git decides): a tutorial emptied or cut, or one that lost a table, a quote or a check's
+    verdict, is refused; a check's flags, the sentence's to change, and prose edits are not."""
+    repo = tmp_path / "repo"
+    tut = repo / "tutorials" / "01-x.md"
+    tut.parent.mkdir(parents=True)
+    text = ("Intro.\n<!-- megalab:table chapter=1 -->\nrows\n<!-- /megalab:table -->\nIt takes <!-- q 101 | our ms -->"
+            "5<!-- /q --> ms. <!-- check c1 older -->PASS<!-- /check -->\nThe end.\n")
+    tut.write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "tutorial")
+    found = {}
+    for what, now in (("as committed", text), ("emptied", ""), ("cut", text[:60]),
+                      ("quote gone", text.replace("<!-- q 101 | our ms -->5<!-- /q -->", "5")),
+                      ("flags and prose changed", text.replace("c1 older", "c1 older fail").replace("Intro", "Hi"))):
+        tut.write_text(now)
+        found[what] = [loss.what for loss in keep._against_head(repo)]
+    assert found == {"as committed": [], "emptied": ["its end (cut short against HEAD: 0 of 6 lines)"],
+                     "cut": ["its end (cut short against HEAD: 3 of 6 lines)"],
+                     "quote gone": ["the quote `101 | our ms` (HEAD has it)"], "flags and prose changed": []}
+    assert [k for k, _ in keep._unclosed(text[:60])] == ["table"] and keep._unclosed(text) == []

@@ -92,9 +92,11 @@ def test_killing_make_ends_the_run_as_killed_and_starts_no_other(tmp_path, goal,
     assert _wait_for(lambda: not any(supervise.alive(p) for p in ours + run), 10), "a process outlived make"
 
 
-def test_a_sigkilled_make_still_ends_the_run(tmp_path):
-    """make killed outright cannot pass anything on: the kernel tells the batch (PR_SET_PDEATHSIG)."""
-    proc, pids = _make(tmp_path, ["batch", "IDS=101 111"])
+@pytest.mark.parametrize("goal", [["batch", "IDS=101 111"], ["101-gpt2xl-dp1-gbs1-bf16"]], ids=["batch", "target"])
+def test_a_sigkilled_make_still_ends_the_run(tmp_path, goal):
+    """make killed outright cannot pass anything on: the kernel tells the batch, or the one target's launcher
+    (PR_SET_PDEATHSIG; issue 60: `make <target>` ran on under PID 1 until its watchdog, its record `incomplete`)."""
+    proc, pids = _make(tmp_path, goal)
     try:
         assert _wait_for(lambda: pids.read_text().strip()), "no run began"
         ours = _children(proc.pid)

@@ -233,7 +233,7 @@ def test_docker_run_gets_the_values_as_argv_items(env):
     out, _ = env.make("docker-run", ["docker-run"], values, "argument", marks)
     assert out.returncode == 0, out.stderr
     argv = json.loads((env.base / "docker.json").read_text())
-    assert f"{env.base / 'o $(x)'}:/outdir" in argv and f"--shm-size={values['DOCKER_SHM']}" in argv
+    assert f"{env.base / 'o $(x)'}:/outdir" in argv and "--shm-size=16g" in argv  # DOCKER_SHM: a size, checked
     i = argv.index(values["DOCKER_IMAGE"])
     assert argv[i - 1] == shlex.split(values["DOCKER_ARGS"])[-1] and argv[i + 1:] == shlex.split(values["DOCKER_CMD"])
     assert not list(marks.iterdir())
@@ -299,6 +299,39 @@ def test_slurm_job_runs_as_nodes_with_their_own_outdir_and_the_values_verbatim(e
         for k in variables.FORWARDED:
             if k in values:
                 assert r["env"][k] == values[k], k
+
+
+# Issue 60's second round through make itself: a bad value is refused in one line naming it, with its fix and a
+# non-zero exit, never a traceback; batch refuses an unknown id after the runs it could do (their plans printed).
+SECOND_ROUND = [
+    ("batch, an unknown id beside a good one", ["batch"], {"DRY_RUN": "1", "IDS": "999-nope 101"}, "999-nope"),
+    ("docker-run, DOCKER_SHM not a size", ["docker-run"], {"DOCKER_SHM": "abc"}, "DOCKER_SHM=abc"),
+    ("docker-run, DOCKER_SHM out of range", ["docker-run"], {"DOCKER_SHM": "2t"}, "DOCKER_SHM=2t"),
+    ("docker-run, DOCKER_SHM with a command", ["docker-run"], {"DOCKER_SHM": "16g --privileged"}, "DOCKER_SHM="),
+    ("a target, ITERS past its bound", ["101-gpt2xl-dp1-gbs1-bf16"], {"DRY_RUN": "1", "ITERS": "9" * 23}, "ITERS="),
+    ("a target, a watchdog of 1e300 s", ["101-gpt2xl-dp1-gbs1-bf16"], {"DRY_RUN": "1", "WATCHDOG_SILENT_S": "1e300"},
+     "WATCHDOG_SILENT_S="),
+    ("a target, micro-batch 0 in EXTRA_ARGS", ["101-gpt2xl-dp1-gbs1-bf16"],
+     {"DRY_RUN": "1", "EXTRA_ARGS": "--micro-batch-size 0"}, "--micro-batch-size 0"),
+    ("a target, no attention heads in EXTRA_ARGS", ["101-gpt2xl-dp1-gbs1-bf16"],
+     {"DRY_RUN": "1", "EXTRA_ARGS": "--num-attention-heads 0"}, "--num-attention-heads 0"),
+]
+
+
+def test_the_second_rounds_values_are_refused_in_one_line(env):
+    megatron_verdict("101-gpt2xl-dp1-gbs1-bf16")  # speed only: batch's dry run of 101 (conftest)
+    env.rec.mkdir(exist_ok=True)  # where the PY that make starts notes its argv
+    offenders = []
+    for name, goal, values, needle in SECOND_ROUND:
+        out = subprocess.run(["make", "-s", *goal, *(f"{k}={v}" for k, v in values.items())], cwd=env.repo,
+                             env=env.base_env(), capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not ln.startswith("make")]
+        said = [ln for ln in lines if needle in ln and "fix" in ln]
+        if out.returncode == 0 or "Traceback" in out.stderr or not said or (goal != ["batch"] and len(lines) != 1):
+            offenders.append(f"{name}: exit {out.returncode}, stderr {out.stderr[-600:]!r}")
+        if goal == ["batch"] and "torchrun --standalone" not in out.stdout:  # 101 ran (dry) after 999-nope's refusal
+            offenders.append(f"{name}: no plan of 101 printed: {out.stdout[-600:]!r}")
+    assert not offenders, "\n".join(offenders)
 
 
 def test_zz_audit(capsys):

@@ -298,3 +298,19 @@ def test_clock_summary_reads_a_memory_csv_past_the_config_limit(tmp_path):
     (g,) = clocks.summary(run)
     assert g["busy"] == n and g["held"] == {"power_cap": 1.0}
     assert monitor.COLUMNS[-len(clocks.CLOCK_COLUMNS):] == list(clocks.CLOCK_COLUMNS)  # the columns it writes
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full is Linux's")
+def test_a_memory_csv_the_disk_refuses_keeps_the_samples_and_says_so(monkeypatch, tmp_path):
+    """A full disk (/dev/full answers every write with ENOSPC) stops the CSV's rows, never the samples: the peaks
+    go on, the monitor's error says why, and no thread dies with a traceback (issue 60)."""
+    import time
+
+    monkeypatch.setitem(sys.modules, "pynvml", _ClockNvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "m.csv").symlink_to("/dev/full")
+    with monitor.GpuMemoryMonitor(tmp_path / "m.csv", interval_s=0.01) as mon:
+        time.sleep(0.1)
+        assert mon._thread.is_alive()
+    assert mon.samples >= 2 and mon.peak_mib[0] > 1001
+    assert mon.error.startswith("memory CSV not written (No space left on device)")

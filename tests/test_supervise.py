@@ -243,3 +243,61 @@ def test_a_command_that_cannot_start_fails_in_its_log_with_the_fix(tmp_path):
     log = (tmp_path / "logs.txt").read_text()
     assert out.returncode == 127 and log.count("\n") == 1
     assert "cannot start no-such-torchrun-here" in log and "fix:" in log
+
+
+# ---- a full disk (issue 60): /dev/full answers every write with ENOSPC ----------------------------------
+full_disk = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full is Linux's")
+
+
+@full_disk
+def test_a_log_the_disk_refuses_ends_the_run_and_leaves_no_process(tmp_path):
+    (tmp_path / "logs.txt").symlink_to("/dev/full")
+    out, seen, pids = _supervise(tmp_path, "spawn.py", limits=supervise.Limits(silent_s=60, startup_s=60))
+    assert out.reason == "unwritable" and "No space left on device" in out.detail and out.seconds < 30
+    assert _none_survive(pids)
+
+
+@full_disk
+@pytest.mark.parametrize("where", ["logs.txt", "run.json.tmp", "launch.sh"])
+def test_a_full_disk_during_a_launch_ends_in_a_record_or_one_line(tmp_path, monkeypatch, capsys, where):
+    """The log refused: a `failed` record saying why. The record refused: one line with the run's result, exit 2,
+    no half file. The launch script refused: one line, nothing started. Never a traceback, never a process left."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML (launch_fake says so as it is imported): undone after
+    monkeypatch.syspath_prepend(str(FAKE))
+    import launch_fake
+
+    from megalab.harness import launch
+
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    monkeypatch.setenv("OUTDIR", str(tmp_path / "out"))
+    monkeypatch.setenv("FAKE_PIDS", str(pids))
+    monkeypatch.setenv("ITERS", "5")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # fake_torchrun prepends its folder: undone after the test
+    (tmp_path / "bin").mkdir()
+    launch_fake.fake_torchrun(tmp_path / "bin", "ok.py")
+    for name in ("check_gpus", "check_megatron_installed", "megatron_check", "plan_lines"):
+        monkeypatch.setattr(launch, name, getattr(launch, name))  # patch() replaces them: put back after
+    launch_fake.patch()
+    made = launch.make_run_dir
+
+    def full(outdir, target):
+        run_dir = made(outdir, target)
+        (run_dir / where).symlink_to("/dev/full")
+        return run_dir
+    monkeypatch.setattr(launch, "make_run_dir", full)
+    if where == "logs.txt":
+        assert launch.run("101") == 1
+        rec = _record(tmp_path)
+        assert rec["status"] == "failed" and rec["ended_by"] == "unwritable" and "No space left" in rec["end_detail"]
+    else:
+        with pytest.raises(launch.LaunchError) as e:
+            launch.run("101")
+        line = str(e.value)
+        assert "\n" not in line and "No space left on device" in line and "fix: free space" in line
+        assert ("it ended so: 101-gpt2xl-dp1-gbs1-bf16: ok" in line) if where == "run.json.tmp" \
+            else ("nothing was started" in line)
+        assert not list((tmp_path / "out").glob("*/run.json"))
+    assert "Traceback" not in capsys.readouterr().err
+    assert _none_survive(_pids(pids))

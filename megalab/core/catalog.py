@@ -33,7 +33,9 @@ class CatalogError(ValueError):
     """A one-line, user-facing problem with a target or its layout (message says the fix)."""
 
 
-Size = typing.Annotated[int, Field(ge=1)]  # a size: 0 or less divides by zero somewhere
+# a size: 0 or less divides by zero somewhere; past 32 bits no GPU count, batch or model size of this lab goes,
+# and torch's and NCCL's 32-bit sizes would overflow
+Size = typing.Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
 class Experiment(BaseModel):

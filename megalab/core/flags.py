@@ -11,10 +11,13 @@ plan, its checks, the estimator and the record see the run Megatron will build.
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from megalab.core.catalog import CatalogError, Experiment
+from pydantic import TypeAdapter, ValidationError
+
+from megalab.core.catalog import CatalogError, Experiment, Preset
 from megalab.core.variables import LaunchError, Options
 from megalab.runtime import levers
 
@@ -330,7 +333,19 @@ def effective_model(preset: dict[str, Any], args) -> dict[str, Any]:
     """The preset with the model flags among `args` (argv items: a target's extra args plus EXTRA_ARGS)
     applied. Raises CatalogError for a flag without its value."""
     values, _ = read(args, MODEL_FLAGS, lambda key: preset.get(key, 8))
+    for key, v in values.items():  # in range as a preset's own are (a 0 would divide by zero in the plan and the
+        try:                       # estimator); the rules between values are check_model's, with their fixes
+            _preset_field(key).validate_python(v)
+        except ValidationError as e:
+            raise CatalogError(_out_of_range(MODEL_FLAGS, key, e, preset, "model")) from None
     return {**preset, **values}
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_field(key: str) -> TypeAdapter:
+    """A preset field's type and range (catalog.Preset), to check one value by."""
+    f = Preset.model_fields[key]
+    return TypeAdapter(Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation, config={"strict": True})
 
 
 def effective_experiment(exp: Experiment, args) -> Experiment:
@@ -339,9 +354,25 @@ def effective_experiment(exp: Experiment, args) -> Experiment:
     changes, _ = read(args, LAYOUT_FLAGS, lambda field: getattr(exp, field))
     if not changes or all(getattr(exp, k) == v for k, v in changes.items()):
         return exp
-    out = exp.model_copy(update=changes)
+    try:  # in range as a catalog entry's own (a micro-batch of 0 would divide by zero)
+        out = Experiment.model_validate({**exp.model_dump(), **changes})
+    except ValidationError as e:
+        field = str(e.errors()[0]["loc"][0]) if e.errors()[0]["loc"] else ""
+        raise CatalogError(_out_of_range(LAYOUT_FLAGS, field, e, exp.model_dump(), "layout")) from None
     out.validate()
     return out
+
+
+def _out_of_range(table: dict[str, tuple[str, Any]], field: str, e: ValidationError, before: dict[str, Any],
+                  what: str) -> str:
+    """One line for the value of FIELD (a flag of TABLE) the model or layout does not take: the flag, the problem,
+    the fix (BEFORE's value of it, the preset's or the catalog entry's, where it has one)."""
+    first = e.errors()[0]
+    msg = first["msg"].removeprefix("Value error, ")
+    flag = next((f for f, (key, _) in table.items() if key == field), "EXTRA_ARGS")
+    shown = f" (the {'preset' if what == 'model' else 'catalog entry'}'s)" if before.get(field) is not None else ""
+    example = before.get(field) if before.get(field) is not None else "a value in range"
+    return f"{flag} {first.get('input')!r}: {msg}; fix: {flag} {example}{shown}, or drop it"
 
 
 def check_model(model: dict[str, Any], exp: Experiment) -> None:

@@ -1,14 +1,20 @@
-"""Pages out: the one markdown pipe-table helper, the one page writer (write_if_changed), the --check tail.
+"""Pages out: the one escaping function, the one markdown pipe-table helper, the one page writer
+(write_if_changed), the --check tail.
 
 Every generated page (chapter tables, checks, estimate-vs-measured, bench, data) goes through here.
 Two table looks exist in committed pages and are kept byte for byte: `padded` (the chapter and checks
 pages: tabulate's `pipe` format, columns padded to one width under `:---` / `---:` alignment rows) and
 plain (`| a | b |` under `| --- | --- |`, the hand-read report pages), which tabulate cannot draw: it
 always pads a column to its widest cell, and these pages never did.
+
+Text a page quotes from its inputs (records, the catalog, checks.yaml, the presets, the reference CSVs,
+a profile's kernel names) passes `escape` on its way in: every table cell does (table() escapes them all),
+and so does every such text put into a sentence, a heading or a link.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -18,16 +24,49 @@ from tabulate import tabulate
 from megalab.core import infile
 
 
+# What could end a line or a table row: every C0/C1 control (newline, tab, escape, NUL, ...) and the Unicode
+# line and paragraph separators (str.splitlines breaks at each of them too)
+_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# A `<` that may open raw HTML, a comment or an autolink (CommonMark: a letter, `/`, `!` or `?` after it);
+# `<= 330 ms` and `<128, 4>` stay as they are
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+# A pipe preceded by an even number of backslashes (none included) splits a table row: GFM's rule
+_PIPE = re.compile(r"(?<!\\)((?:\\\\)*)\|")
+
+
+def escape(text: object, *, cell: bool = True) -> str:
+    """TEXT as a page may quote it, whatever it holds: on one line (controls as spaces), no `<` that opens a
+    tag, comment or link (`&lt;`) and, unless CELL is False (a line of prose that can be no table row), no `|`
+    that splits a table cell (`\\|`, which renders as `|`). Idempotent, and the identity on text holding none
+    of these (what the committed pages quote), so a page of clean inputs is unchanged by it. None is ''."""
+    if text is None:
+        return ""
+    s = str(text)
+    if _BREAKS.search(s):
+        s = _BREAKS.sub(" ", s)
+    if "<" in s:
+        s = _TAG.sub("&lt;", s)
+    if cell and "|" in s:
+        s = _PIPE.sub(lambda m: m.group(1) + "\\|", s)
+    return s
+
+
+def link(text: object, target: str) -> str:
+    """A markdown link whose text is quoted input (escape, and its brackets too: a `]` would end the text)."""
+    return "[" + re.sub(r"([\[\]])", r"\\\1", escape(text)) + f"]({target})"
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[object]], align: Sequence[str] | None = None,
           *, padded: bool = False) -> list[str]:
     """A markdown pipe table as lines: header, alignment row, one line per row.
 
     align: per column 'left', 'right', 'center' or None/'' (plain: `---`, padded: left). Cells are str()'d
-    (None: empty); padded cells are stripped and padded to their column's width (tabulate's rule: at
-    least the header plus two). A padded table of no rows has tabulate's plain `---` rule.
+    (None: empty) and escaped (escape: one line, no cell-splitting pipe, no raw tag); padded cells are
+    stripped and padded to their column's width (tabulate's rule: at least the header plus two). A padded
+    table of no rows has tabulate's plain `---` rule.
     """
-    header = [str(h) for h in header]
-    body = [["" if c is None else str(c) for c in row] for row in rows]
+    header = [escape(h) for h in header]
+    body = [[escape(c) for c in row] for row in rows]
     align = list(align) if align is not None else [""] * len(header)
     if padded:
         return tabulate(body, header, tablefmt="pipe", disable_numparse=True,
@@ -87,3 +126,50 @@ def _rel(path: Path, root: Path) -> str:
         return str(path.relative_to(root))
     except ValueError:
         return str(path)
+
+
+_DELIMITER = re.compile(r"\|(\s*:?-+:?\s*\|)+\s*")
+_DELIMITER_LIKE = re.compile(r"[\s:-]*\|[\s|:-]*-[\s|:-]*|[\s:-]*-[\s:-]*\|[\s|:-]*")  # pipes, dashes, colons
+_ALIGN = {(False, False): "", (True, False): "left", (False, True): "right", (True, True): "center"}
+
+
+def quoted(text: str) -> list[str]:
+    """A markdown fragment read from an input file (a profile's trace summary), as a page may embed it: its
+    pipe tables drawn again by table() (every cell escaped, every row as many cells as its header), every
+    other line escaped. A fragment table() drew in the first place comes out as it was."""
+    lines, out, i = text.removesuffix("\n").split("\n"), [], 0  # a file's last newline ends its last line
+    while i < len(lines):
+        if lines[i].startswith("|") and i + 1 < len(lines) and _DELIMITER.fullmatch(lines[i + 1]):
+            header = _cells(lines[i])
+            align = [_ALIGN[(c.startswith(":"), c.endswith(":"))] for c in _cells(lines[i + 1])]
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = _cells(lines[i])  # a row of more cells than its header keeps the rest in its last cell
+                cells = cells[:len(header) - 1] + [" | ".join(cells[len(header) - 1:])] if len(cells) > len(header) \
+                    else cells + [""] * (len(header) - len(cells))
+                rows.append(cells)
+                i += 1
+            out += table(header, rows, (align + [""] * len(header))[:len(header)])
+        else:  # prose: its pipes split nothing, unless the line could be the delimiter row of a table
+            out.append(escape(lines[i], cell=bool(_DELIMITER_LIKE.fullmatch(lines[i]))))
+            i += 1
+    return out
+
+
+def _cells(line: str) -> list[str]:
+    """A pipe-table row's cells, split where GFM splits them (at a pipe after an even number of backslashes),
+    stripped; the row's outer pipes are no cells."""
+    cells, cell, slashes = [], "", 0
+    for ch in line.strip():
+        if ch == "|" and slashes % 2 == 0:
+            cells.append(cell)
+            cell = ""
+        else:
+            cell += ch
+        slashes = slashes + 1 if ch == "\\" else 0
+    cells.append(cell)
+    if cells and not cells[0].strip():
+        cells = cells[1:]
+    if cells and not cells[-1].strip():
+        cells = cells[:-1]
+    return [c.strip() for c in cells]

@@ -61,8 +61,8 @@ def skip(path: Path, why: str, who: str = "megalab") -> None:
     if (str(path), why) in _warned:
         return
     _warned.add((str(path), why))
-    print(f"{who}: skipping {_rel(path)}: {why}; fix: mend or remove that file (a bad record never makes a row)",
-          file=sys.stderr)
+    fix = "" if "; fix: " in why else "; fix: mend or remove that file (a bad record never makes a row)"
+    print(f"{who}: skipping {_rel(path)}: {why}{fix}", file=sys.stderr)
 
 
 def _rel(path: Path) -> str:

@@ -47,6 +47,9 @@ USABLE = ("ok", "oom")  # statuses preferred when picking a target's record
 MEASURED = ("ok", "incomplete")  # statuses whose step times are measurements (an oom/failed/killed run has none)
 # A target as records name it: a catalog id (catalog.ID_PATTERN), or its bench or profile variant (101-x.gbs4)
 TARGET = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
+# A run's folder, as pages link it: the launcher's TIME___TARGET (a test's or a user's own name of these characters)
+RUN_FOLDER = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]*")
+FUTURE_S = 86400  # a record may start this far ahead of this machine's clock (another machine's clock) and no more
 
 
 class RecordError(ValueError):
@@ -110,6 +113,16 @@ def _inside(v: str) -> str:
     return v
 
 
+# A git commit id as the launcher writes it (`-dirty`: the run code had uncommitted changes): what git is asked about
+COMMIT = re.compile(r"[0-9a-fA-F]{4,64}(-dirty)?")
+
+
+def _commit(v: str) -> str:
+    if not COMMIT.fullmatch(v):  # git reads a value that starts with '-' as its own option
+        raise ValueError(f"not a git commit id ({_short(v)}): hexadecimal, `-dirty` after it where the tree was")
+    return v
+
+
 def _target(v: str) -> str:
     if not TARGET.fullmatch(v):
         raise ValueError(f"not a target id ({_short(v)}): letters, digits, '.', '_' and '-', a letter or digit first")
@@ -122,6 +135,18 @@ def _iso(v: str) -> str:
     except ValueError:
         raise ValueError(f"not an ISO time ({_short(v)})") from None
     return v
+
+
+_NUMBERED = re.compile(r"(?:profile-|resume-)?((\d+)[^.]*)(?:\..*)?")  # a catalog id (its number first), its variants
+
+
+def _contradicts(named: str, target: str) -> bool:
+    """Whether a run folder's target NAMED (TIME___NAMED) is another than the record's TARGET: another catalog
+    number, or another full id ('101' names 101-gpt2xl-...; a name of no number, a test's 'good', names none)."""
+    a, b = _NUMBERED.fullmatch(named), _NUMBERED.fullmatch(target)
+    if named == target or not (a and b):
+        return False
+    return a.group(2) != b.group(2) or (a.group(1) != a.group(2) and a.group(1) != b.group(1))
 
 
 def _short(v: Any) -> str:
@@ -144,6 +169,7 @@ Levers = Annotated[tuple[str, ...], PlainValidator(lever_names),
                    PlainSerializer(lambda v: v.written if getattr(v, "written", None) is not None else list(v),
                                    return_type=Any)]
 InFolder = Annotated[str, Strict(), AfterValidator(_inside)]
+Commit = Annotated[str, Strict(), AfterValidator(_commit)]
 
 
 class _Part(BaseModel):
@@ -242,7 +268,7 @@ class Observed(_Part):
 
 
 class Versions(_Part):
-    megalab_commit: Str | None = None
+    megalab_commit: Commit | None = None
     megatron_core: Str | None = None
     torch: Str | None = None
     transformer_engine: Str | None = None
@@ -398,11 +424,31 @@ class RunRecord(_Part):
         except infile.InputError as e:
             raise RecordError(e.reason) from None
         if len(data) > _PARSED_MAX:
-            return cls._parse(data, path.parent)
-        got = _parsed(cls, data, str(path.parent))
+            got = cls._parse(data, path.parent)
+        else:
+            got = _parsed(cls, data, str(path.parent))
         if isinstance(got, str):
             raise RecordError(got)
+        if problem := got.misplaced(path.parent.name):
+            raise RecordError(problem)
         return got
+
+    def misplaced(self, folder: str, now: float | None = None) -> str | None:
+        """Why this record cannot be the run of its folder FOLDER (the launcher's TIME___TARGET), or None: a
+        folder name a page cannot link (a space, a bracket, markup), a target other than the folder's, or a start
+        in the future (a wrong clock would make it every other run's newest for good)."""
+        if not RUN_FOLDER.fullmatch(folder):
+            return (f"its folder name {_short(folder)} is not a run folder's (letters, digits, '.', '_', '+', '-'); "
+                    "fix: rename the folder TIME___TARGET, as the launcher names it")
+        named = folder.rpartition("___")[2] if "___" in folder else ""
+        if _contradicts(named, self.target):
+            return (f"target: {self.target} is not its folder's ({named}); fix: mend `target`, or move the record "
+                    f"to a folder named for its target (TIME___{self.target})")
+        now = dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now
+        if stamp(self.started) > now + FUTURE_S:
+            return (f"started: {self.started} is in the future; fix: mend `started` (the run's clock was wrong?) "
+                    "or remove the record")
+        return None
 
     @classmethod
     def _parse(cls, data: bytes, run_dir: Path) -> RunRecord:

@@ -30,7 +30,8 @@ ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 class Variable:
     name: str
     # int | float (finite) | str | flag (1/true/yes/on, 0/false/no/off; unset: off) | path | choice |
-    # words (a shell word list, split once by shlex into argv items) | levers (FAST: lever names, levers.parse)
+    # words (a shell word list, split once by shlex into argv items) | levers (FAST: lever names, levers.parse) |
+    # size (bytes as docker writes them, 16g, 512m: kept as typed, within SIZES)
     type: str
     default: object
     help: str
@@ -68,9 +69,9 @@ class Variable:
         if self.positive and not value > 0:
             return "must be above 0"
         if self.minimum is not None and value < self.minimum:
-            return f"must be at least {self.minimum:g}"
+            return f"must be at least {self.minimum:.15g}"
         if self.maximum is not None and value > self.maximum:
-            return f"must be at most {self.maximum:g}"
+            return f"must be at most {self.maximum:.15g}"
         return None
 
     def fix(self) -> str:
@@ -80,6 +81,8 @@ class Variable:
             return f"e.g. {self.name}={self.choices[0]}"
         if self.type == "words":
             return f"balance its quotes, e.g. {self.name}='--seed 7'"
+        if self.type == "size":
+            return f"a size from 1m to 1t, e.g. {self.name}={self.default}"
         if self.type == "levers":
             return f"none, all, or names from `make help FAST` ({', '.join(levers.NAMES)})"
         example = self.example or ("" if self.default is None else f"{self.default:g}" if isinstance(self.default, float)
@@ -136,18 +139,39 @@ def _text(var: Variable, text: str) -> str:
     return text
 
 
-PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "words": _words,
-           "path": lambda var, text: Path(text), "str": _text, "levers": lambda var, text: levers.parse(text)}
+# docker's sizes (go-units RAMInBytes: a number, a unit k/m/g/t/p, an optional i and b), and the range of one
+SIZE = re.compile(r"(\d+(?:\.\d+)?) ?([kmgtp]?)i?b?", re.I)
+SIZES = (1 << 20, 1 << 40)  # a shared-memory size: 1 MiB (docker's default is 64m) to 1 TiB
 
+
+def _size(var: Variable, text: str) -> str:
+    m = SIZE.fullmatch(text)
+    if not m:
+        raise ValueError("not a size (a number and a unit: 16g, 512m)")
+    size = float(m.group(1)) * 1024 ** "bkmgtp".index((m.group(2) or "b").lower())
+    if not SIZES[0] <= size <= SIZES[1]:
+        raise ValueError("out of range (1m to 1t)")
+    return text
+
+
+PARSERS = {"int": _int, "float": _float, "flag": _flag, "choice": _choice, "words": _words,
+           "path": lambda var, text: Path(text), "str": _text, "levers": lambda var, text: levers.parse(text),
+           "size": _size}
+
+
+# Sane bounds of the counts and durations (what no run of this lab needs more of; a typo of a few digits, or
+# 99999999999999999999999, which would overflow Megatron's 64-bit counters, is refused in one line)
+MAX_ITERS = 10_000_000  # training iterations
+MAX_WAIT_S = 7 * 86400  # a watchdog's or a grace period's seconds: a week
 
 V = Variable
 VARIABLES: tuple[Variable, ...] = (
     V("ITERS", "int", 100, "training iterations (the step time is the median after WARMUP)", True, field="iters",
-      minimum=1),
+      minimum=1, maximum=MAX_ITERS),
     V("WARMUP", "int", 3, "iterations left out of the step-time median (below ITERS)", True, field="warmup",
       minimum=0),
     V("GPU_MEM_GB", "float", None, "cap each process as if the GPU had this many GB (e.g. 80 on an H200)", True,
-      field="gpu_mem_gb", positive=True, example="80"),
+      field="gpu_mem_gb", positive=True, maximum=4096, example="80"),
     V("GPU", "str", None, "the GPU to plan for: h100, h200, a100, a100-40gb, b200, gh200, l40s (default: the GPU "
       "found, else h100; with GPU_MEM_GB, the smallest that holds it)", True, field="gpu"),
     V("DRY_RUN", "flag", False, "print the preflight and the exact command; start nothing", field="dry_run"),
@@ -167,7 +191,7 @@ VARIABLES: tuple[Variable, ...] = (
     V("VERBOSE", "flag", False, "stream the whole log instead of the progress line", field="verbose"),
     V("SAVE", "flag", False, "checkpoint into the run dir's checkpoints/ (torch_dist)", True, "outputs", "save"),
     V("SAVE_INTERVAL", "int", None, "iterations between checkpoints (default: the end of the run)", True,
-      "outputs", "save_interval", minimum=1, example="50"),
+      "outputs", "save_interval", minimum=1, maximum=MAX_ITERS, example="50"),
     V("LOAD", "path", None, "resume from a checkpoint dir (or a run dir holding checkpoints/)", True,
       "outputs", "load"),
     V("WANDB", "flag", False, "log to Weights & Biases (offline unless WANDB_API_KEY is set)", True,
@@ -182,7 +206,7 @@ VARIABLES: tuple[Variable, ...] = (
     V("VOCAB_FILE", "str", "", "GPT-2 BPE vocab (DATA without TOKENIZER_MODEL)", True, "data", "vocab_file"),
     V("MERGE_FILE", "str", "", "GPT-2 BPE merges (with VOCAB_FILE)", True, "data", "merge_file"),
     V("NNODES", "int", 1, "nodes of a multi-node run (each runs make <target>)", group="nodes", field="nnodes",
-      minimum=1),
+      minimum=1, maximum=4096),
     V("NODE_RANK", "int", 0, "this node's rank (0 to NNODES-1)", group="nodes", field="node_rank", minimum=0),
     V("MASTER_ADDR", "str", "localhost", "torchrun's rendezvous host", group="nodes", field="master_addr",
       pattern=r"[0-9A-Za-z\[][0-9A-Za-z_.:%\[\]-]*", shape="a host name or an IP address"),
@@ -191,17 +215,17 @@ VARIABLES: tuple[Variable, ...] = (
     V("ALLOW_BUSY_GPUS", "flag", False, "start even where other processes hold GPU memory (the record says so)",
       field="allow_busy_gpus"),
     V("WATCHDOG_SILENT_S", "float", 300.0, "end a run whose log is silent this long after training began (hung)",
-      True, field="watchdog_silent_s", positive=True),
+      True, field="watchdog_silent_s", positive=True, maximum=MAX_WAIT_S),
     V("WATCHDOG_STARTUP_S", "float", 900.0, "the same before the first iteration", True, field="watchdog_startup_s",
-      positive=True),
+      positive=True, maximum=MAX_WAIT_S),
     V("EXIT_GRACE_S", "float", 120.0, "end a run still alive this long after Megatron's end of training", True,
-      field="exit_grace_s", positive=True),
+      field="exit_grace_s", positive=True, maximum=MAX_WAIT_S),
     V("GPUS_PER_NODE", "int", None, "make slurm-<id>: GPUs per node (default 8)", group="slurm", minimum=1,
-      example="8"),
+      maximum=64, example="8"),
     V("SBATCH_ARGS", "str", "", "make slurm-<id>: more sbatch flags (shlex-split)", group="slurm"),
     V("SRUN_ARGS", "str", "", "make slurm-<id>: more srun flags (shlex-split)", group="slurm"),
     V("DOCKER_IMAGE", "str", "megalab", "make docker-build/docker-run: the image tag", group="docker"),
-    V("DOCKER_SHM", "str", "16g", "make docker-run: --shm-size", group="docker"),
+    V("DOCKER_SHM", "size", "16g", "make docker-run: --shm-size", group="docker"),
     V("DOCKER_ARGS", "str", "", "make docker-run: more docker run flags (shlex-split)", group="docker"),
     V("DOCKER_CMD", "str", "bash", "make docker-run: the command to run in the container (shlex-split)",
       group="docker"),
@@ -210,14 +234,15 @@ VARIABLES: tuple[Variable, ...] = (
     # them literally (its export line).
     V("IDS", "str", "", 'make batch/campaign: the targets, e.g. IDS="101 111"', group="campaign"),
     V("CHAPTER", "int", None, "make campaign: a chapter's targets (0: the two-GPU tour)", group="campaign",
-      minimum=0, example="1"),
+      minimum=0, maximum=999, example="1"),
     V("STALE", "flag", False, "make campaign: only rows short of REPEATS runs of today's code here",
       group="campaign"),
-    V("REPEATS", "int", 3, "make campaign: launches of each target, pass after pass", group="campaign", minimum=1),
+    V("REPEATS", "int", 3, "make campaign: launches of each target, pass after pass", group="campaign", minimum=1,
+      maximum=1000),
     V("BUDGET_S", "int", None, "make campaign: start no launch after this many seconds", group="campaign",
-      minimum=1, example="1200"),
+      minimum=1, maximum=MAX_WAIT_S * 52, example="1200"),
     V("GPUS", "int", None, "make campaign DRY_RUN=1 (a plan: nothing starts): for N GPUs not here",
-      group="campaign", minimum=1, example="2"),
+      group="campaign", minimum=1, maximum=65536, example="2"),
     V("STRICT", "flag", False, "make tables: refuse rows not of today's code; make check: FAIL is an error",
       group="pages"),
     V("ID", "str", "", "make show-command: the target", group="make"),
@@ -230,11 +255,11 @@ VARIABLES: tuple[Variable, ...] = (
     V("TOKENIZER", "str", "gpt2", "make prepare-data: gpt2, train:N or a tokenizer folder", group="make"),
     V("DATA_PREFIX", "str", "", "make prepare-data: the output prefix", group="make"),
     V("WORKERS", "int", None, "make prepare-data: tokenizer processes (default: all cores)", group="make",
-      minimum=1, example="4"),
+      minimum=1, maximum=1024, example="4"),
     V("LIMIT_DOCS", "int", None, "make prepare-data: only the first N documents", group="make", minimum=1,
       example="1000"),
     V("FORCE", "flag", False, "make prepare-data: rebuild a finished dataset; make tables: write pages that lose "
-      "rows, numbers or pages (FORCE=1)", group="make"),
+      "rows, numbers or pages; megalab refresh: rewrite a record that loses measurements (FORCE=1)", group="make"),
     V("VENV", "str", ".venv", "make setup/test: the test venv (without a GPU, PY's default)", group="make"),
     V("TORCH_SPEC", "str", "torch==2.13.0", "make setup: the torch installed where none is importable",
       group="make"),

@@ -22,19 +22,25 @@ def cli(argv: list[str], environ=os.environ) -> int:
     if not ids:
         raise LaunchError('batch: no targets; fix: make batch IDS="101 111"')
     makeparent.follow()
-    failed = 0
+    failed, refused = 0, []
     for n, target in enumerate(ids):
         try:
             rc = launch.run(target)
         except (CatalogError, LaunchError) as e:  # refused before it started: the next one may run
             print(f"megalab: {e}", file=sys.stderr, flush=True)
             rc = 2
+            refused.append(target)
         except (SystemExit, KeyboardInterrupt) as stop:  # a kill: the launcher ended the run in flight
             code = (stop.code or 1) if isinstance(stop, SystemExit) else 130
             print(f"batch: stopped at {target} by a signal; {len(ids) - n - 1} target(s) not started", flush=True)
             raise SystemExit(code) from None
         failed += rc != 0
     print(f"batch: {failed} of {len(ids)} run(s) did not end ok")
+    if refused:  # a run that failed is a result (an OOM row); a target refused, or a record lost, is not
+        print(f"batch: {len(refused)} of {len(ids)} target(s) refused, or run without a record written "
+              f"({' '.join(refused)}), each said why above; fix: correct those IDS (or free the disk) and run them "
+              "again", file=sys.stderr)
+        return 2
     return 0
 
 

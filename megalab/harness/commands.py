@@ -10,7 +10,7 @@ from pathlib import Path
 
 from megalab.core import ports, variables
 from megalab.core.variables import LaunchError, Options
-from megalab.harness import here, launch
+from megalab.harness import here, launch, makeparent
 
 
 def add_target(p: argparse.ArgumentParser, nargs: str | None = None) -> None:
@@ -28,7 +28,9 @@ def _one_launch(target: str, opts: Options, what: str):
 
 
 def run_main(args: argparse.Namespace) -> int:
-    """make <target>: preflight, launch, monitor, record (DRY_RUN=1 prints the plan and its script)."""
+    """make <target>: preflight, launch, monitor, record (DRY_RUN=1 prints the plan and its script). Under make, a
+    signal to make, or make killed outright, ends the run as `killed` (makeparent.py), as in make batch."""
+    makeparent.follow()
     return launch.run(args.target)
 
 

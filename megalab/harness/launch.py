@@ -13,6 +13,8 @@ import importlib.util
 import math
 import os
 import socket
+import stat
+import sys
 from pathlib import Path
 
 from megalab.core import catalog, estimate, flags, launchscript, plan as planner, ports, variables
@@ -322,8 +324,16 @@ def make_run_dir(outdir: Path, target: str) -> Path:
     return run_dir
 
 
-def _tail(log_path: Path, n: int = 15) -> str:
-    lines = log_path.read_text(errors="replace").splitlines()[-n:] if log_path.exists() else []
+def _tail(log_path: Path, n: int = 15, window: int = 1 << 16) -> str:
+    """The log's last N lines (from its last WINDOW bytes: a regular file only, never a device read forever)."""
+    try:
+        with open(log_path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return ""
+            f.seek(max(0, os.fstat(f.fileno()).st_size - window))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()[-n:]
+    except OSError:  # none was written (a full disk): the record's end_detail says why
+        return ""
     return "\n".join(f"log        {line}" for line in lines)
 
 
@@ -343,8 +353,13 @@ def _execute(plan: RunPlan, progress):
     (supervise.py): its own process group, the log into run_dir/logs.txt and the progress line, a
     watchdog, and signals to us end the whole run."""
     script = plan.run_dir / launchscript.NAME
-    script.write_text(plan.script)
-    script.chmod(0o755)
+    try:
+        script.write_text(plan.script)
+        script.chmod(0o755)
+    except OSError as e:  # nothing started yet: nothing to end, nothing to record
+        progress.close()
+        raise LaunchError(f"{script}: cannot be written ({e.strerror or e}), so nothing was started; fix: free space "
+                          "on OUTDIR's disk (or make it writable) and launch again") from None
     opts = plan.opts
     quiet_node = opts.nnodes > 1 and opts.node_rank != opts.nnodes - 1  # the last node logs the iterations
     limits = supervise.Limits(silent_s=math.inf if quiet_node else opts.watchdog_silent_s,
@@ -358,6 +373,10 @@ def _execute(plan: RunPlan, progress):
 
 
 # ---- one target, one launch ---------------------------------------------------------------------------
+
+class RecordLost(LaunchError):
+    """A run that ended but whose record could not be written (a full disk): one line, with its result."""
+
 
 def run(target: str, opts: Options | None = None, exp: Experiment | None = None) -> int:
     """Launch a catalog target or a variant of one (or `exp`, a variant built by the benchmark)."""
@@ -420,7 +439,16 @@ def launch(exp: Experiment, opts: Options) -> tuple[dict, Path] | None:
                        started=started, ended=ended, hostname=socket.gethostname(),
                        outputs=outputs_config(opts), outcome=outcome, busy_gpus=busy,
                        preflight_s=(started - t0).total_seconds())
-    record.write(rec, run_dir / "run.json")
+    try:
+        record.write(rec, run_dir / "run.json")
+    except OSError as e:  # a full disk: the result still reaches the terminal, and the exit says it is lost
+        lost = RecordLost(f"{run_dir / 'run.json'}: the run's record cannot be written ({e.strerror or e}); it ended "
+                          f"so: {record.one_line(rec).removeprefix('result     ')}; fix: free space on OUTDIR's disk "
+                          "and run it again (its log, if any, is in the run dir)")
+        if outcome.reason != "killed":
+            raise lost from None
+        print(f"megalab: {lost}", file=sys.stderr, flush=True)  # a stop asked for still stops every caller
+        raise SystemExit(outcome.exit_code) from None
     if rec["status"] != "ok" and not opts.verbose:
         print(_tail(run_dir / "logs.txt"))
     print(record.one_line(rec))

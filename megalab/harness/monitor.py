@@ -196,10 +196,12 @@ class GpuMemoryMonitor:
         return self._nvml.nvmlDeviceGetMemoryInfo(h).used // 2**20
 
     def _loop(self):
+        """Sample until stopped, each sample a row of the CSV; a CSV that cannot be written (a full disk) stops
+        the rows, never the samples: the peaks go on in memory, and `error` says so."""
         t0 = time.monotonic()
-        with open(self.csv_path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(COLUMNS)
+        rows = _Rows(self.csv_path, self)
+        try:
+            rows.writerow(COLUMNS)
             while not self._stop.is_set():
                 t = round(time.monotonic() - t0, 2)
                 for k, h in enumerate(self._handles):
@@ -213,7 +215,42 @@ class GpuMemoryMonitor:
                     nvml = self._nvml
                     mhz = _optional(lambda: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))
                     watts = _optional(lambda: round(nvml.nvmlDeviceGetPowerUsage(h) / 1000, 1))  # NVML: mW
-                    w.writerow([t, self._idx[k], used, util, mhz, watts, _optional(lambda: _held_by(nvml, h))])
+                    rows.writerow([t, self._idx[k], used, util, mhz, watts, _optional(lambda: _held_by(nvml, h))])
                 self.samples += 1
-                f.flush()
+                rows.flush()
                 self._stop.wait(self.interval_s)
+        finally:
+            rows.close()
+
+
+class _Rows:
+    """The monitor's CSV: rows written while the disk takes them; the first OSError (opening, a write, a flush)
+    goes into the monitor's `error`, and no row is written after it."""
+
+    def __init__(self, path: Path, monitor: GpuMemoryMonitor):
+        self.monitor, self.f, self.w = monitor, None, None
+        self._do(lambda: setattr(self, "f", open(path, "w", newline="")))
+        if self.f is not None:
+            self.w = csv.writer(self.f)
+
+    def _do(self, act) -> None:
+        try:
+            act()
+        except OSError as e:
+            self.monitor.error = f"memory CSV not written ({e.strerror or e}): the peaks are the samples' in memory"
+            self.w = None
+
+    def writerow(self, row) -> None:
+        if self.w is not None:
+            self._do(lambda: self.w.writerow(row))
+
+    def flush(self) -> None:
+        if self.w is not None:
+            self._do(self.f.flush)
+
+    def close(self) -> None:
+        if self.f is not None:
+            try:
+                self.f.close()
+            except OSError:
+                pass

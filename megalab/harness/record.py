@@ -17,7 +17,7 @@ from megalab.core.gpus import peak_tflops  # the one GPU datasheet table (MFU = 
 
 from pydantic import ValidationError
 
-from megalab.core.schema import SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
+from megalab.core.schema import COMMIT, MEASURED, SCHEMA, RecordError, RunRecord, finite_or_none, lever_names  # 2 adds `intent`, `observed`
 from megalab.core import git, infile, logparse
 from megalab.core.provenance import CODE_PATHS
 from megalab.harness.monitor import describe_busy
@@ -26,7 +26,7 @@ from megalab.harness.monitor import describe_busy
 def _git_commit(root: Path = ROOT) -> str | None:
     # A copied working tree (a GPU rig, a container) may have no .git: the launching side can
     # pass the commit in MEGALAB_COMMIT.
-    if os.environ.get("MEGALAB_COMMIT"):
+    if os.environ.get("MEGALAB_COMMIT") and COMMIT.fullmatch(os.environ["MEGALAB_COMMIT"]):  # else: git's own
         return os.environ["MEGALAB_COMMIT"]
     sha = git.run(root, "rev-parse", "HEAD")  # None, not a hang, where git cannot answer (core/git.py)
     if sha is None or sha.returncode != 0 or not sha.stdout.strip():
@@ -93,6 +93,8 @@ def measured(log: Path, warmup: int, returncode, interrupted: bool, used_mib: li
         status = "incomplete"
     if ended_by in ("killed", "hung"):
         status = ended_by
+    elif ended_by == "unwritable":  # its log could not be written (a full disk): ended, and no measurement
+        status = "failed"
     elif ended_by == "exit_hang":
         last = summary.iterations[-1].iteration if summary.iterations else None
         done = summary.finished or bool(summary.train_iters and last and last >= summary.train_iters)
@@ -131,7 +133,10 @@ def build(*, plan, returncode, interrupted, monitor, inventory, started, ended, 
     exp, opts, impl, run_dir = plan.exp, plan.opts, plan.impl, plan.run_dir
     gpu_name = inventory["names"][0] if inventory.get("names") else None
     peak = peak_tflops(gpu_name)
-    summary = logparse.parse_file(run_dir / "logs.txt", limit=None)  # this launch's own log: never refused for size
+    try:  # this launch's own log: never refused for size
+        summary = logparse.parse_file(run_dir / "logs.txt", limit=None)
+    except logparse.LogReadError:  # none could be written (a full disk): the record says how the run ended
+        summary = logparse.parse_log("")
     busy = list(busy_gpus or [])
     if hasattr(monitor, "busy_at_start"):  # memory in use at start with no process listed counts too
         busy += [b for b in monitor.busy_at_start() if b["gpu"] not in {x["gpu"] for x in busy}]
@@ -192,8 +197,12 @@ def write(rec: dict | RunRecord, path: Path) -> None:
               "(the launcher wrote a field the schema refuses)", file=sys.stderr)
         data = finite_or_none(rec)
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(path)
+    except OSError:  # a full disk: no half record left behind (the caller says so, in one line)
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def one_line(rec: dict | RunRecord) -> str:
@@ -251,11 +260,41 @@ def memory_peaks_from_csv(csv_path: Path, num_gpus: int) -> list[int]:
     return [peaks[g] for g in sorted(peaks)[:num_gpus]]
 
 
-def refresh(run_dir: Path) -> dict:
+class Downgrade(RecordError):
+    """refresh would rewrite a record as a worse one (a status, measurements lost): one line, nothing written."""
+
+
+# What a refresh may change but never lose: the measured fields (a value, a list, a mapping), and how far the log went
+MEASURED_FIELDS = ("step_ms_median", "step_ms_p10", "step_ms_p90", "step_ms_min", "step_ms_max", "tflops_per_gpu",
+                   "mfu", "loss_first", "loss_last", "params_total", "megatron_mem", "megatron_mem_by_rank",
+                   "theoretical_mem_mb", "timers_ms", "breakdown_ms", "mem_peak_mib", "mem_peak_gib")
+COUNTS = ("step_count", "iters_logged", "train_iters")
+
+
+def losses(old: dict, new: dict) -> list[str]:
+    """What NEW, a record derived again, lacks that OLD had: a status no longer ok (or no longer measured), a
+    measured field gone or with fewer values, a count lower."""
+    out = []
+    if old.get("status") != new.get("status") and (old.get("status") == "ok" or (
+            old.get("status") in MEASURED and new.get("status") not in MEASURED)):
+        out.append(f"status {old.get('status')} -> {new.get('status')}")
+    for k in MEASURED_FIELDS:
+        before, after = old.get(k), new.get(k)
+        if before not in (None, [], {}) and (after in (None, [], {}) or (
+                isinstance(before, (list, dict)) and isinstance(after, (list, dict)) and len(after) < len(before))):
+            out.append(k)
+    out += [f"{k} {old[k]} -> {new.get(k)}" for k in COUNTS if isinstance(old.get(k), int)
+            and not (isinstance(new.get(k), int) and new[k] >= old[k])]
+    return out
+
+
+def refresh(run_dir: Path, force: bool = False) -> dict:
     """Recompute a record's measured fields from the raw log and memory CSV beside it.
 
     For records written by an older megalab (a parser fix, a monitor that sampled GPUs the run
-    did not use): every measured number is derived again from the raw files, none is typed in.
+    did not use): every measured number is derived again from the raw files, none is typed in. A record
+    it would make worse (its log cut short: a status no longer ok, measurements lost) is a Downgrade and
+    stays as it is, unless FORCE.
     """
     import datetime as dt
 
@@ -282,5 +321,11 @@ def refresh(run_dir: Path) -> dict:
     new = finite_or_none({**raw, **meas, "mem_baseline_mib": list(old.mem_baseline_mib[: old.num_gpus]),
                           "refreshed": [*old.refreshed, stamp]})
     out = RunRecord.of(new).dump(like=new)
+    worse = losses(old.dump(), out)
+    if worse and not force:
+        shown = ", ".join(worse[:8]) + (f" and {len(worse) - 8} more" if len(worse) > 8 else "")
+        raise Downgrade(f"{path}: refreshed from raw files that say less than it (a log cut short?), it would lose "
+                        f"{shown}; nothing written; fix: restore the run's raw log and memory CSV, or FORCE=1 megalab "
+                        "refresh DIR to write it as they say")
     write(out, path)
     return out

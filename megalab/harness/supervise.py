@@ -44,7 +44,7 @@ class Limits:
 @dataclasses.dataclass
 class Outcome:
     returncode: int | None  # the command's exit status (negative: the signal that ended it)
-    reason: str | None  # None (it ended by itself) | "killed" | "hung" | "exit_hang"
+    reason: str | None  # None (it ended by itself) | "killed" | "hung" | "exit_hang" | "unwritable" (its log)
     detail: str  # one line, for the record and the terminal
     seconds: float
     signal: int | None = None  # the signal the launcher received ("killed")
@@ -187,54 +187,98 @@ def supervise(argv: list[str], *, env: dict[str, str], log_path: Path,
 
 
 def _watch(proc, lines: queue.Queue, log_path: Path, on_line, limits: Limits, caught: list[int]):
-    """Stream the log until the command ends or must be ended: (reason, detail)."""
+    """Stream the log until the command ends or must be ended: (reason, detail). A log that cannot be written
+    (a full disk, a file made unwritable) ends the run: nothing could be measured from it."""
+    try:
+        log = open(log_path, "wb")
+    except OSError as e:
+        return "unwritable", _unwritable(log_path, e)
+    try:
+        return _stream(proc, lines, _Log(log), on_line, limits, caught)
+    except _LogUnwritable as e:
+        return "unwritable", _unwritable(log_path, e.error)
+    finally:
+        try:
+            log.close()
+        except OSError:  # flushed line by line: what it held is written, or was said to be lost
+            pass
+
+
+class _LogUnwritable(Exception):
+    def __init__(self, error: OSError):
+        self.error = error
+
+
+class _Log:
+    """The run's log file, whose OSError (ENOSPC, EIO, EDQUOT) is told apart from a callback's."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.f.write(data)
+        except OSError as e:
+            raise _LogUnwritable(e) from None
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except OSError as e:
+            raise _LogUnwritable(e) from None
+
+
+def _unwritable(log_path: Path, e: OSError) -> str:
+    return f"its log {log_path.name} could not be written ({e.strerror or e}); ended by the launcher"
+
+
+def _stream(proc, lines: queue.Queue, log, on_line, limits: Limits, caught: list[int]):
     last_out = time.monotonic()
     iterating = False
     end_seen: float | None = None
     exited_at: float | None = None
     eof = False
-    with open(log_path, "wb") as log:
-        while True:
-            if caught:
-                return "killed", f"{signal.Signals(caught[0]).name} to the launcher"
-            try:
-                line = lines.get(timeout=TICK_S)
-            except queue.Empty:
-                line = b""
-            now = time.monotonic()
-            if line is None:  # end of output: the command and everything holding its pipe closed it
-                eof = True
-                line = b""
-            elif line:
-                log.write(line)
-                log.flush()
-                text = line.decode("utf-8", errors="replace")
-                on_line(text)
-                last_out = now
-                if not iterating and parse_iteration_line(text) is not None:
-                    iterating = True
-                # the exit grace counts from the last output after the end of training: Megatron
-                # may still save a final checkpoint then, and says so
-                if end_seen is not None or end_of_training(text):
-                    end_seen = now
-            if proc.poll() is not None:
-                # it exited; what is still in the pipe arrives at once, unless an escaped
-                # process holds the pipe open: then stop reading after a second of quiet
-                exited_at = exited_at or now
-                if eof or now - max(exited_at, last_out) > 1.0:
-                    return None, ""
-                continue
-            # the watchdog (also when the command closed its output but runs on)
-            if end_seen is not None and now - end_seen > limits.exit_grace_s:
-                _dump_stacks(proc, lines, log)
-                return "exit_hang", (f"still running, silent for {limits.exit_grace_s:g} s after Megatron's "
-                                     "end-of-training line; ended by the launcher (EXIT_GRACE_S)")
-            quiet = limits.silent_s if iterating else limits.startup_s
-            if now - last_out > quiet:
-                _dump_stacks(proc, lines, log)
-                where = "after training began" if iterating else "during start-up"
-                var = "WATCHDOG_SILENT_S" if iterating else "WATCHDOG_STARTUP_S"
-                return "hung", f"no output for {quiet:g} s {where}; ended by the launcher ({var})"
+    while True:
+        if caught:
+            return "killed", f"{signal.Signals(caught[0]).name} to the launcher"
+        try:
+            line = lines.get(timeout=TICK_S)
+        except queue.Empty:
+            line = b""
+        now = time.monotonic()
+        if line is None:  # end of output: the command and everything holding its pipe closed it
+            eof = True
+            line = b""
+        elif line:
+            log.write(line)
+            log.flush()
+            text = line.decode("utf-8", errors="replace")
+            on_line(text)
+            last_out = now
+            if not iterating and parse_iteration_line(text) is not None:
+                iterating = True
+            # the exit grace counts from the last output after the end of training: Megatron
+            # may still save a final checkpoint then, and says so
+            if end_seen is not None or end_of_training(text):
+                end_seen = now
+        if proc.poll() is not None:
+            # it exited; what is still in the pipe arrives at once, unless an escaped
+            # process holds the pipe open: then stop reading after a second of quiet
+            exited_at = exited_at or now
+            if eof or now - max(exited_at, last_out) > 1.0:
+                return None, ""
+            continue
+        # the watchdog (also when the command closed its output but runs on)
+        if end_seen is not None and now - end_seen > limits.exit_grace_s:
+            _dump_stacks(proc, lines, log)
+            return "exit_hang", (f"still running, silent for {limits.exit_grace_s:g} s after Megatron's "
+                                 "end-of-training line; ended by the launcher (EXIT_GRACE_S)")
+        quiet = limits.silent_s if iterating else limits.startup_s
+        if now - last_out > quiet:
+            _dump_stacks(proc, lines, log)
+            where = "after training began" if iterating else "during start-up"
+            var = "WATCHDOG_SILENT_S" if iterating else "WATCHDOG_STARTUP_S"
+            return "hung", f"no output for {quiet:g} s {where}; ended by the launcher ({var})"
 
 
 WORKER_MARK = "pretrain_gpt"  # the entry point registers faulthandler on SIGUSR1 (megalab/runtime/pretrain_gpt.py)

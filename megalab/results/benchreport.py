@@ -14,7 +14,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, defaults, hosts, launchtime, pastref
+from megalab.results import columns, defaults, hosts, keep, launchtime, pastref
 from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
@@ -271,11 +271,11 @@ def _header(recs: dict, mm: dict | None) -> list[str]:
          "launch (same wrapper, monitor and record as a table row); step times are medians after 3 "
          "warm-up iterations with the p10-p90 spread in brackets, memory the NVML peak in GiB.", ""]
     names = sorted({r.gpu_name for r in recs.values() if r.gpu_name})
-    L += [f"GPU: {', '.join(names) or 'none yet'}. No Transformer Engine, no apex (pip megatron-core 0.19.2, "
+    L += [f"GPU: {markdown.escape(', '.join(names)) or 'none yet'}. No Transformer Engine, no apex (pip megatron-core 0.19.2, "
           "PyTorch's SDPA). The TE reference is the published row with TE: the 8x H100 tutorial series (R rows) or the 2x H200 set (T rows).", ""]
     if mm and (peak := gpus.peak_tflops(mm["gpu_name"])):
         L += [f"Ceiling: a bf16 {mm['n']}^3 matmul runs at **{mm['tflops']} TFLOP/s** (median of {mm['iters']}; "
-              f"best {mm['tflops_best']}) on {mm['gpu_name']}, {mm['tflops'] / peak:.0%} of the "
+              f"best {mm['tflops_best']}) on {markdown.escape(mm['gpu_name'])}, {mm['tflops'] / peak:.0%} of the "
               f"{peak:.0f} TFLOP/s datasheet peak.", ""]
     return L
 
@@ -333,7 +333,7 @@ def _ablation_section(cfg: dict, get) -> list[str]:
     return ["## What each lever buys (ablation)", "",
             "megalab's spec with the levers added one at a time; alternatives are tried on top and kept only if "
             "they pay.", "", *markdown.table(["case", "levers", "ms", "GiB", "vs previous step"], rows),
-            "", "Levers:", "", *(f"- `{k}`: {v['about']}" for k, v in cfg["levers"].items()), "",
+            "", "Levers:", "", *(f"- `{k}`: {markdown.escape(v['about'])}" for k, v in cfg["levers"].items()), "",
             *_findings(cfg, get)]
 
 
@@ -659,7 +659,7 @@ def _cp_section(bench_dir: Path) -> list[str]:
     if not path.exists():
         return []
     body = []
-    for ln in _text(path).splitlines():
+    for ln in markdown.quoted(_text(path)):  # the rig's output: quoted, never raw
         if not ln.startswith("# ") and (ln.strip() or (body and body[-1].strip())):  # no '# ' notes, one blank
             body.append(ln)
     return ["## Context-parallel attention without TE: what the ring costs besides communication", "",
@@ -685,11 +685,11 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
         timers = rec.timers_ms or {}
         shown = ("forward-compute", "backward-compute", "optimizer", "optimizer-inner-step",
                  "optimizer-copy-main-to-model-params", "optimizer-copy-to-main-grad", "all-grads-sync")
-        out += [f"### {rec.target} on {rec.num_gpus} x {rec.gpu_name}", "",
+        out += [f"### {rec.target} on {rec.num_gpus} x {markdown.escape(rec.gpu_name)}", "",
                 f"Run [{d.parent.name}](runs/{d.parent.name}/run.json): median step {rec.step_ms_median:.0f} ms "
                 "profiled (timers synchronise, kernels launch one by one, no CUDA graph). Megatron's timers, median "
                 "ms per step: " + ", ".join(f"{k} {timers[k]:.1f}" for k in shown if k in timers) + "."
-                + f" Fast path: `{levers.text(rec.fastpath or ())}`."
+                + f" Fast path: `{markdown.escape(levers.text(rec.fastpath or ()))}`."
                 + ("" if all((d.parent / t).exists() for t in rec.files.traces)
                    else " The trace itself was not kept (summarised, then deleted).")
                 + (f" Every kernel of the two steps: [kernels.txt](runs/{d.parent.name}/kernels.txt)."
@@ -703,7 +703,7 @@ def _profiles_section(bench_dir: Path, recs: dict) -> list[str]:
                 "weight-gradient accumulation into fp32 main_grad; without TE or apex Megatron runs them as "
                 "separate kernels, `--no-gradient-accumulation-fusion`, unless `FAST=...,fused_wgrad`: see "
                 "\"Levers tried against the default\").", "",
-                *_text(d).strip().splitlines(), ""]
+                *markdown.quoted(_text(d).strip()), ""]  # a file of the run's folder: quoted, never raw
     intro = ("Two default fast-path levers came from row 111's kernel list (below, with the fast path it was "
              "profiled with): `bf16_ce` removed the loss's fp32 copy, max, exp, sum, divide and gradient kernels over "
              "the [tokens, vocabulary] logits ([mb-loss-and-bias.txt](mb-loss-and-bias.txt) times both losses per call "
@@ -747,5 +747,5 @@ def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:
 
 
 def write(bench_dir: Path) -> str:
-    markdown.write_if_changed(bench_dir / "README.md", render(bench_dir))
+    keep.write_page(bench_dir.parent.parent, bench_dir / "README.md", render(bench_dir), "make bench-report")
     return str(bench_dir / "README.md")

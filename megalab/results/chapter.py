@@ -150,8 +150,25 @@ def load_twogpu_reference(path: Path | None = None) -> pd.DataFrame:
 
 def check_refs(reference: pd.DataFrame, twogpu: pd.DataFrame) -> None:
     """ReferenceTableError (one line) for a catalog entry whose `ref` names no row of its chapter's published
-    table: its row would show no published number (make tables refuses; a cell elsewhere warns once)."""
-    for exp in catalog.catalog().values():
+    table: its row would show no published number (make tables refuses; a cell elsewhere warns once); and for a
+    published row whose `target` is no catalog target of its chapter, or not the one whose `ref` names it (a
+    target renamed on one side only)."""
+    cat = catalog.catalog()
+    for (chapter, row), target in reference["target"].items():
+        users = [e.id for e in cat.values() if e.chapter == chapter and e.ref == row]
+        exp = cat.get(target)
+        if exp is None and not users:  # the catalog has no row for it (an entry removed): said, not refused
+            print(f"megalab: configs/reference/anchor_8xh100.csv: row {row} of chapter {chapter} names target "
+                  f"{target}, which is no catalog target, and no entry has ref {row}: its published numbers show on "
+                  "no page; fix: give the entry that reproduces it `ref: " + row + "`, or leave it unmatched",
+                  file=sys.stderr)
+        elif exp is None or exp.chapter != chapter or (users and target not in users):
+            what = "no catalog target" if exp is None else "not the catalog entry that names it"
+            known = f"{', '.join(users)} has ref {row}" if users else f"no entry of chapter {chapter} has ref {row}"
+            raise ReferenceTableError("configs/reference/anchor_8xh100.csv", f"row {row} of chapter {chapter} names "
+                                      f"target {target!r}, which is {what} ({known})",
+                                      "name the catalog target that reproduces it (make list), as its `ref` names the row")
+    for exp in cat.values():
         kind = reference_kind(exp.chapter)
         if not exp.ref or kind == "none":
             continue

@@ -68,8 +68,8 @@ def verdict(result: Any) -> str:
         text = f"{FAIL}: {result.measured}, expected {result.claim.expect.text()}; {result.stands_on}"
     else:
         text = f"{PASS}: {result.measured}; {result.stands_on}"
-    # one line, and nothing that ends the comment or a table cell it may sit in
-    return " ".join(text.split()).replace("-->", "->").replace("|", "/")
+    # one line, and nothing that ends the comment or a table cell it may sit in, nor a tag a record's text holds
+    return markdown.escape(" ".join(text.split()).replace("-->", "->").replace("|", "/"))
 
 
 def fill(text: str, results: Mapping[str, Any], where: str = "") -> tuple[str, list[Mark]]:

@@ -374,7 +374,7 @@ def _published_text(p: Published) -> str:
 
 
 def _cell(s: str) -> str:
-    return " ".join(str(s).split()).replace("|", "\\|")
+    return " ".join(str(s).split())  # on one line, spaces single (table() escapes the rest)
 
 
 def fails_if(c: Claim) -> str:

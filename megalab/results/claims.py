@@ -422,6 +422,6 @@ def load_claims(path: Path | None = None) -> list[Claim]:
     seen: set[str] = set()
     for c in claims:
         if c.id in seen:
-            raise ChecksError(f"{path.name}: duplicate claim id {c.id}")
+            raise ChecksError(f"{path.name}: duplicate claim id {c.id}; fix: give each claim its own id")
         seen.add(c.id)
     return claims

@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 
 from megalab.core import flags, infile, logparse, markdown, records
-from megalab.results import columns, hosts, plots
+from megalab.results import columns, hosts, keep, plots
 from megalab.core.records import RunRecord
 from megalab.core.paths import ROOT
 from megalab.core import provenance
@@ -119,7 +119,7 @@ def _link(rec: RunRecord, text: str | None = None) -> str:
 
 def _status(r: RunRecord) -> str:
     """'ok', or the status with the record's one error line ('failed: AssertionError: ...')."""
-    return f"{r.status}: {r.error}".replace("|", "\\|") if r.status != "ok" and r.error else r.status
+    return markdown.escape(f"{r.status}: {r.error}") if r.status != "ok" and r.error else r.status
 
 
 def _side(r: RunRecord | None) -> list[str]:
@@ -251,7 +251,7 @@ def _curve_section(recs: list[RunRecord], root: Path) -> list[str]:
         return ["Not run yet: no real-data run has ended ok."]
     real, mock, v = curve
     pts = _losses(real)
-    text = (f"`{real.target}` on `{real.config.data}` ({_link(real, 'record')}): {len(pts)} iterations, "
+    text = (f"`{real.target}` on `{markdown.escape(real.config.data)}` ({_link(real, 'record')}): {len(pts)} iterations, "
             f"loss {pts[0][1]:.3f} → {pts[-1][1]:.3f}" if pts else f"`{real.target}`: no loss in its log")
     if mock and (mp := _losses(mock)):
         text += (f"; its mock twin ({_link(mock, 'record')}): {len(mp)} iterations, "
@@ -274,7 +274,7 @@ def _resume_section(recs: list[RunRecord]) -> list[str]:
 def _records_section(recs: list[RunRecord], root: Path) -> list[str]:
     L = []
     for r in recs:
-        data = "mock data" if is_mock(r) else f"real data `{r.config.data}`"
+        data = "mock data" if is_mock(r) else f"real data `{markdown.escape(r.config.data)}`"
         check = r.resume_check
         extra = f", resume check {'ok' if check.ok else 'FAIL'}" if check is not None else ""
         L.append(f"- {_link(r)}: `{r.target}`, {data}, vocabulary {_v(vocab(r, root))}, "
@@ -282,10 +282,11 @@ def _records_section(recs: list[RunRecord], root: Path) -> list[str]:
     return L or ["None yet."]
 
 
-def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]:
+def write_report(root: Path | None = None, *, check: bool = False, force: bool | None = None) -> list[Path]:
     """Write the page and its figure under ROOT; return the paths that changed (check: would change).
 
-    The figure is removed when there is no ok real-data run, so the page never links a stale one.
+    The figure is removed when there is no ok real-data run, so the page never links a stale one. A page
+    that would lose a record's link is refused (keep.write_page), unless FORCE (make tables judged it first).
     """
     root = Path(root) if root is not None else ROOT
     page, fig = root / PAGE, root / FIGURE
@@ -301,7 +302,7 @@ def write_report(root: Path | None = None, *, check: bool = False) -> list[Path]
             changed += [] if fig.exists() else [fig]
         elif markdown.write_if_changed(fig, draw_curve(*curve)):
             changed.append(fig)
-    if markdown.write_if_changed(page, render(root, recs), check=check):
+    if keep.write_page(root, page, render(root, recs), "python -m megalab data-report", check=check, force=force):
         changed.append(page)
     return changed
 

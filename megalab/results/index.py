@@ -60,7 +60,7 @@ def render(root: Path, frames: Mapping[int, Any], *, title: str = "Results", int
         df = frames[chapter]
         gpus = sorted({h.split("x ", 1)[-1].rstrip(" †‡*") for h in df["hardware"] if h and "x " in h})
         tut = meta.get("tutorial")
-        rows.append([str(chapter), f"[{meta.get('title', page)}]({page})", f"[csv]({Path(page).with_suffix('.csv')})",
+        rows.append([str(chapter), markdown.link(meta.get('title', page), page), f"[csv]({Path(page).with_suffix('.csv')})",
                      f"[{Path(tut).stem}](../{tut})" if tut and (catalog.ROOT / tut).exists() else "",
                      status_summary(list(df["status"])) + today_summary(list(df["provenance"]))
                      + (f"; measured on {'; '.join(gpus)}" if gpus else "")])

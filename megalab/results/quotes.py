@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from megalab.core import markdown
+
 QUOTE = re.compile(r"<!-- q ([^|>]+?) \| ([^>]+?) -->(.*?)<!-- /q -->")
 ROWS = re.compile(r"^\s*([\w.-]+?)\s*(?:([/%])\s*([\w.-]+)|\s(-)\s+([\w.-]+))?\s*$")  # A, A/B, A%B, A - B
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -96,7 +98,7 @@ def fill(text: str, row: Row, *, keep_missing: bool = False, unlike: Unlike | No
     def sub(m: re.Match) -> str:
         rows, column, old = m.group(1).strip(), m.group(2).strip(), m.group(3)
         try:
-            new = value(rows, column, row, unlike)
+            new = markdown.escape(value(rows, column, row, unlike))  # a cell's text, quoted into prose
         except QuoteError as e:
             if not keep_missing:
                 raise

@@ -221,7 +221,7 @@ def not_modelled(rec: RunRecord) -> str | None:
     """Why a run is outside what the estimator models (so it is not validated against it), or None."""
     extra = rec.config.extra_args
     if extra and not _only_planned_flags(extra):
-        return f"extra Megatron flags ({extra})"
+        return f"extra Megatron flags ({markdown.escape(extra)})"
     return None
 
 
