@@ -73,7 +73,10 @@ NOTE_ABOVE = 0.05
 def _record_layout(rec: RunRecord) -> tuple[catalog.Experiment, dict[str, Any], str]:
     cfg = rec.config
     given = cfg.model_dump(exclude_unset=True)  # the fields the record has (an older one lacks some)
-    lay = catalog.Experiment.model_construct(**{n: given[n] for n in catalog.Experiment.model_fields if n in given})
+    # the record's extra_args is the user's EXTRA_ARGS (text); the entry's own flags are catalog_extra_args
+    lay = catalog.Experiment.model_construct(**{n: given[n] for n in catalog.Experiment.model_fields
+                                                if n in given and n != "extra_args"},
+                                             extra_args=tuple(cfg.catalog_extra_args or ()))
     preset = cfg.model_preset or catalog.models()[lay.model]
     extra = tuple(shlex.split(cfg.extra_args or ""))
     if extra:  # flags the launcher of an older record did not yet read into its config (e.g. --moe-router-topk)
