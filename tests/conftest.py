@@ -362,13 +362,21 @@ def applied(names):
         levers.mark_applied(before)
 
 
+_WARM = []
+
+
 def interpreted(call: str, timeout: int = 600):
     """`call` (Python, e.g. "import test_x as t; t._check()") in a fresh interpreter with Triton's interpreter on:
-    Triton reads TRITON_INTERPRET when it is imported, so megalab's kernels run on CPU only in a new process."""
-    import subprocess
+    Triton reads TRITON_INTERPRET when it is imported, so megalab's kernels run on CPU only in a new process.
+    A fork of a warm one (tests/interpreter.py: the imports made once per worker), as subprocess.run answers."""
+    import atexit
 
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    return subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=timeout)
+    from tests.interpreter import Warm
+
+    if not _WARM:
+        _WARM.append(Warm(f"{ROOT}{os.pathsep}{ROOT / 'tests'}"))
+        atexit.register(_WARM[0].close)
+    return _WARM[0].run(call, timeout)
 
 
 def keep_megatrons_zeroing(monkeypatch):
