@@ -32,7 +32,10 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # xdist worker, so that it is made once. The input audit, the longest, goes first.
 # "*": the whole module (test_estimate: its fixtures, and the CLI test, read the same TensorBoard files,
 # which validation.py keeps per process). test_fuzz_inputs' "built": the sandbox its CLI tests copy.
-SHARED = {"test_fuzz_inputs": ("audit", "built"), "test_estimate": ("*",), "test_dataset": ("rows",)}
+# test_pastref's "trials": the levers-tried rows of the committed records. test_make_payloads: its copy of the
+# repository (the committed records with it), and the closing figures that count every call of the module.
+SHARED = {"test_fuzz_inputs": ("audit", "built"), "test_estimate": ("*",), "test_dataset": ("rows",),
+          "test_pastref": ("trials",), "test_make_payloads": ("*",)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
@@ -362,13 +365,21 @@ def applied(names):
         levers.mark_applied(before)
 
 
+_WARM = []
+
+
 def interpreted(call: str, timeout: int = 600):
     """`call` (Python, e.g. "import test_x as t; t._check()") in a fresh interpreter with Triton's interpreter on:
-    Triton reads TRITON_INTERPRET when it is imported, so megalab's kernels run on CPU only in a new process."""
-    import subprocess
+    Triton reads TRITON_INTERPRET when it is imported, so megalab's kernels run on CPU only in a new process.
+    A fork of a warm one (tests/interpreter.py: the imports made once per worker), as subprocess.run answers."""
+    import atexit
 
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    return subprocess.run([sys.executable, "-c", call], env=env, capture_output=True, text=True, timeout=timeout)
+    from tests.interpreter import Warm
+
+    if not _WARM:
+        _WARM.append(Warm(f"{ROOT}{os.pathsep}{ROOT / 'tests'}"))
+        atexit.register(_WARM[0].close)
+    return _WARM[0].run(call, timeout)
 
 
 def keep_megatrons_zeroing(monkeypatch):

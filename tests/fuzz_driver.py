@@ -142,7 +142,7 @@ def apply(files: dict[str, dict]) -> None:
 
 
 # Built from the code alone, never from a file a case damages: a fresh process builds the same, so they are kept
-CODE_ONLY = {("megalab.core.catalog", "_entry_model")}  # pydantic models of Experiment's fields (create_model)
+CODE_ONLY = {("megalab.core.catalog", "_defaults_model")}  # a pydantic model of Experiment's fields (create_model)
 _CLEARABLE: dict[str, tuple[object, int, list]] = {}  # module name -> (module, len(vars), its caches)
 
 

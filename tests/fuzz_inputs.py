@@ -29,6 +29,7 @@ import argparse
 import base64
 import collections
 import copy
+import functools
 import gzip
 import io
 import json
@@ -74,10 +75,19 @@ def sandbox(base: Path, ref: str | None = None, *, runs: list[Path] | None = Non
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
         shutil.rmtree(repo / "tests", ignore_errors=True)
-    else:
-        shutil.copytree(ROOT, repo, symlinks=True, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "outdir", "__pycache__", ".pytest_cache", "*.egg-info", "tests"))
     keep = {str(d.relative_to(ROOT)) for d in (sources() if runs is None else runs)}
+    if not ref:
+        plain = shutil.ignore_patterns(".git", ".venv", "outdir", "__pycache__", ".pytest_cache", "*.egg-info", "tests")
+
+        def ignore(folder: str, names: list[str]) -> set[str]:
+            """The patterns above, and the run folders not kept (never copied, rather than copied and removed)."""
+            skip = set(plain(folder, names))
+            rel = Path(folder).relative_to(ROOT)
+            if rel.parts[:1] == ("results",) and rel.name == "runs":
+                skip |= {n for n in names if str(rel / n) not in keep and (Path(folder) / n).is_dir()}
+            return skip
+
+        shutil.copytree(ROOT, repo, symlinks=True, ignore=ignore)
     for d in sorted(repo.glob("results/**/runs/*")):
         if d.is_dir() and str(d.relative_to(repo)) not in keep:
             shutil.rmtree(d)
@@ -199,6 +209,7 @@ def b64(data: bytes | str) -> dict:
 OVER_LOG_LIMIT_MIB = 600  # a bomb past infile.LOG_LIMIT (512 MiB) unpacked: the door refuses it unread
 
 
+@functools.lru_cache(maxsize=4)  # the same bomb for the log and the TensorBoard file: made once (2 s each)
 def gzip_bomb(mib: int) -> bytes:
     """MIB MiB of zeros, gzipped (about a thousandth of that on disk)."""
     import zlib

@@ -2,6 +2,8 @@
 that are not catalog rows: every figure from the committed records, a goal judged only on enough launches."""
 import copy
 
+import pytest
+
 from megalab.core import benchruns
 from megalab.results import benchreport, defaults, pastref
 from tests.conftest import BEFORE_GRID_TUNING, GRID_TUNING_COMMIT, PIPELINED_COMMIT, TRITON_NORM_COMMITS
@@ -9,6 +11,13 @@ from tests.conftest import BEFORE_GRID_TUNING, GRID_TUNING_COMMIT, PIPELINED_COM
 
 def _cfg():
     return benchruns.load_config()
+
+
+@pytest.fixture(scope="module")
+def trials():
+    """The levers-tried rows of the committed bench.yaml (its trials and levers), read once for the tests that read
+    them as committed (a read is every committed record and a log per pair); a test that changes either reads its own."""
+    return benchreport.trial_rows(_cfg(), benchruns.BENCH_DIR)
 
 
 def _by_target(rows):
@@ -138,8 +147,8 @@ def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_m
     assert goals["111-gpt2xl-dp1-fit-80GB"][0][-1] == "missed (1x H100 80GB GPU-14b492fb)"  # 348 ms, not 330
 
 
-def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs():
-    lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR)
+def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs(trials):
+    lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR, rows=trials)
              if "(not a catalog row)" in ln and "510-olmoe" not in ln]  # issue 63's MoE trials: the test below
     assert len(lines) == 45  # gelu_epilogue's two (eighteenth session) pay: neither noisy nor lone
     # the CUDA graph's two (twenty-first session, two a side against CUDA_GRAPH=0, alternating) pay: 252 against
@@ -202,11 +211,11 @@ def test_trials_of_configurations_outside_the_catalog_pair_only_their_own_runs()
     assert len(lines) == 56 and all(ln.rstrip(" |").endswith("not run") for ln in lines)  # 45, and issue 63's 11
 
 
-def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph():
+def test_the_cuda_graph_is_a_lever_whose_side_is_the_runs_cuda_graph(trials):
     """The full-iteration graph tried against CUDA_GRAPH=0 (the eighth session, one H100): the two sides differ
     in the run's CUDA graph, which otherwise both sides of a trial share; on 111 two launches a side, all with
     the graph faster (348-350 against 365-368 ms), on 112 one a side: no verdict."""
-    rows = {ln.split("|")[2].strip(): ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR)
+    rows = {ln.split("|")[2].strip(): ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR, rows=trials)
             if ln.startswith("| `cuda_graph` + `no_rerun` |")}
     assert rows["111-gpt2xl-dp1-fit-80GB"].rstrip(" |").endswith("| PASS | pays")
     assert "| 366 (2 runs, 365–368) | 349 (2 runs, 348–350) |" in rows["111-gpt2xl-dp1-fit-80GB"]
@@ -272,29 +281,33 @@ WIDE = "111-gpt2xl-dp1-fit-80GB + `--num-layers 24 --hidden-size 2048 --num-atte
 MB14 = "101-gpt2xl-dp1-gbs1-bf16 + `--micro-batch-size 14 --global-batch-size 14` (not a catalog row)"
 
 
-def _parity_cells() -> dict[tuple[str, str], tuple[str, str]]:
-    """The levers-tried table's parity columns: (lever, target) -> (first steps' largest difference, parity cell)."""
-    rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR) if ln.startswith("| `")]
+def _parity_cells(trials=None) -> dict[tuple[str, str], tuple[str, str]]:
+    """The levers-tried table's parity columns: (lever, target) -> (first steps' largest difference, parity cell);
+    of TRIALS, or of rows read now."""
+    rows = [ln.split("|") for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR, rows=trials)
+            if ln.startswith("| `")]
     return {(r[1].strip(), r[2].strip()): (r[-4].strip(), r[-3].strip()) for r in rows}
 
 
-def test_a_parity_fail_says_where_two_base_runs_fail_it_too():
+def test_a_parity_fail_says_where_two_base_runs_fail_it_too(trials):
     """The median rule over 100 steps: norm_residual's pairs at GPT-2 24 x 2048 and 600 fail it, as two base runs
     of one code do against each other there (their early training amplifies rounding), and the cell says so;
     layer_graphs, whose first steps are already 2% apart, stays a plain FAIL: the check can fail."""
-    cell = {key: parity for key, (_, parity) in _parity_cells().items()}
+    cell = {key: parity for key, (_, parity) in _parity_cells(trials).items()}
     assert cell[("`norm_residual`", "600-llama1b-1gpu-gbs8")] == benchreport.BASE_FAILS_TOO
     assert cell[("`norm_residual`", WIDE)] == benchreport.BASE_FAILS_TOO
     assert cell[("`norm_residual`", "111-gpt2xl-dp1-fit-80GB")] == "PASS"
     assert cell[("`layer_graphs`", "111-gpt2xl-dp1-fit-80GB")] == "FAIL"
 
 
-def test_a_lever_with_its_own_masks_is_judged_by_the_median_rule(monkeypatch):
+def test_a_lever_with_its_own_masks_is_judged_by_the_median_rule(trials, monkeypatch):
     """dropout_add draws dropout masks of its own, so its pairs' first losses differ by the masks (1.7e-3 at 111,
     1.1e-2 at 101 with micro-batch 14: the first-steps rule would FAIL them): the median rule alone judges them and
     the cell says so. That rule can fail too: with a median bound below the pairs' medians they FAIL."""
+    cells = _parity_cells(trials)
+
     def cell(target):
-        return _parity_cells()[("`dropout_add`", target)]
+        return cells[("`dropout_add`", target)]
 
     own = benchreport.OWN_MASKS
     assert cell("111-gpt2xl-dp1-fit-80GB")[1] == f"PASS {own}"
@@ -302,7 +315,7 @@ def test_a_lever_with_its_own_masks_is_judged_by_the_median_rule(monkeypatch):
     assert float(cell("111-gpt2xl-dp1-fit-80GB")[0]) > benchreport.PARITY_EARLY_MAX_REL  # the first steps' rule would fail
     assert cell(WIDE)[1] == f"{benchreport.BASE_FAILS_TOO} {own}"
     monkeypatch.setattr(benchreport, "PARITY_MEDIAN_REL", 1e-5)
-    failed = cell("111-gpt2xl-dp1-fit-80GB")[1]
+    failed = _parity_cells()[("`dropout_add`", "111-gpt2xl-dp1-fit-80GB")][1]  # read again under the new bound
     assert failed.startswith("FAIL") and failed.endswith(own), failed
 
 
@@ -362,9 +375,12 @@ def test_clock_rows_pool_the_busy_samples_of_a_goals_runs(tmp_path, monkeypatch)
 
 # ---- beyond the catalog: a lever that joined the default pays on configurations that are not catalog rows ----
 
-def _beyond(cfg=None):
+def _beyond(cfg=None, trials=None):
+    """The beyond-the-catalog rows by lever, of CFG (the committed bench.yaml) and its trial rows (TRIALS, where CFG's
+    trials and levers are the committed ones; else read now)."""
     cfg = cfg or _cfg()
-    return {r[0].strip("`"): r for r in benchreport.beyond_rows(cfg, benchreport.trial_rows(cfg, benchruns.BENCH_DIR))}
+    rows = benchreport.trial_rows(cfg, benchruns.BENCH_DIR) if trials is None else trials
+    return {r[0].strip("`"): r for r in benchreport.beyond_rows(cfg, rows)}
 
 
 def _on_catalog_rows_only(cfg, lever):
@@ -377,11 +393,11 @@ def _on_catalog_rows_only(cfg, lever):
     return cfg
 
 
-def test_every_lever_that_joined_a_goals_default_has_a_row_and_the_graph_can_miss():
+def test_every_lever_that_joined_a_goals_default_has_a_row_and_the_graph_can_miss(trials):
     """The levers a goal's newest plain launch runs that its default lacked at 12e8ae4 (the issue's commit): each a row,
     none of the issue's own; the CUDA graph joined 111's and 112's default only (CUDA_GRAPH=auto found room at 101 and
     600 then), and with no trial of it beyond the catalog its row misses: the rule is a check that can fail."""
-    rows = _beyond()
+    rows = _beyond(trials=trials)
     assert not set(rows) & {"fused_adam", "foreach_norm", "foreach_scale", "bf16_ce", "addmm_bias"}
     assert {"gelu_epilogue", "triton_norm", "no_rerun", "sdpa_gqa", "cuda_graph"} <= set(rows)
     assert rows["cuda_graph"][1] == "111, 112"
@@ -391,32 +407,32 @@ def test_every_lever_that_joined_a_goals_default_has_a_row_and_the_graph_can_mis
     assert rows["sdpa_gqa"][1] == "600" and rows["sdpa_gqa"][2] == "2 of 3"  # one configuration within noise
 
 
-def test_a_lever_misses_without_enough_configurations_that_paid():
+def test_a_lever_misses_without_enough_configurations_that_paid(trials):
     cfg = copy.deepcopy(_cfg())
     cfg["past_reference"]["beyond_catalog"]["min_configs"] = 3
-    rows = _beyond(cfg)
+    rows = _beyond(cfg, trials)  # the rule changed, not the trials
     assert rows["bias_gelu"][-1] == "missed: pays on 2 of 2" and rows["fused_wgrad"][-1] == "met"  # 3 of 3
     cfg = _on_catalog_rows_only(_cfg(), "gelu_epilogue")
     assert _beyond(cfg)["gelu_epilogue"][-1] == "missed: not tried beyond the catalog"
 
 
-def test_a_set_of_levers_counts_only_where_all_of_them_joined():
+def test_a_set_of_levers_counts_only_where_all_of_them_joined(trials):
     """fused_wgrad paid on two Llama-style configurations together with compiled_rope: those count for fused_wgrad
     while compiled_rope joined 600's default too, and not where compiled_rope had been the issue's default."""
-    rows = _beyond()
+    rows = _beyond(trials=trials)
     assert rows["fused_wgrad"][2] == "3 of 3" and "(with `compiled_rope`)" in rows["fused_wgrad"][3]
     cfg = copy.deepcopy(_cfg())
     cfg["past_reference"]["beyond_catalog"]["issue_default"].append("compiled_rope")
-    rows = _beyond(cfg)
+    rows = _beyond(cfg, trials)
     assert "compiled_rope" not in rows and rows["fused_wgrad"][2] == "1 of 3"
     assert rows["fused_wgrad"][-1] == "missed: pays on 1 of 3"
 
 
-def test_the_committed_page_shows_the_beyond_the_catalog_table():
+def test_the_committed_page_shows_the_beyond_the_catalog_table(trials):
     text = (benchruns.BENCH_DIR / "README.md").read_text(encoding="utf-8")
     section = text.split("## One GPU, past the reference")[1].split("\n## ")[0]
     assert "Beyond the catalog: issue 32 lets a lever join the default" in section
-    rows = _beyond()
+    rows = _beyond(trials=trials)
     for r in rows.values():
         assert "| " + " | ".join(r) + " |" in section
     met = sum(r[-1] == "met" for r in rows.values())
@@ -430,11 +446,11 @@ def test_without_a_goals_launch_the_beyond_the_catalog_part_says_so(monkeypatch)
     assert lines[0].startswith("Beyond the catalog: no goal's plain launch") and not any(ln.startswith("|") for ln in lines)
 
 
-def test_the_moe_levers_trials_beyond_the_catalog_are_shown_with_one_run_a_side():
+def test_the_moe_levers_trials_beyond_the_catalog_are_shown_with_one_run_a_side(trials):
     """Issue 63's trials (one launch a side on one H200 per call): no verdict on the page, each row says so; the
     two levers that joined the MoE default are faster without exception where both sides ran on one machine and code,
     and moe_act, left opt-in, is not."""
-    lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR)
+    lines = [ln for ln in benchreport.trials_section(_cfg(), benchruns.BENCH_DIR, rows=trials)
              if "510-olmoe" in ln and "(not a catalog row)" in ln]
     assert len(lines) == 11
     compared = [ln for ln in lines if "no machine and code with both" not in ln]

@@ -240,6 +240,8 @@ def _merge(old: IterationLine, new: IterationLine) -> IterationLine:
 
 
 def _strip_prefix(line: str) -> tuple[str, int | None]:
+    if not line.startswith("["):  # most lines: no prefix to look for
+        return line, None
     rank = None
     # At most two nested prefixes ("[default1]:[rank1]: ..."). "[rankN]" is the global
     # rank, "[defaultN]" only the local one, so the former wins.
@@ -415,7 +417,8 @@ def _on_datetime(st: _State, line: str, rank) -> bool:
 
 def _on_oom(st: _State, line: str, rank) -> bool:
     s = st.s
-    if not s.oom and _OOM_RE.search(line) and not line.lstrip().startswith("File "):
+    # every form of the message says "memory": the cheap test first, the regex only then
+    if not s.oom and "memory" in line.lower() and _OOM_RE.search(line) and not line.lstrip().startswith("File "):
         s.oom, s.oom_message, st.oom_prefix_rank = True, line.strip()[:_OOM_MSG_MAX], rank
         g = _OOM_GPU_RE.search(line)
         st.oom_gpu = int(g.group(1)) if g else None
@@ -474,7 +477,7 @@ class _Handler:
 HANDLERS: tuple[_Handler, ...] = (  # in this order; the first that takes a line ends its turn
     _Handler("iteration", _on_iterations, partial_ok=True),
     _Handler("..: ", _on_timer),
-    _Handler(None, _on_args_fence, partial_ok=True),
+    _Handler("---", _on_args_fence, partial_ok=True),
     _Handler(None, _on_argument),
     _Handler("memory (MB)", _on_memory),
     _Handler("Theoretical memory footprints", _on_theoretical),
@@ -488,14 +491,23 @@ HANDLERS: tuple[_Handler, ...] = (  # in this order; the first that takes a line
 )
 
 
-def _take(h: _Handler, st: _State, line: str, rank, idx: int) -> bool:
-    """h.fn on one line; a line it cannot digest (a 5000-digit number, ...) is noted, not fatal."""
-    try:
-        return h.fn(st, line, rank)
-    except (ValueError, OverflowError, KeyError, IndexError) as exc:
-        if len(st.s.missing) < 20:  # a log of bad lines must not grow the summary without bound
-            st.s.missing.append(f"line {idx + 1} not understood ({h.fn.__name__}: {type(exc).__name__})")
-        return True
+# (needle, fn) pairs, for a whole line and for a line cut mid-line: read once, not per line
+_WHOLE = tuple((h.needle, h.fn) for h in HANDLERS)
+_PARTIAL = tuple((h.needle, h.fn) for h in HANDLERS if h.partial_ok)
+
+
+def _take(handlers, st: _State, line: str, rank, idx: int) -> None:
+    """The first of HANDLERS that takes the line; a line one cannot digest (a 5000-digit number, ...) is noted, not
+    fatal, and taken."""
+    for needle, fn in handlers:
+        if needle is None or needle in line:
+            try:
+                if fn(st, line, rank):
+                    return
+            except (ValueError, OverflowError, KeyError, IndexError) as exc:
+                if len(st.s.missing) < 20:  # a log of bad lines must not grow the summary without bound
+                    st.s.missing.append(f"line {idx + 1} not understood ({fn.__name__}: {type(exc).__name__})")
+                return
 
 
 def _as_text(text) -> str:
@@ -516,12 +528,10 @@ def _parse(text) -> LogSummary:
     lines = text.splitlines()
     cut_mid_line = not text.endswith(("\n", "\r"))
     st = _State(s)
+    last = len(lines) - 1
     for idx, raw in enumerate(lines):
         line, rank = _strip_prefix(raw)
-        partial = cut_mid_line and idx == len(lines) - 1
-        for h in HANDLERS:
-            if (h.needle is None or h.needle in line) and (h.partial_ok or not partial) and _take(h, st, line, rank, idx):
-                break
+        _take(_PARTIAL if cut_mid_line and idx == last else _WHOLE, st, line, rank, idx)
     s.iterations = [st.iters[k] for k in sorted(st.iters)]
     s.train_iters = _int(s.args.get("train_iters", ""))
     if s.train_iters is None and s.iterations:

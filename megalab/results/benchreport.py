@@ -404,6 +404,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
     runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
             for r in read_records(d, "megalab bench-report")]
     flag_levers = _flag_lever_args(cfg)
+    flagged_of: dict[int, tuple[str, frozenset[str]]] = {}  # id(run) -> _flag_levers: a run meets many trials
     rows = []
     for trial in cfg.get("trials", []):
         names = trial["lever"] if isinstance(trial["lever"], list) else [trial["lever"]]
@@ -425,7 +426,9 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
                 fast = set((r.intent.fastpath if r.intent else None) or ())
                 if r.target != target or r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
                     continue
-                ex, flagged = _flag_levers(r, flag_levers)
+                if id(r) not in flagged_of:
+                    flagged_of[id(r)] = _flag_levers(r, flag_levers)
+                ex, flagged = flagged_of[id(r)]
                 if ex != extra or not base_flags <= flagged:
                     continue
                 with_graph = bool(r.config.cuda_graph)
