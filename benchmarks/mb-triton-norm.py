@@ -1,20 +1,24 @@
 """Microbenchmark behind triton_norm (megalab/runtime/triton_norm.py), on one GPU: one norm's forward and
 backward (input, weight and bias gradients) at the shapes of the catalog's one-GPU rows and two that are not
-catalog rows, three ways: torch's kernels, torch.compile's (compiled_norm) and megalab's Triton kernels, the
-last at several backward grid sizes (programs per SM, and rows a program takes at least).
+catalog rows, four ways: torch's kernels, torch.compile's, liger-kernel's (the liger_norm lever; where it imports) and
+megalab's Triton kernels, the last at several backward grid sizes (programs per SM, and rows a program takes at
+least).
 
 Two times per way: the GPU's (the kernels' own time, summed by torch.profiler) and the wall time per call in a
 loop without syncs (the host's time where it is slower than the kernels; a CUDA graph or a GPU-bound step
 hides it). The ideal is the bytes each way must move (forward: read x, write y; backward: read x and dy,
 write dx) at the GPU's memory speed.
 
-Run: python benchmarks/mb-triton-norm.py > results/bench/triton-norm-microbench.txt
+Run: python benchmarks/mb-triton-norm.py > results/bench/norm-libraries-microbench.txt
 """
+import importlib.util
+import sys
+
 import torch
 import torch.nn.functional as F
 
 from megalab.harness.bench import kernel_us as gpu_us, ms_per_call
-from megalab.runtime import norm, triton_norm
+from megalab.runtime import liger_norm, triton_norm
 
 SHAPES = [  # (what, [s, b, h], RMSNorm?)
     ("GPT-2 XL LayerNorm, row 111 (15 x 1024 tokens)", (1024, 15, 1600), False),
@@ -24,7 +28,9 @@ SHAPES = [  # (what, [s, b, h], RMSNorm?)
     ("GPT-2 24 x 2048 LayerNorm (not a catalog row; 15 x 1024 tokens)", (1024, 15, 2048), False),
     ("Llama-style RMSNorm, 8 x 2560 (not a catalog row; 2 x 2048 tokens)", (2048, 2, 2560), True),
 ]
-GRIDS = ((2, 8), (4, 1), (4, 8), (4, 16), (8, 8), (16, 8))  # (triton_norm.PROGRAMS_PER_SM, MIN_ROWS) tried
+# (triton_norm.PROGRAMS_PER_SM, MIN_ROWS) tried; `--grids` tries the others (triton-norm-microbench.txt has them)
+GRIDS = ((2, 8), (4, 1), (4, 8), (4, 16), (8, 8), (16, 8)) if "--grids" in sys.argv else (
+    (triton_norm.PROGRAMS_PER_SM, triton_norm.MIN_ROWS),)
 
 
 def main():
@@ -38,9 +44,13 @@ def main():
         dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
         ways = {
             "torch": lambda: F.rms_norm(x, (h,), w, 1e-5) if rms else F.layer_norm(x, (h,), w, b, 1e-5),
-            "compiled": lambda: norm.compiled(x, w, b, 1e-5, rms, False),
+            "compiled": lambda: compiled(x, (h,), w, 1e-5) if rms else compiled(x, (h,), w, b, 1e-5),
+            "liger": lambda: liger_norm.norm(x, w, b, 1e-5, rms, False),
             "triton": lambda: triton_norm.norm(x, w, b, 1e-5, rms, False),
         }
+        compiled = torch.compile(F.rms_norm if rms else F.layer_norm, dynamic=False)
+        if importlib.util.find_spec("liger_kernel") is None:
+            del ways["liger"]
 
         def step(fn):  # fresh gradients each time: no accumulate kernel on either side
             for t in (x, w, b):

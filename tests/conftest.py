@@ -382,17 +382,6 @@ def interpreted(call: str, timeout: int = 600):
     return _WARM[0].run(call, timeout)
 
 
-def keep_megatrons_zeroing(monkeypatch):
-    """Undo zero_overlap's install after the test: Megatron's grad-buffer reset and schedules.backward_step."""
-    from megatron.core.distributed import param_and_grad_buffer
-    from megatron.core.pipeline_parallel import schedules
-
-    buffer = param_and_grad_buffer._ParamAndGradBuffer
-    monkeypatch.setattr(buffer, "reset", buffer.__dict__["reset"])
-    monkeypatch.setattr(schedules, "backward_step", schedules.backward_step)
-    return buffer, schedules
-
-
 def keep_megatrons_wgrad_lookup(monkeypatch):
     """Undo install_wgrad_fusion after the test: Megatron's layers module and sys.modules as they were."""
     from megatron.core.tensor_parallel import layers

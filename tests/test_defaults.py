@@ -9,7 +9,7 @@ def test_every_one_or_two_gpu_target_with_a_reference_time_has_a_row():
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
     want = [e.id for e in catalog.catalog().values()
             if e.gpus <= 2 and (ref := defaults._reference(e, anchor, twogpu)) and not math.isnan(ref[0])]
-    got = [r[1] for r in defaults.rows()]
+    got = [r[1] for r in defaults.rows() if not r[0].endswith("(per GPU)")]  # the analogues' rows: the test below
     assert got == want and len(got) >= 20
 
 
@@ -63,3 +63,20 @@ def test_a_row_shows_the_reference_kind_first_and_gives_no_verdict_on_another(mo
     assert row()[5] == "380" and row()[-1] == "met (1x H100 80GB)"
     runs.pop(0)
     assert row()[5] == "300" and row()[-1] == "no verdict: not the reference's GPU kind (1x H200, capped 80 GB)"
+
+
+def test_a_one_gpu_analogue_is_set_beside_the_reference_rows_whose_per_gpu_work_it_carries():
+    """510 carries R0's, R1's and R2's 4 x 4096 tokens per GPU in one micro-batch; 513 carries them in four (not
+    the references' micro-batching) and 520 runs on two GPUs: neither gets a per-GPU row. A per-GPU row never
+    gets a verdict and is not counted among the judged rows."""
+    from megalab.core import catalog
+    from megalab.results import chapter, defaults
+
+    anchor = chapter.load_reference()
+    assert defaults.per_gpu_references(catalog.get("510"), anchor) == ["R0", "R1", "R2"]
+    assert defaults.per_gpu_references(catalog.get("513"), anchor) == []
+    assert defaults.per_gpu_references(catalog.get("520"), anchor) == []
+    assert defaults.per_gpu_references(catalog.get("111"), anchor) == []  # no analogue_of
+    per_gpu = [r for r in defaults.rows() if r[0].endswith("(per GPU)")]
+    assert [r[0] for r in per_gpu] == ["R0 (per GPU)", "R1 (per GPU)", "R2 (per GPU)"]
+    assert all(r[-1] == "not run with today's defaults" or r[-1].startswith("no verdict") for r in per_gpu)

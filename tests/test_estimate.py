@@ -458,7 +458,7 @@ def test_lever_terms_follow_the_levers():
 
 def test_the_estimator_has_a_term_for_each_lever_the_table_says_it_does():
     """A lever the table marks estimated moves some prediction (step time or memory) on a model it applies to; the
-    others (the clip's norm and scaling, compiled_norm, cudnn_sdpa, zero_overlap) move none."""
+    others (the clip's norm and scaling, liger_norm, cudnn_sdpa) move none."""
     models = [catalog.get(t) for t in ("111", "600", "101", "520-olmoe-dp2")]
 
     def seen(fast):

@@ -77,7 +77,7 @@ def test_fast_is_parsed_once_at_the_edge():
     ("fused_adam,flat_adam,norm_residual", "norm_residual works beside triton_norm"),
     ("addmm_bias,qkv_pack", None),
     ("qkv_pack", "qkv_pack works beside addmm_bias"),
-    ("compiled_norm,triton_norm", "compiled_norm and triton_norm both replace the same kernels; fix: keep one"),
+    ("liger_norm,triton_norm", "liger_norm and triton_norm both replace the same kernels; fix: keep one"),
     ("all", None),  # every lever named: the one the spec's Norm prefers runs
 ])
 def test_the_plan_refuses_a_lever_without_what_it_needs(fast, why):
@@ -87,6 +87,14 @@ def test_the_plan_refuses_a_lever_without_what_it_needs(fast, why):
     else:
         with pytest.raises(variables.LaunchError, match=re.escape(f"FAST={levers.text(levers.parse(fast))}: {why}")):
             plan.fast_levers(opts, "local")
+
+
+@pytest.mark.parametrize("fast", ["zero_overlap", "fused_adam,compiled_norm"])
+def test_a_retired_lever_is_refused_at_the_edge_in_one_line(fast):
+    name = fast.split(",")[-1]
+    with pytest.raises(variables.LaunchError, match=rf"^FAST={fast}: lever {name} was retired \(.*\); fix: drop it"):
+        variables.parse("FAST", fast)
+    assert name in levers.RETIRED and name not in levers.NAMES
 
 
 def test_the_reference_page_is_the_table():

@@ -350,12 +350,12 @@ def test_one_file_knows_megatrons_flags():
 
 
 def test_two_levers_that_replace_the_norm_are_refused_together():
-    """compiled_norm and triton_norm both swap the norm's kernels: named together, the launch stops with one
+    """liger_norm and triton_norm both swap the norm's kernels: named together, the launch stops with one
     line naming both and the fix; FAST=all keeps both (the spec's Norm takes triton_norm's)."""
-    both = "fused_adam,compiled_norm,triton_norm"
-    with pytest.raises(variables.LaunchError, match=r"compiled_norm and triton_norm both replace.*fix: keep one"):
+    both = "fused_adam,liger_norm,triton_norm"
+    with pytest.raises(variables.LaunchError, match=r"liger_norm and triton_norm both replace.*fix: keep one"):
         plan.build(catalog.get("111"), _opts(fast=both))
-    assert {"compiled_norm", "triton_norm"} <= set(plan.build(catalog.get("111"), _opts(fast="all")).fastpath)
+    assert {"liger_norm", "triton_norm"} <= set(plan.build(catalog.get("111"), _opts(fast="all")).fastpath)
     assert plan.build(catalog.get("111"), _opts(fast="fused_adam,triton_norm")).fastpath == ("fused_adam", "triton_norm")
 
 

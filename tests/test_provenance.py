@@ -339,7 +339,7 @@ def test_a_lever_and_its_base_at_one_commit_share_one_code_after_the_levers_file
     base, lever = "fused_adam", "fused_adam,compiled_norm"
     side = {f: RunRecord.of(_rec(commit=old, config={"fastpath": f})) for f in (base, lever)}
     assert provenance.code_key(side[base], repo) != provenance.code_key(side[lever], repo)
-    both = {levers.COMPILED_NORM, "fused_adam"}
+    both = {"compiled_norm", "fused_adam"}
     assert provenance.shared_code_key(side[base], both, repo) == provenance.shared_code_key(side[lever], both, repo)
     today = RunRecord.of(_rec(commit=new, config={"fastpath": lever}))
     assert provenance.shared_code_key(today, both, repo) != provenance.shared_code_key(side[lever], both, repo)
@@ -355,6 +355,9 @@ def test_the_compiled_norm_file_counts_only_for_runs_with_the_lever():
     assert norm in unused("fused_adam,device_norm") and norm in unused(None)
     assert norm not in unused("fused_adam,compiled_norm") and norm not in unused("all")
     assert norm in unused("compiled_norms")  # a name, not a prefix
+    # a retired lever's deleted file and a new opt-in lever's file count only for the runs that used them
+    assert "megalab/runtime/zero_overlap.py" in unused("fused_adam") and "megalab/runtime/liger_norm.py" in unused(None)
+    assert "megalab/runtime/liger_norm.py" not in unused("fused_adam,liger_norm")
 
 
 def test_a_machine_without_a_gpu_uuid_is_also_known_by_its_gpu_count():

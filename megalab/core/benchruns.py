@@ -188,7 +188,7 @@ class BenchConfig(_Strict):
         if set(self.specs) != {"local", "megalab"}:
             raise ValueError("specs: the two contenders are `local` and `megalab`")
         for name, lever in self.levers.items():
-            if lever.fast and lever.fast not in lever_names.NAMES:
+            if lever.fast and lever.fast not in lever_names.NAMES and lever.fast not in lever_names.RETIRED:
                 raise ValueError(f"levers.{name}.fast: {lever.fast!r} is not a fast-path lever "
                                  f"({', '.join(lever_names.NAMES)})")
         for name, spec in self.specs.items():

@@ -55,6 +55,15 @@ def markdown() -> str:
         "| --- | --- | --- | --- | --- |",
         *rows,
         "",
+        "## Retired levers",
+        "",
+        "Tried against the default, never paid, and deleted; their runs stay on the bench page, and `FAST` refuses "
+        "their names.",
+        "",
+        "| lever | why it went | evidence |",
+        "| --- | --- | --- |",
+        *(f"| `{name}` | {why} | {_link(levers.TRIED)} |" for name, why in levers.RETIRED.items()),
+        "",
     ])
 
 

@@ -42,7 +42,9 @@ CODE_PATHS = ("megalab/runtime",)
 FEATURE_FILES = {
     "megalab/runtime/cp_attention.py": lambda cfg: (cfg.cp or 1) > 1,
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
-    "megalab/runtime/norm.py": lambda cfg: _asks(cfg, levers.COMPILED_NORM),
+    "megalab/runtime/norm.py": lambda cfg: _asks(cfg, "compiled_norm"),  # retired levers' files (deleted)
+    "megalab/runtime/zero_overlap.py": lambda cfg: _asks(cfg, "zero_overlap"),
+    "megalab/runtime/liger_norm.py": lambda cfg: _asks(cfg, levers.LIGER_NORM),
     "megalab/runtime/triton_norm.py": lambda cfg: _asks(cfg, levers.TRITON_NORM),
     "megalab/runtime/bias_gelu.py": lambda cfg: _asks(cfg, levers.BIAS_GELU),
     "megalab/runtime/dropout_add.py": lambda cfg: _asks(cfg, levers.DROPOUT_ADD),

@@ -64,7 +64,7 @@ RULES = {
 }
 
 # What a run's machine must have for a lever to apply (fastpath.apply checks; without it the lever is not applied).
-REQUIREMENTS = {"triton": "Triton", "nvmath": "nvmath-python", "cuda": "a CUDA GPU"}
+REQUIREMENTS = {"triton": "Triton", "nvmath": "nvmath-python", "cuda": "a CUDA GPU", "liger_kernel": "liger-kernel"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +101,12 @@ TABLE: tuple[Lever, ...] = (
       evidence=(TRIED, MICRO + "flat-adam-microbench.txt")),
     L("device_norm", "the clip's norm kept on the GPU: no `.item()` host sync before the optimizer",
       f"{FP}:install_device_norm", "every", estimated=False),
-    L("compiled_norm", "LayerNorm/RMSNorm as torch.compile's kernels (runtime/norm.py)", None,
-      conflicts=("triton_norm",), estimated=False, evidence=(TRIED, MICRO + "norm-microbench.txt")),
     L("triton_norm", "LayerNorm/RMSNorm in megalab's Triton kernels, the backward reading x and dy once "
       "(runtime/triton_norm.py)", None, "every", requires=("triton",),
       evidence=(TRIED, MICRO + "triton-norm-microbench.txt")),
+    L("liger_norm", "LayerNorm/RMSNorm in liger-kernel's Triton kernels, a maintained library's, tried against "
+      "triton_norm (runtime/liger_norm.py)", None, conflicts=("triton_norm",), requires=("liger_kernel",), estimated=False,
+      evidence=(TRIED, MICRO + "norm-libraries-microbench.txt")),
     L("bias_gelu", "the MLP's bias-GeLU backward and its bias gradient in one Triton kernel (runtime/bias_gelu.py)",
       "megalab.runtime.bias_gelu:install", "gpt2_mlp", requires=("triton",),
       evidence=(TRIED, MICRO + "bias-gelu-microbench.txt")),
@@ -130,8 +131,6 @@ TABLE: tuple[Lever, ...] = (
       requires=("cuda",), estimated=False, evidence=(ABLATION,)),
     L("grouped_gemm", "MoE experts as megalab's GroupedMLP (torch._grouped_mm), not SequentialMLP's loop "
       "(runtime/grouped_experts.py)", None, "moe_grouped_gemm", spec=True, evidence=(MOE,)),
-    L("zero_overlap", "the grad buffer zeroed on a side stream beside the forward (runtime/zero_overlap.py)",
-      "megalab.runtime.zero_overlap:install", estimated=False, evidence=(TRIED, MICRO + "graph-step-waits.txt")),
     L("gelu_epilogue", "fc1's bias and GeLU in cuBLASLt's GEMM epilogue, GeLU's derivative in fc2's "
       "(runtime/gelu_epilogue.py)", "megalab.runtime.gelu_epilogue:install", "gpt2_mlp",
       requires=("nvmath", "cuda"), evidence=(TRIED, MICRO + "gelu-epilogue-microbench.txt")),
@@ -146,6 +145,11 @@ TABLE: tuple[Lever, ...] = (
       evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
 )
 del L
+# Levers tried, never paid, and deleted: records and the bench page still name them; FAST refuses them.
+RETIRED = {
+    "compiled_norm": "torch.compile's norms: within 1% either way on the rows tried; triton_norm took its place",
+    "zero_overlap": "the grad buffer zeroed on a side stream: within noise on 111 and 101",
+}
 BY_NAME = {lever.name: lever for lever in TABLE}
 NAMES = tuple(BY_NAME)  # FAST=all, in the table's order (the order levers are installed)
 SPEC_LEVERS = tuple(lever.name for lever in TABLE if lever.spec)  # megalab's spec reads them; fastpath.apply does not
@@ -154,7 +158,7 @@ ESTIMATED = frozenset(lever.name for lever in TABLE if lever.estimated)
 EVERY = tuple(lever.name for lever in TABLE if lever.where == "every")
 
 GROUPED_GEMM, FUSED_WGRAD, TRITON_NORM, NORM_RESIDUAL = "grouped_gemm", "fused_wgrad", "triton_norm", "norm_residual"
-COMPILED_NORM, DROPOUT_ADD, QKV_PACK, SDPA_GQA = "compiled_norm", "dropout_add", "qkv_pack", "sdpa_gqa"
+LIGER_NORM, DROPOUT_ADD, QKV_PACK, SDPA_GQA = "liger_norm", "dropout_add", "qkv_pack", "sdpa_gqa"
 BIAS_GELU, GELU_EPILOGUE = "bias_gelu", "gelu_epilogue"
 MOE_GATHER, EXPERT_STACK, MOE_ACT = "moe_gather", "expert_stack", "moe_act"
 
@@ -177,6 +181,10 @@ def parse(text: str) -> tuple[str, ...]:
     if raw == "all":
         return NAMES
     names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    retired = [n for n in names if n in RETIRED]
+    if retired:
+        raise ValueError(f"lever {retired[0]} was retired ({RETIRED[retired[0]]}: docs/levers.md#retired-levers); "
+                         f"fix: drop it from FAST")
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise ValueError(f"unknown lever(s) {', '.join(unknown)}")

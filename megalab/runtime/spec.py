@@ -41,7 +41,7 @@ from megalab._compat import ensure_typing_override
 
 ensure_typing_override()
 
-from megalab.runtime import cp_attention, dropout_add, grouped_experts, levers, moe_dispatch, norm, triton_norm  # noqa: E402
+from megalab.runtime import cp_attention, dropout_add, grouped_experts, levers, liger_norm, moe_dispatch, triton_norm  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -275,9 +275,8 @@ class Norm(torch.nn.Module):
     norms (apex FusedLayerNorm, TENorm) set `param.sequence_parallel = config.sequence_parallel`;
     `finalize_model_grads` (`_allreduce_non_tensor_model_parallel_grads`) then all-reduces (sums)
     the gradients of every parameter so marked across the tensor-parallel group. This class does
-    the same. The forward is plain `F.layer_norm` / `F.rms_norm`, or with the compiled_norm lever the same
-    math compiled by torch.compile (megalab/runtime/norm.py), or with triton_norm megalab's own Triton
-    kernels (megalab/runtime/triton_norm.py).
+    the same. The forward is plain `F.layer_norm` / `F.rms_norm`, or with triton_norm megalab's own Triton
+    kernels (megalab/runtime/triton_norm.py), or with liger_norm liger-kernel's (megalab/runtime/liger_norm.py).
 
     Parameters are `weight` (and `bias` for LayerNorm), named as in torch.nn.LayerNorm/RMSNorm, so
     checkpoints match the local spec's norms. With `layernorm_zero_centered_gamma` the weight is
@@ -332,9 +331,9 @@ class Norm(torch.nn.Module):
                                                  self.normalization == "RMSNorm", self.zero_centered_gamma)
             return triton_norm.norm(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
                                     self.zero_centered_gamma)
-        if levers.on(levers.COMPILED_NORM) and x.is_cuda:  # the compiled_norm lever (megalab/runtime/norm.py)
-            return norm.compiled(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
-                                 self.zero_centered_gamma)
+        if liger_norm.takes(x):  # the liger_norm lever (its file)
+            return liger_norm.norm(x, self.weight, self.bias, self.eps, self.normalization == "RMSNorm",
+                                   self.zero_centered_gamma)
         weight = self.weight + 1 if self.zero_centered_gamma else self.weight
         if self.normalization == "LayerNorm":
             return F.layer_norm(x, self.hidden_size, weight, self.bias, self.eps)
