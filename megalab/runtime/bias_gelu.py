@@ -3,7 +3,7 @@
 Why. Megatron's fused bias-GeLU (megatron/core/fusions/fused_bias_gelu.py, the tanh approximation GPT-2 uses)
 returns the same tensor as the gradient of its input and of its bias; autograd then sums the bias's copy over
 every token (`sum_to`), a second pass over the [tokens, 4 x hidden] gradient. At row 111 that pass reads 196 MB a
-layer: part of the 7.5 ms of bf16 `reduce_kernel` a step (results/bench, "Where a step goes"). Then Megatron's DDP
+layer (its time: results/bench/README.md#where-a-step-goes-profiles). Then Megatron's DDP
 hook adds the bf16 bias gradient into its fp32 main_grad.
 
 What this does. The forward is Megatron's own (its compiled bias_gelu). The backward reads the output gradient and
@@ -29,8 +29,7 @@ try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports i
 except ImportError:  # pragma: no cover
     triton = None
 
-# The tile: 64 x 64 with 4 warps was the fastest of six at every shape of the microbenchmark (221 against Megatron's
-# 275 us at 111's, results/bench/bias-gelu-microbench.txt); 32 x 128 lost at 111's.
+# The tile, 64 x 64 with 4 warps: the microbenchmark's pick at row 111's shape (results/bench/bias-gelu-microbench.txt).
 BLOCK_ROWS = 64  # rows a program handles per step of its loop
 BLOCK_COLS = 64  # columns a program owns (its partial sums): 4 x hidden 1600 = 6400 gives 100 column blocks
 PROGRAMS_PER_SM = 4  # enough programs to fill the GPU, few enough that the partial table stays small

@@ -2,7 +2,7 @@
 
 Megatron clips by total norm in a pass of its own: once the norm is known, every fp32 main gradient
 is multiplied by max_norm / norm (multi_tensor_scale over [grads, grads]: a read and a write of each
-gradient, about 4.6 ms a step for GPT-2 XL's 1.56e9 on an H100, results/bench "Where a step goes"),
+gradient; its time: results/bench/README.md#where-a-step-goes-profiles),
 and AdamW then reads each gradient again. torch's fused AdamW already divides every gradient by
 `optimizer.grad_scale` inside its one kernel (the hook torch's GradScaler unscales through). Setting
 it to norm / max_norm gives AdamW the clipped gradients without that pass: the same update up to

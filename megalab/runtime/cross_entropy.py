@@ -4,9 +4,8 @@ Why. Without Transformer Engine, Megatron computes the loss with `vocab_parallel
 the bf16 logits [s, b, V/TP] become an fp32 copy (`.float()`), then max, subtract, exp, sum and
 divide run one kernel each over it, in place; the fp32 softmax is kept for the backward, which
 subtracts the one-hot target, scales by the incoming gradient and hands an fp32 gradient back,
-which autograd then casts to bf16. On row 111 (GPT-2 XL, 15 x 1024 tokens, V = 50304) that is
-about 16 ms of a 411 ms step on an H100 (results/bench, "Where a step goes") and, at the end of
-the forward pass, when memory peaks, 6 bytes per logit (the bf16 logits and their fp32 copy).
+which autograd then casts to bf16: visible in a step's profile (results/bench/README.md#where-a-step-goes-profiles)
+and, at the end of the forward pass, when memory peaks, 6 bytes per logit (the bf16 logits and their fp32 copy).
 
 What this does instead, with the same math in fp32:
   forward   m = max_v x         (one read of the bf16 logits; all-reduced over TP)

@@ -5,9 +5,8 @@ Why. After the attention's and the MLP's output projections a transformer layer 
 residual + dropout(x + bias) (megatron/core/fusions/fused_bias_dropout.py). Megatron compiles it with
 torch.compile, whose kernel draws one Philox value per element (the generator makes four a draw) and writes a
 byte mask for the backward; the backward reads that mask, writes the input gradient, and sums the bias's copy in
-a second pass. At row 111 that is 15.1 ms a step (9.3 forward, 4.1 dropout backward, 1.7 bias sums; results/bench,
-"Where a step goes") for work whose bytes take about 7 ms, and 24.5 MB of mask a call kept for the backward
-(2.4 GB a step).
+a second pass: at row 111 about twice the time its bytes need (results/bench/README.md#where-a-step-goes-profiles), and
+24.5 MB of mask a call kept for the backward (2.4 GB a step).
 
 What this does. One seed a call, drawn by torch's CUDA generator (torch.randint: Megatron's RNG tracker, its
 activation recompute and CUDA graph capture all see an ordinary draw). The forward keeps element (r, c) where
@@ -39,8 +38,8 @@ except ImportError:  # pragma: no cover
 ROW_GROUPS = 8  # rows per quarter-tile: a program's tile is 4 x 8 rows (one Philox draw for four of them)
 BLOCK_COLS = 128  # columns a program owns
 TILES_PER_PROGRAM = 8  # backward: tiles a program walks, keeping its columns' bias sums (one table row a program)
-# backward: its tile loop software-pipelined, two tiles' loads in flight while one computes. With 2 tiles a program,
-# one load at a time, it took 65 us a call at 111; 53 us so (results/bench/pipelined-loops-microbench.txt).
+# backward: its tile loop software-pipelined, two tiles' loads in flight while one computes; one load at a time was
+# slower (results/bench/pipelined-loops-microbench.txt).
 STAGES = 3
 WARPS = 4
 

@@ -4,9 +4,8 @@ Why. Megatron's VocabParallelEmbedding looks its rows up with F.embedding, whose
 dense bf16 gradient as big as the whole table (vocab x hidden): fill it with zeros, scatter the tokens'
 rows into it, then Megatron's DDP hook adds all of it into the fp32 main_grad. That is once per
 micro-batch, for a gradient with at most micro-batch x sequence non-zero rows. On row 600 (Llama-style,
-a 128256 x 2048 table, 8 micro-batches) the fill and the fp32 add cost about 10 ms a step
-(results/bench/runs/20261126_003828___profile-600-llama1b-1gpu-gbs8/kernels.txt: the bf16 FillFunctor
-and the float `add`).
+a 128256 x 2048 table, 8 micro-batches) the fill and the fp32 add show in the step's profile
+(results/bench/README.md#where-a-step-goes-profiles: the bf16 FillFunctor and the float `add`).
 
 What this does instead: `main_grad.index_add_(0, tokens, rows)`, the tokens' gradient rows in fp32
 added where they belong, then it tells Megatron's hook the gradient is in (grad_added_to_main_grad), as

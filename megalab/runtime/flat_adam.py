@@ -3,16 +3,15 @@
 Why. With bf16 weights Megatron keeps an fp32 master copy of each one (Float16OptimizerWithFloat16Params)
 and a step is two passes over every parameter: torch's fused AdamW updates the masters (its multi-tensor
 kernel, chunked over ~580 separate tensors at GPT-2 XL), then Megatron copies each master into its bf16
-weight, one `copy_` per tensor (580 launches). Row 101's profile (results/bench/runs/
-20261126_030402___profile-101-gpt2xl-dp1-gbs1-bf16/kernels.txt): 19.0 ms of AdamW and 4.0 ms of
-bfloat16_copy a step, out of 62.6 ms of GPU work.
+weight, one `copy_` per tensor (580 launches); both show in row 101's profile
+(results/bench/README.md#where-a-step-goes-profiles).
 
 What this does instead. Megatron's DDP already keeps every fp32 main_grad as a view into one flat buffer
 (its grad buffer). At the optimizer's construction, before any step or CUDA graph, the fp32 masters and
 the bf16 weights are moved into flat buffers laid out exactly like that grad buffer (same offset for the
 same parameter; the buffer's padding is never touched), and each tensor becomes a view there; AdamW's two
 moments follow at the first step, when torch would make them (made earlier, they sat on top of the first
-step's activations: +3 to 3.5 GiB of peak on rows 101 and 600). A step is then one Triton kernel per buffer: read
+step's activations and raised the peak). A step is then one Triton kernel per buffer: read
 master, grad, m, v (16 bytes a parameter), write master, m, v and the bf16 weight (14), the update torch's fused
 AdamW computes (weight decay per parameter group, gradient clipping's coefficient from clip_in_adam), and Megatron's
 master-to-weight copy is skipped for that step. A chunk table (start, length, group) written once tells
@@ -37,7 +36,7 @@ import torch
 
 from megalab.runtime import jit
 
-BLOCK = 2048  # elements per program and per chunk of the table (with 8 warps: 2.97 TB/s on an H100)
+BLOCK = 2048  # elements per program and per chunk of the table, with 8 warps (results/bench/flat-adam-microbench.txt)
 MAX_GROUPS = 4  # per-group lr and weight decay travel as scalar kernel arguments
 
 try:  # Triton comes with CUDA torch (and megalab's CPU venv: Megatron imports it); without it, no lever

@@ -6,9 +6,8 @@ backward, fc2's input-gradient GEMM writes the activation's gradient and a secon
 reads it with the saved pre-activation to write the pre-activation's gradient. cuBLASLt can do both in the GEMMs'
 epilogues, while the tile is still in registers: GELU_AUX_BIAS adds fc1's bias and applies GeLU (the tanh
 approximation, as Megatron's fused bias-GeLU), writing the activation and the pre-activation (the "aux"), and
-DGELU multiplies fc2's input gradient by GeLU's derivative at that pre-activation. At row 111's shape this saves
-0.06 ms a layer forward and 0.13 ms backward, with fc1's bias gradient summed apart (DGELU_BGRAD, which would sum
-it in the epilogue too, picked kernels twice as slow): results/bench/gelu-epilogue-microbench.txt.
+DGELU multiplies fc2's input gradient by GeLU's derivative at that pre-activation. fc1's bias gradient is summed apart:
+DGELU_BGRAD, which would sum it in the epilogue too, picked slower kernels (results/bench/gelu-epilogue-microbench.txt).
 
 What this does. Megatron's MLP forward runs as one autograd function where the layer is a dense GeLU MLP with
 biases on one tensor-parallel rank (the local spec's Column/RowParallelLinear): fc1 with the GELU_AUX_BIAS epilogue,
@@ -43,8 +42,8 @@ except Exception:  # pragma: no cover - no nvmath (CPU CI) or no CUDA driver: no
 
 _PLANS: dict = {}  # (epilogue, shapes, strides, dtype, device) -> a planned nvmath Matmul
 # nvmath logs each execute() at INFO to the root logger unless given its own, and Megatron sets the root logger to
-# INFO: six lines a call, 576 a step at row 111's 48 layers wherever no CUDA graph replays the step (row 121's log
-# grew to 4 MB). Its own logger, at WARNING, keeps its warnings and drops the rest.
+# INFO: lines for every GEMM of every step no CUDA graph replays. Its own logger, at WARNING, keeps its warnings and
+# drops the rest.
 _LOG = logging.getLogger("megalab.nvmath")
 _LOG.setLevel(logging.WARNING)
 

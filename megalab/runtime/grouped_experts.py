@@ -2,8 +2,9 @@
 
 Why. Without TE, Megatron's MoE experts are `SequentialMLP`: a Python loop that runs each local
 expert's two linears on its slice of the tokens. With 64 small experts that is 128 small GEMMs
-plus as many launches and splits per layer, which is why our olmoe-like rows run ~8x slower than
-the published ones that use TE's grouped GEMM (`TEGroupedMLP`). PyTorch has its own grouped GEMM,
+plus as many launches and splits per layer, which is why our olmoe-like rows trail the published
+ones that use TE's grouped GEMM (`TEGroupedMLP`;
+results/bench/README.md#moe-experts-without-te-sequentialmlp-vs-groupedmlp). PyTorch has its own grouped GEMM,
 `torch._grouped_mm` (CUTLASS, bf16, Hopper from torch 2.8; `torch.nn.functional.grouped_mm` in
 newer torch): one kernel multiplies every expert's tokens by that expert's weight.
 

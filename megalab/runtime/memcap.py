@@ -3,8 +3,8 @@
 PyTorch can only cap its own caching allocator (set_per_process_memory_fraction). The rest of a
 process's footprint lives outside it: the CUDA context, NCCL's communicator buffers (allocated at
 each group's first collective, during the first iterations), cuBLAS workspaces. A cap set once at
-start-up therefore let a capped run use the cap *plus* NCCL's buffers, and rows such as 525 and 129
-ended `ok` above an H100's physical memory. So the cap is applied again during the first
+start-up therefore let a capped run use the cap *plus* NCCL's buffers, and end `ok` above an 80 GB
+card's physical memory. So the cap is applied again during the first
 iterations, each time subtracting what is then in use outside the allocator: whatever NCCL takes,
 the allocator gets less, and the process as a whole stays under the card's size, as on a real card.
 

@@ -4,10 +4,11 @@ Why. A norm's weight and bias, and a linear layer's bias, get gradients that are
 Triton kernels (triton_norm.py, bias_gelu.py) sum them in registers while they write the input gradient, one row
 of partial sums per program. Adding that table up with torch, rounding it to bf16 for autograd, and then Megatron's
 DDP hook adding the bf16 gradient into the fp32 main_grad is three kernels a parameter (at row 111 about 580
-small launches a step, results/bench "Where a step goes"). Here one kernel sums the table's rows and adds the
-result, still in fp32, into main_grad, then tells Megatron's hook that the gradient is in (grad_added_to_main_grad),
-as Megatron's own linear layers do under --gradient-accumulation-fusion and embedding_grad.py does for the word
-embedding. Autograd gets an uninitialised stand-in, which the hook needs to fire on and never reads.
+small launches a step, results/bench/README.md#where-a-step-goes-profiles). Here one kernel sums the table's rows
+and adds the result, still in fp32, into main_grad, then tells Megatron's hook that the gradient is in
+(grad_added_to_main_grad), as Megatron's own linear layers do under --gradient-accumulation-fusion and
+embedding_grad.py does for the word embedding. Autograd gets an uninitialised stand-in, which the hook needs to fire
+on and never reads.
 
 Where a parameter has no main_grad (no DDP wrapper: the CPU tests, inference) or Megatron zeroes its gradient
 itself (zero_out_wgrad), the same kernel writes the gradient in the parameter's dtype instead, for autograd.

@@ -4,8 +4,8 @@ Why. Megatron splits the QKV projection's output into query, key and value views
 attention.py: TE's SplitAlongDim, or torch.split without TE). Without TE the split's backward is a torch.cat of the
 three gradients the attention kernel returns, and the linear layer's backward then sums that packed gradient over
 every token for the bias (`grad_output.sum(dim=0)`, in bf16), a second pass over it; Megatron's DDP hook then adds
-the bf16 sum into the fp32 main_grad. At row 111 the cat and the sum take 170 us a layer, 8.3 ms a step
-(results/bench, "Where a step goes"; qkv-split-microbench.txt).
+the bf16 sum into the fp32 main_grad. Their time at row 111: results/bench/README.md#where-a-step-goes-profiles and
+results/bench/qkv-split-microbench.txt.
 
 What this does. Megatron's attention module calls its module-level SplitAlongDim; without TE that name is None,
 and this lever sets it to `split_along_dim`. Where the projection's output comes from Megatron's linear layer with
@@ -48,7 +48,7 @@ def pack(q, k, v, out_ptr, part_ptr, tokens, batch, heads, tokens_per_program, q
     """One piece (program_id(2): query, key or value, widths wq, wk and the rest of W) of one group
     (program_id(1)): this program's tokens, copied into the piece's columns of the group's W in the packed
     [tokens, heads, W] gradient, and with SUMS their sums per column over those tokens (the bias's partial
-    gradient, fp32). All three pieces in one launch: 116 against 126 us for three at 111
+    gradient, fp32). All three pieces in one launch, which beat three
     (results/bench/grid-tuning-microbench.txt)."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)

@@ -4,7 +4,7 @@ Why. Megatron's fused RoPE is Transformer Engine's, so a TE-free run has `--no-r
 Megatron's `_apply_rotary_pos_emb_bshd` runs op by op: cos, sin, two casts, a chunk, a negation, a
 concatenation, two products, a sum and a last concatenation, each one kernel over the query or the
 key of every layer, and as many again in the backward. On row 600 (Llama-style 1.5B, 16 layers,
-8 micro-batches) that is thousands of small kernels a step (results/bench, "Where a step goes":
+8 micro-batches) that is thousands of small kernels a step (results/bench/README.md#where-a-step-goes-profiles:
 the `CatArrayBatchedCopy`, bf16 `add` and strided `elementwise_kernel` calls).
 
 What this does instead: the same math, written once below, compiled by torch.compile into one

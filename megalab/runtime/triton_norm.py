@@ -1,11 +1,11 @@
 """LayerNorm and RMSNorm in hand-written Triton kernels, forward and backward (the triton_norm lever).
 
-Why. Without TE or apex, megalab's Norm (megalab/runtime/spec.py) runs torch's own kernels. At row 111
-(GPT-2 XL, 15 x 1024 tokens, hidden 1600) they take 19 ms of a 346 ms GPU step: the forward (5.4 ms for 97
-calls, 1.8 TB/s), the input gradient (5.8 ms) and `GammaBetaBackward` for the weight and bias gradients
-(7.9 ms), which reads the input and the output gradient a second time. The ideal is about a third of that:
-the forward reads x and writes y, the backward reads x and dy and writes dx, each once, at about 3 TB/s.
-compiled_norm (torch.compile's kernels for the same math) took 8% off the GPU time; these take more.
+Why. Without TE or apex, megalab's Norm (megalab/runtime/spec.py) runs torch's own kernels. Those are three
+passes: the forward, the input gradient and `GammaBetaBackward` for the weight and bias gradients, which reads
+the input and the output gradient a second time (their time: results/bench/README.md#where-a-step-goes-profiles).
+The ideal moves about a third of those bytes: the forward reads x and writes y, the backward reads x and dy and
+writes dx, each once. These kernels beat compiled_norm (torch.compile's kernels for the same math) too:
+results/bench/triton-norm-microbench.txt.
 
 What this does. Forward: one program per row, the statistics in fp32, y rounded once to x's dtype (as
 torch's kernels do); the row's mean and 1/std are kept for the backward (8 bytes a row). Backward: a grid of
@@ -35,13 +35,13 @@ except ImportError:  # pragma: no cover
     triton = None
 
 MAX_HIDDEN = 16384  # one row in one block of registers; wider rows go to torch's kernels
-# backward: enough programs to fill the GPU, few enough that the partial table stays small. 3 beat 4 at every shape
-# of the microbenchmark (78.2 against 81.4 us a call at 111; results/bench/grid-tuning-microbench.txt).
+# backward: enough programs to fill the GPU, few enough that the partial table stays small; 3 an SM beat 4 in the
+# microbenchmark (results/bench/grid-tuning-microbench.txt).
 PROGRAMS_PER_SM = 3
 MIN_ROWS = 8  # backward: rows a program takes at least, so that a short batch does not make the table the work
 # backward: its row loop software-pipelined, the next two rows' loads issued while this one computes. One row's
-# loads at a time left each row a DRAM round trip with few warps an SM to hide it: 95 us a call at 111, 81 with 3
-# stages, 85 with 2 or 4 (results/bench/pipelined-loops-microbench.txt); more programs an SM instead lost (99 us).
+# loads at a time left each row a DRAM round trip with few warps an SM to hide it; 3 stages beat 1, 2 and 4, and
+# beat more programs an SM (results/bench/pipelined-loops-microbench.txt).
 STAGES = 3
 
 
