@@ -4,6 +4,7 @@ committed records, the validation table on the committed runs, and the CLI's exi
 from __future__ import annotations
 
 
+import math
 import re
 from pathlib import Path
 
@@ -353,13 +354,14 @@ def test_the_line_on_todays_code_reads_only_runs_of_todays_code():
 @pytest.mark.parametrize("table", ["steps", "rows"])
 def test_twins_are_counted_apart_from_the_unseen(table, request):
     """A held-out run whose model input equals a calibration run's is a twin: it appears in the twin line
-    and never in the unseen one, and twins and unseen add up to the held-out set."""
+    and never in the unseen one, and twins and unseen add up to the held-out set. The runs the MoE constants were
+    fitted on count as seen too, with their twins."""
     rs = request.getfixturevalue(table)
     rs = [r for r in rs if r.get("status", "ok") == "ok"]
     held = [r for r in rs if r["set"] == V.HELD_OUT]
     (_, calib), (_, twin), (_, unseen), _ = V.by_set(rs)
     assert twin and unseen and len(twin) + len(unseen) == len(held)
-    keys = {r["model_key"] for r in calib}
+    keys = {r["model_key"] for r in calib} | {r["model_key"] for r in rs if r.get("moe_fit")}
     assert all(r["model_key"] in keys for r in twin) and not any(r["model_key"] in keys for r in unseen)
 
 
@@ -471,7 +473,60 @@ def test_the_estimator_has_a_term_for_each_lever_the_table_says_it_does():
     for lever in levers.TABLE:
         base = set(lever.needs)
         moved = seen(base | {lever.name}) != seen(base)
-        assert moved == lever.estimated, lever.name
+        assert moved == (lever.estimated or lever.name in PRICED_SINCE_THE_TABLE), lever.name
+
+
+# moe_gather has a term since issue 63's goal 5 (steptime.moe_gather_seconds; expert_stack's counts beside it only,
+# so the check above, which adds one lever to its needs, sees it move nothing); megalab/runtime/levers.py still
+# marks it estimated=False, and that file was out of this change's room: drop this once its entry says estimated.
+PRICED_SINCE_THE_TABLE = {"moe_gather"} - levers.ESTIMATED
+
+
+def test_moe_gather_prices_the_layer_by_its_traffic_not_the_host_sync_lump():
+    """Under moe_gather (EP = ETP = 1) a MoE layer loses MOE_LAYER_MS and gains its routed copies' and expert
+    gradients' HBM traffic and MOE_GATHER_LAYER_MS; without the graph the host and GPU overlap in part. Without the
+    lever, or with EP > 1 (where it does not run), the old pricing stands exactly."""
+    exp, g = catalog.get("510-olmoe-1gpu-gbs4"), {"gpu_name": "NVIDIA H200"}
+    old = E.estimate(exp, fast={"grouped_gemm"}, **g).step
+    new = E.estimate(exp, fast={"grouped_gemm", "moe_gather", "expert_stack"}, **g).step
+    assert old.moe_layers == (16,) and not old.moe_s and not old.host_syncs
+    assert new.moe_layers == (0,) and new.moe_gather_layers == (16,) and new.moe_s[0] > 0 and new.host_syncs
+    # the traffic by hand: 16 layers x 16384 tokens x top-8 copies x (26 x 1024 + 27 x 1024) bytes, and 2.15e9
+    # expert weights x (32 - 8.6) bytes, at the H200's 4.8 TB/s
+    routed = 16 * 16384 * 8 * (26 + 27) * 1024
+    grads = 16 * 64 * 2 * 1024 * 1024 * (32 - 8.6)
+    assert new.moe_s[0] == pytest.approx((routed + grads) / 4.8e12)
+    unstacked = E.estimate(exp, fast={"grouped_gemm", "moe_gather"}, **g).step
+    assert unstacked.moe_s[0] < new.moe_s[0]  # stacking copies (8 B) cost less than the in-place adds (32 - 8.6)
+    graph = E.estimate(exp, fast={"grouped_gemm", "moe_gather", "expert_stack"}, cuda_graph=True, **g).step
+    assert not graph.host_syncs and graph.kernels == (0,)
+    c = {**steptime.fitted(), **steptime.moe_fitted()}
+    gpu, cpu = steptime.micro_batch_s(new, 0, c)
+    assert steptime.step_seconds(new) == pytest.approx(
+        math.hypot(gpu, cpu) + new.optimizer_s + steptime.STEP_OVERHEAD_MS * 1e-3)
+    ep = catalog.get("522-olmoe-dp2-zero2-ep2")
+    assert E.estimate(ep, fast={"grouped_gemm", "moe_gather"}).step == E.estimate(ep, fast={"grouped_gemm"}).step
+
+
+def test_moe_constants_are_fitted_on_their_calibration_runs_only(steps):
+    """steptime.MOE_CONSTANTS are the fit of the catalog rows' runs with today's MoE levers made by
+    freeze.MOE_FROZEN_TIME, and of nothing else: no run beyond the catalog, none without expert_stack."""
+    fit_on = [r for r in steps if r["moe_fit"]]
+    assert fit_on and all(r["moe_default"] and not _holdout(r) for r in fit_on)
+    assert V.fit_moe(steps) == V.fit_moe(fit_on) == steptime.moe_fitted()
+
+
+# MoE runs with today's levers whose step time is outside 10%, each with why: the goal (issue 63, goal 5) is none.
+# A run landing outside it fails here until it is explained, not tuned away.
+KNOWN_MOE_STEP_MISSES: dict[str, str] = {}
+
+
+def test_moe_step_time_with_todays_levers_within_10_percent(steps):
+    """Every MoE run with moe_gather and expert_stack (fitted on or not) within 10% of its measured step."""
+    judged = [r for r in steps if r["moe_default"]]
+    assert any(_holdout(r) for r in judged)  # beyond the catalog: the held-out test
+    misses = {r["run"]: f"{r['err']:+.1%}" for r in judged if abs(r["err"]) > 0.10}
+    assert set(misses) == set(KNOWN_MOE_STEP_MISSES), misses
 
 
 def test_render_names_formulas_in_gib():

@@ -573,6 +573,9 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
     b, s, h, t = e.mbs, sh.seq // e.cp, sh.h, e.tp
     outside = steptime.ELEMENTWISE_OUTSIDE_TP  # elementwise work on the whole hidden state: split by TP only with SP
     a_, b_, kernels, comm, calls, moe, hbm_s, elementwise = [], [], [], [], [], [], [], []
+    # moe_gather's dispatcher (EP = ETP = 1 only) replaces the host-synced one MOE_LAYER_MS prices
+    gather = bool(sh.num_experts) and "moe_gather" in fast and e.ep == 1 and e.etp == 1
+    moe_s, gather_layers = [], []
     for st in stages:
         ga, gb = _gemm_terms(e, sh, st, fast=fast, vpad=vpad, peak=peak, passes=passes)
         a_.append(ga)
@@ -586,13 +589,20 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         c, n_calls = _stage_comm(e, sh, st, link=link, full=full, v=v)
         comm.append(c)
         calls.append(0 if cuda_graph else n_calls)  # the graph replays the collectives: no host latency
-        moe.append(st.layers if sh.num_experts else 0)
+        moe.append(st.layers if sh.num_experts and not gather else 0)
+        if gather:
+            moe_s.append(steptime.moe_gather_seconds(
+                sh, tokens=b * s, expert_params=st.layers * layer_params(sh, t)[2], layers=st.layers,
+                expert_stack="expert_stack" in fast, hbm=hbm) * passes / 3)
+            gather_layers.append(st.layers * passes / 3)
     slots = e.num_microbatches + ((e.pp - 1) / v if e.pp > 1 else 0.0)
     return steptime.Features(a=tuple(a_), b=tuple(b_), kernels=tuple(kernels), comm_s=tuple(comm),
                              calls=tuple(calls), moe_layers=tuple(moe), hbm_s=tuple(hbm_s),
                              elementwise=tuple(elementwise), slots=slots,
                              optimizer_s=_optimizer_seconds(e, stages, fast=fast, hbm=hbm),
-                             dp_comm_s=_dp_comm_seconds(e, sh, stages, link=link))
+                             dp_comm_s=_dp_comm_seconds(e, sh, stages, link=link),
+                             moe_s=tuple(moe_s), moe_gather_layers=tuple(gather_layers),
+                             host_syncs=gather and not cuda_graph)
 
 
 def _gemm_terms(e: Any, sh: Shape, st: Stage, *, fast: frozenset[str], vpad: int, peak: float,

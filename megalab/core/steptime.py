@@ -25,10 +25,19 @@ Per micro-batch and pipeline stage (the busiest stage sets the pace):
   pipeline sends): bytes over the datasheet link bandwidth plus COMM_CALL_US per call (the host's part
   of a call: none under the CUDA graph, which replays the collectives with the kernels), not
   overlapped; and MOE_LAYER_MS per MoE layer (routing and token dispatch, whose host syncs stop the
-  CPU running ahead).
+  CPU running ahead). With the moe_gather lever (issue 63: a dispatcher of GPU gathers, no host sync on
+  the tokens per expert) that fitted lump gives way to what such a layer moves: its routed copies'
+  gathers, combine and activation by HBM bytes (MOE_ROUTED_BYTES, MOE_ACT_BYTES), every expert
+  weight's gradient added into main_grad each micro-batch (EXPERT_GRAD_BYTES with expert_stack, else
+  the stacking copies and per-expert adds, EXPERT_UNSTACKED_BYTES) and MOE_GATHER_LAYER_MS of router
+  and index bookkeeping per layer; see `moe_gather_seconds`.
 * CPU time: the kernels it launches, KERNELS_PER_LAYER per layer (plus KERNELS_PER_EXPERT per local
   expert without grouped GEMMs) at LAUNCH_US each. The GPU cannot run ahead of its launches, so a
-  micro-batch takes max(GPU time, CPU time): a small batch is launch-bound (101: GBS 1).
+  micro-batch takes max(GPU time, CPU time): a small batch is launch-bound (101: GBS 1). Except where the
+  step still syncs with the host inside its layers (MoE under moe_gather without the CUDA graph: the
+  router's and grouped GEMM's stream syncs, 66 a step in row 510's profile): each sync lets the GPU
+  drain, so host and GPU overlap only in part, and the micro-batch takes sqrt(GPU^2 + CPU^2), between
+  the max and the sum.
 * The pipeline: (m + (p - 1) / v) micro-batch times per step (1F1B, interleaved with v chunks).
 * Per step: the optimizer's HBM traffic (bytes per parameter it updates / HBM bandwidth; OPT_BYTES_PER_TENSOR
   more without flat_adam), the
@@ -150,6 +159,26 @@ ELEMENTWISE_OUTSIDE_TP = 0.45
 GRAD_REDUCE_BYTES = 4  # Megatron reduces the fp32 main grads (no --grad-reduce-in-bf16)
 PARAM_GATHER_BYTES = 2  # ZeRO-2 gathers bf16 weights after the step (--overlap-param-gather)
 
+# ---- MoE layers under moe_gather (issue 63), per routed copy (a token's copy for one of its top-k experts)
+# and unit of width, forward and backward, from row 510's profile (results/bench/runs/20261129_082534___profile-
+# 510-olmoe-1gpu-gbs4/trace-summary.md: 16 layers x 131072 routed copies, h = f = 1024, at the H200's 4.8 TB/s):
+# the dispatcher's gathers (index_select, 66 calls, 8.31 ms) and the combine's bf16 sum (reduce_kernel, 3.4
+# ms) over the h-wide copies: 26 bytes; the experts' activation times the router's probability (moe_act's
+# _forward and _backward, 4.2 + 7.92 ms; torch's kernels without the lever ran no slower, so one figure) over
+# the f-wide (2f with SwiGLU) copies: 27 bytes.
+MOE_ROUTED_BYTES, MOE_ACT_BYTES = 26, 27
+# Every expert weight's gradient reaches main_grad once per micro-batch, whatever the expert's share of the
+# tokens: with expert_stack the grouped GEMM's backward adds it in place (addcmul into the fp32 main_grad,
+# 5.84 ms, and the fp32 adds beside it, 8.43 ms, in the same profile, over 2.15e9 expert weights: 32 bytes, in
+# place of WGRAD_ADD_BYTES). Without expert_stack the per-expert weights are stacked (a bf16 copy) in the
+# forward and again in the backward, and DDP's hooks add each expert's gradient: 8 bytes more than WGRAD_ADD_BYTES,
+# by hand.
+EXPERT_GRAD_BYTES, EXPERT_UNSTACKED_BYTES = 32, 8
+# Fitted on the MoE calibration runs only (megalab/results/validation.py fit_moe: catalog rows' runs with
+# moe_gather made before freeze.MOE_FROZEN_TIME), apart from CONSTANTS: no run those were fitted on had the lever.
+MOE_GATHER_LAYER_MS = 0.767  # per MoE layer and micro-batch: the router's and dispatcher's small kernels
+MOE_CONSTANTS = ("MOE_GATHER_LAYER_MS",)
+
 CONSTANTS = ("GEMM_EFF_MAX", "GEMM_HALF_MNK", "LAUNCH_US", "COMM_CALL_US", "MOE_LAYER_MS", "STEP_OVERHEAD_MS",
              "ELEMENTWISE_BYTES")
 
@@ -173,6 +202,11 @@ class Features:
     slots: float  # m + (p - 1) / v
     optimizer_s: float
     dp_comm_s: float
+    # MoE under moe_gather: the layers' memory-bound traffic (seconds) and their count (MOE_GATHER_LAYER_MS each),
+    # per micro-batch; host_syncs: the step still syncs inside its layers (sqrt(GPU^2 + CPU^2), not the max)
+    moe_s: tuple[float, ...] = ()
+    moe_gather_layers: tuple[float, ...] = ()
+    host_syncs: bool = False
 
 
 def gemms(sh: Any, *, mbs: int, tp: int, cp: int, ep: int, etp: int, grouped: bool,
@@ -217,8 +251,8 @@ def step_seconds(f: Features, c: dict[str, float] | None = None) -> float:
     """The model: the busiest stage's micro-batch time (max of GPU and CPU) over the pipeline's slots,
     plus the optimizer, the exposed DP reduction and the per-step overhead. `c`: constants (default:
     this module's, read at call time)."""
-    c = fitted() if c is None else c
-    per_mb = max(max(micro_batch_s(f, i, c)) for i in range(len(f.a)))
+    c = {**moe_fitted(), **(fitted() if c is None else c)}
+    per_mb = max(combined(*micro_batch_s(f, i, c), f.host_syncs) for i in range(len(f.a)))
     return f.slots * per_mb + f.optimizer_s + exposed(f.dp_comm_s, per_mb) + c["STEP_OVERHEAD_MS"] * 1e-3
 
 
@@ -227,7 +261,27 @@ def micro_batch_s(f: Features, i: int, c: dict[str, float]) -> tuple[float, floa
     launches): step_seconds takes the larger."""
     gpu = ((f.a[i] + c["GEMM_HALF_MNK"] * f.b[i]) / c["GEMM_EFF_MAX"] + f.hbm_s[i] + f.elementwise[i] * c["ELEMENTWISE_BYTES"]
            + f.comm_s[i] + f.calls[i] * c["COMM_CALL_US"] * 1e-6 + f.moe_layers[i] * c["MOE_LAYER_MS"] * 1e-3)
+    if f.moe_s:
+        gpu += f.moe_s[i] + f.moe_gather_layers[i] * c.get("MOE_GATHER_LAYER_MS", MOE_GATHER_LAYER_MS) * 1e-3
     return gpu, f.kernels[i] * c["LAUNCH_US"] * 1e-6
+
+
+def combined(gpu_s: float, cpu_s: float, host_syncs: bool) -> float:
+    """A micro-batch's time from its GPU and host parts: the larger where the host runs ahead, and where syncs
+    inside the layers stop it (host_syncs) the two overlap only in part: sqrt(GPU^2 + CPU^2), between max and sum."""
+    return math.hypot(gpu_s, cpu_s) if host_syncs else max(gpu_s, cpu_s)
+
+
+def moe_gather_seconds(sh: Any, *, tokens: int, expert_params: float, layers: int, expert_stack: bool,
+                       hbm: float) -> float:
+    """HBM seconds one micro-batch's MoE layers spend beside their GEMMs under moe_gather: the routed copies'
+    gathers and combine (MOE_ROUTED_BYTES over h) and activation (MOE_ACT_BYTES over the f or 2f wide fc1
+    output), and every expert weight's gradient into main_grad (EXPERT_GRAD_BYTES with expert_stack, else
+    EXPERT_UNSTACKED_BYTES beyond the WGRAD_ADD_BYTES every parameter is already priced at)."""
+    routed = tokens * sh.topk
+    per_copy = sh.h * MOE_ROUTED_BYTES + sh.gate * sh.moe_ffn * MOE_ACT_BYTES
+    grads = (EXPERT_GRAD_BYTES - WGRAD_ADD_BYTES) if expert_stack else EXPERT_UNSTACKED_BYTES
+    return (layers * routed * per_copy + expert_params * grads) / hbm
 
 
 def exposed(dp_comm_s, per_mb_s):
@@ -257,24 +311,36 @@ START = {"GEMM_EFF_MAX": 0.6, "GEMM_HALF_MNK": 1e10, "LAUNCH_US": 20.0, "COMM_CA
          "MOE_LAYER_MS": 5.0, "STEP_OVERHEAD_MS": 20.0, "ELEMENTWISE_BYTES": 50.0}
 BOUNDS = {"GEMM_EFF_MAX": (0.05, 1.0), "GEMM_HALF_MNK": (1e6, 1e14), "LAUNCH_US": (1.0, 500.0),
           "COMM_CALL_US": (1.0, 100.0), "MOE_LAYER_MS": (0.01, 200.0), "STEP_OVERHEAD_MS": (0.1, 500.0),
-          "ELEMENTWISE_BYTES": (1.0, 1000.0)}
+          "ELEMENTWISE_BYTES": (1.0, 1000.0), "MOE_GATHER_LAYER_MS": (0.001, 50.0)}
 
 
-def fit(features: list[Features], measured_s: list[float], rounds: int = 12) -> dict[str, float]:
-    """The constants minimising loss() over the given records: coordinate descent on each constant's
-    logarithm over a shrinking grid (deterministic, no scipy), rounded to 3 significant digits."""
-    c = dict(START)
+def fit(features: list[Features], measured_s: list[float], rounds: int = 12, names: tuple[str, ...] = CONSTANTS,
+        start: dict[str, float] | None = None) -> dict[str, float]:
+    """The constants `names` minimising loss() over the given records, from `start` (default START): coordinate
+    descent on each constant's logarithm over a shrinking grid (deterministic, no scipy), rounded to 3 significant
+    digits."""
+    c = dict(START if start is None else start)
     width = 4.0  # natural-log half-width of the first grid
     for _ in range(rounds):
-        for k in CONSTANTS:
+        for k in names:
             lo, hi = BOUNDS[k]
             centre = math.log(c[k])
             grid = [min(max(centre + width * (i / 8 - 1), math.log(lo)), math.log(hi)) for i in range(17)]
             c[k] = min((math.exp(x) for x in grid), key=lambda v: loss(features, measured_s, {**c, k: v}))
         width *= 0.6
-    return {k: float(f"{v:.3g}") for k, v in c.items()}
+    return {k: float(f"{c[k]:.3g}") for k in names}
 
 
 def fitted() -> dict[str, float]:
     """The constants this module uses (what fit() gave on the calibration set)."""
     return {k: globals()[k] for k in CONSTANTS}
+
+
+def moe_fitted() -> dict[str, float]:
+    """The MoE-under-moe_gather constants (what fit_moe gave on the MoE calibration runs)."""
+    return {k: globals()[k] for k in MOE_CONSTANTS}
+
+
+def fit_moe(features: list[Features], measured_s: list[float]) -> dict[str, float]:
+    """MOE_CONSTANTS fitted on the given runs (fit()'s descent), CONSTANTS held at their stored values."""
+    return fit(features, measured_s, names=MOE_CONSTANTS, start={**fitted(), "MOE_GATHER_LAYER_MS": 1.0})
