@@ -14,7 +14,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, defaults, hosts, keep, launchtime, pastref
+from megalab.results import columns, defaults, hosts, launchtime, pageguard, pastref
 from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
@@ -750,5 +750,5 @@ def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:
 
 
 def write(bench_dir: Path) -> str:
-    keep.write_page(bench_dir.parent.parent, bench_dir / "README.md", render(bench_dir), "make bench-report")
+    pageguard.write_page(bench_dir.parent.parent, bench_dir / "README.md", render(bench_dir), "make bench-report")
     return str(bench_dir / "README.md")
