@@ -14,7 +14,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, defaults, hosts, launchtime, pageguard, pastref
+from megalab.results import columns, defaults, hosts, launchtime, onegpu_goals, pageguard
 from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
@@ -224,11 +224,11 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     root = bench_dir.parent.parent
     trials = trial_rows(cfg, bench_dir, root)
     # the goals' launches, read once for "One GPU, past the reference" and its beyond-the-catalog table
-    todays = pastref.goal_runs(cfg["past_reference"], root) if cfg.get("past_reference") else None
+    todays = onegpu_goals.goal_runs(cfg["past_reference"], root) if cfg.get("past_reference") else None
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *trials_section(cfg, bench_dir, rows=trials), *_parity_section(cfg, get),
          *_experts_section(cfg, get),
-         *_goals_section(cfg, get, largest, root), *defaults.section(root), *pastref.section(cfg, root, todays),
+         *_goals_section(cfg, get, largest, root), *defaults.section(root), *onegpu_goals.section(cfg, root, todays),
          *beyond_section(cfg, trials, root, todays),
          *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(root)]
     if any(r.concurrent for r in recs.values()):
@@ -462,7 +462,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
             # a step time compares only within one machine and code: the row names both (an older code by the commit
             # of the lever's first run; the page's provenance rule says which changes count)
-            code = pastref.code_label(key[1], on[0])
+            code = onegpu_goals.code_label(key[1], on[0])
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
             par = parity(on[0], off[0], own_masks)
@@ -471,7 +471,8 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
             base_too = not par["pass"] and len(off) > 1 and not parity(off[1], off[0])["pass"]
             cell = "PASS" if par["pass"] else BASE_FAILS_TOO if base_too else "FAIL"
             rows.append(TrialRow(tuple(names), target, extra, (
-                label, where, shown, f"{defaults.hardware(on[0])}, {code}", pastref.spread(off), pastref.spread(on),
+                label, where, shown, f"{defaults.hardware(on[0])}, {code}",
+                onegpu_goals.spread(off), onegpu_goals.spread(on),
                 f"{x:.3f}", f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
                 f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
                 f"{cell} {OWN_MASKS}" if own_masks else cell, verdict)))
@@ -528,11 +529,11 @@ def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT, todays: dict
     (`beyond_catalog.issue_default`): the configurations beyond the catalog (trials with EXTRA_ARGS) it was tried on,
     those where it paid (the two-a-side verdict; a set of levers counts for each of them where all joined the
     default), and whether they reach `min_configs`. A lever no trial tried beyond the catalog is a row too. TODAYS:
-    pastref.goal_runs, where the caller has read them already."""
+    onegpu_goals.goal_runs, where the caller has read them already."""
     block = cfg["past_reference"]
     rule = block["beyond_catalog"]
     graph = benchruns.graph_levers(cfg)
-    todays = pastref.goal_runs(block, root) if todays is None else todays
+    todays = onegpu_goals.goal_runs(block, root) if todays is None else todays
     joined_at: dict[str, list[str]] = {}  # lever -> the goals whose default it joined
     for g in block["goals"]:
         runs = [r for group in todays[g["target"]] for r in group]
