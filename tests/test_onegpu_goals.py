@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from megalab.core import benchruns
-from megalab.results import benchreport, defaults, onegpu_goals
+from megalab.results import benchreport, fast_by_default, onegpu_goals
 from tests.conftest import BEFORE_GRID_TUNING, GRID_TUNING_COMMIT, PIPELINED_COMMIT, TRITON_NORM_COMMITS
 
 
@@ -352,7 +352,7 @@ def test_clock_rows_pool_the_busy_samples_of_a_goals_runs(tmp_path, monkeypatch)
         "bad": CLOCKS_HEAD + "0.2,0,70000,100,fast,690,power_cap\n",  # damaged: sm_mhz no number
     })
     target = runs["a"].target
-    machine = defaults.hardware(runs["a"])
+    machine = fast_by_default.hardware(runs["a"])
     todays = {target: [[runs["a"], runs["b"], runs["old"]], [runs["old"], runs["none"]], [runs["bad"], runs["a"]]]}
     pooled, unsampled, damaged = onegpu_goals.clock_rows(todays)
     # 1500..1900 pooled: 1700 (the runs' medians, 1600 and 1850, would give 1725); power_cap in 4 of 5 busy samples
