@@ -56,7 +56,7 @@ endif
 # but the targets; tests/test_makefile.py holds the list to the rules), which never names a target. No goal
 # at all (`make`, tab completion's `make -pq`) reads them too.
 override OWN_GOALS := help list which-python show-command batch campaign docker-found docker-build docker-run \
-    setup test quickstart quickstart-python tables compare walk bench bench-report plots check prepare-data clean \
+    setup test quickstart quickstart-python tables compare transcript bench bench-report plots check prepare-data clean \
     monitor-gpu tensorboard show-arguments count-arguments
 # `make help FAST` (any make variable): the words after help are topics, not goals: that variable's reference
 # (FAST: the lever table, docs/levers.md). make builds them as goals too, each a no-op.
@@ -64,7 +64,7 @@ override HELP_TOPICS := $(if $(filter help,$(MAKECMDGOALS)),$(filter-out help,$(
 override TARGETS := $(if $(filter-out $(OWN_GOALS) $(HELP_TOPICS),$(or $(MAKECMDGOALS),.no-goal)),$(shell $(PY) -m megalab targets 2>/dev/null))
 
 
-.PHONY: help list setup test quickstart tables compare check walk clean batch campaign $(TARGETS)
+.PHONY: help list setup test quickstart tables compare check transcript clean batch campaign $(TARGETS)
 
 help:
 ifneq ($(HELP_TOPICS),)
@@ -85,7 +85,7 @@ endif
 #> test                    the CPU test suite
 #> tables                  rebuild results/*.md (+ a CSV per chapter, results/README.md) and results/data/README.md from the run records (STRICT=1: refuse rows not of today's code/defaults)
 #> compare                 your runs (OUTDIR=outdir) beside the committed ones -> OUTDIR/compare/results/ (results/ untouched)
-#> walk                    rewrite results/quickstart/walk.txt where any machine can (GPU-only sections stay, labelled)
+#> transcript              rewrite results/quickstart/transcript.txt where any machine can (GPU-only sections stay, labelled)
 #> check                   the papers' scaling claims against the records (STRICT=1: fails on a FAIL or verdict no page explains)
 #> plots                   redraw results/plots/*.svg (make tables does it too)
 #> bench                   stock local spec vs megalab's spec on one GPU -> results/bench/README.md
@@ -208,9 +208,10 @@ tables:
 compare:
 	@exec $(PY) -m megalab compare "$${OUTDIR:-outdir}"
 
-# results/quickstart/walk.txt: what any machine can re-derive of the quickstart walk (megalab walk; --check, --gpu).
-walk:
-	@exec $(PY) -m megalab walk
+# results/quickstart/transcript.txt: what any machine can re-derive of the quickstart transcript (megalab
+# transcript; --check, --gpu).
+transcript:
+	@exec $(PY) -m megalab transcript
 
 # Stock local spec vs megalab's spec on one GPU (configs/bench.yaml) -> results/bench/README.md.
 # Resumable: runs already recorded in results/bench/runs are not repeated. BENCH_ARGS e.g.

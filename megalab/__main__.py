@@ -56,8 +56,8 @@ COMMANDS = {
     "data-report": Command("rebuild results/data/README.md from the real-data run records (make tables)",
                            "results.datareport"),
     "check": Command("evaluate the papers' trend claims against the records (make check)", "results.checks"),
-    "walk": Command("regenerate results/quickstart/walk.txt from the quickstart page's commands (--check; --gpu: "
-                    "on a GPU machine, the run too)", "results.walk"),
+    "transcript": Command("regenerate results/quickstart/transcript.txt from the quickstart page's commands "
+                          "(--check; --gpu: on a GPU machine, the run too)", "results.transcript"),
     "prepare-data": Command("tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)",
                             "harness.data", None, "cli", passthrough=True),
     "refresh": Command("recompute run records' measured fields from their raw log and memory CSV", None,

@@ -32,10 +32,10 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # xdist worker, so that it is made once. The input audit, the longest, goes first.
 # "*": the whole module (test_estimate: its fixtures, and the CLI test, read the same TensorBoard files,
 # which validation.py keeps per process). test_fuzz_inputs' "built": the sandbox its CLI tests copy.
-# test_pastref's "trials": the levers-tried rows of the committed records. test_make_payloads: its copy of the
+# test_onegpu_goals's "trials": the levers-tried rows of the committed records. test_make_payloads: its copy of the
 # repository (the committed records with it), and the closing figures that count every call of the module.
 SHARED = {"test_fuzz_inputs": ("audit", "built"), "test_estimate": ("*",), "test_dataset": ("rows",),
-          "test_pastref": ("trials",), "test_make_payloads": ("*",)}
+          "test_onegpu_goals": ("trials",), "test_make_payloads": ("*",)}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids

@@ -152,7 +152,7 @@ class BeyondCatalog(_Strict):
 
 
 class PastReference(_Strict):
-    """Issue 32's one-GPU goals (megalab/results/pastref.py)."""
+    """Issue 32's one-GPU goals (megalab/results/onegpu_goals.py)."""
     min_runs: Count
     round: list[str]  # the levers this round tried: a target's base is its default fast path without them
     round_when: str  # which session's round, as the page names it

@@ -1,7 +1,7 @@
 """What a run's GPUs ran at: the clock columns the monitor (megalab/harness/monitor.py) writes into each run's
 gpu_memory.csv, read in one place, by `python -m megalab bench clocks RUN` and by the bench page
-(megalab/results/pastref.py), which may not import the harness. No tabulate here (the monitor imports this
-module, and a launch runs without it): the tables are drawn by their callers."""
+(megalab/results/onegpu_goals.py), which may not import the harness. No tabulate here (the monitor imports
+this module, and a launch runs without it): the tables are drawn by their callers."""
 from __future__ import annotations
 
 import csv

@@ -14,7 +14,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, defaults, hosts, keep, launchtime, pastref
+from megalab.results import columns, fast_by_default, hosts, launchtime, onegpu_goals, pageguard
 from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
@@ -42,7 +42,7 @@ GOALS = [  # (what, case name, step ms at most, peak GiB at most or None)
     ("row 111 (GBS 15): stretch", "row 111, GBS 15", 340.0, 78.5),
     ("row 101 (GBS 1): median step", "row 101, GBS 1", 220.0, None),
 ]
-# Issue 17's goals for what a plain `make <target>` gives (today's defaults; results/defaults.py's
+# Issue 17's goals for what a plain `make <target>` gives (today's defaults; results/fast_by_default.py's
 # records): (what, target, step ms at most: None for the reference's own, whether memory must stay at or
 # below the reference's).
 DEFAULT_GOALS = [
@@ -54,23 +54,23 @@ DEFAULT_GOALS = [
 
 
 def _default_goal_rows(root: Path = ROOT) -> list[list[str]]:
-    anchor, twogpu, recs = chapter.load_reference(), chapter.load_twogpu_reference(), defaults.ok_records(root)
+    anchor, twogpu, recs = chapter.load_reference(), chapter.load_twogpu_reference(), fast_by_default.ok_records(root)
     out = []
     for what, target, ms_max, lean in DEFAULT_GOALS:
         exp = catalog.get(target)
-        ref_ms, ref_gib = defaults._reference(exp, anchor, twogpu)
+        ref_ms, ref_gib = fast_by_default._reference(exp, anchor, twogpu)
         ms_max = ref_ms if ms_max is None else ms_max
         limit = f"<= {ms_max:g} ms" + (f" at <= {ref_gib:.1f} GiB" if lean else "")
-        n = defaults.now_record(exp, recs, root)
+        n = fast_by_default.now_record(exp, recs, root)
         if n is None:
             out.append([what, limit, "not run with today's defaults", "-"])
             continue
         gib = max(n.mem_peak_gib or [float("nan")])
         met = n.step_ms <= ms_max and (not lean or gib <= ref_gib)
-        verdict = ("met" if met else "missed") if defaults.like_reference(n, exp) else \
+        verdict = ("met" if met else "missed") if fast_by_default.like_reference(n, exp) else \
             "no verdict: not the reference's GPU kind"
-        out.append([what, limit, f"{n.step_ms:.0f} ms{defaults.spread(n)}, {gib:.1f} GiB ({defaults.hardware(n)})",
-                    verdict])
+        shown = f"{n.step_ms:.0f} ms{fast_by_default.spread(n)}, {gib:.1f} GiB ({fast_by_default.hardware(n)})"
+        out.append([what, limit, shown, verdict])
     return out
 
 
@@ -195,7 +195,7 @@ def checked(cfg: dict) -> dict:
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
     chapter.check_refs(anchor, twogpu)  # the catalog's refs, which the default goals read
     for _, target, ms_max, _ in DEFAULT_GOALS:
-        if ms_max is None and defaults._reference(catalog.get(target), anchor, twogpu) is None:
+        if ms_max is None and fast_by_default._reference(catalog.get(target), anchor, twogpu) is None:
             raise benchruns.BenchConfigError(f"{target} has no published row, and the page's goal for it is the "
                                              "published step time", "give the target its `ref` in the catalog")
     for case in cfg["cases"]:
@@ -224,11 +224,12 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
     root = bench_dir.parent.parent
     trials = trial_rows(cfg, bench_dir, root)
     # the goals' launches, read once for "One GPU, past the reference" and its beyond-the-catalog table
-    todays = pastref.goal_runs(cfg["past_reference"], root) if cfg.get("past_reference") else None
+    todays = onegpu_goals.goal_runs(cfg["past_reference"], root) if cfg.get("past_reference") else None
     L = [*_header(recs, mm), *_contenders_section(cfg, get, mm["tflops"] if mm else None), *search_lines,
          *_ablation_section(cfg, get), *trials_section(cfg, bench_dir, rows=trials), *_parity_section(cfg, get),
          *_experts_section(cfg, get),
-         *_goals_section(cfg, get, largest, root), *defaults.section(root), *pastref.section(cfg, root, todays),
+         *_goals_section(cfg, get, largest, root), *fast_by_default.section(root),
+         *onegpu_goals.section(cfg, root, todays),
          *beyond_section(cfg, trials, root, todays),
          *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(root)]
     if any(r.concurrent for r in recs.values()):
@@ -462,7 +463,7 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
             on, off = (sorted(s[k], key=lambda r: r.started or "") for k in (True, False))
             # a step time compares only within one machine and code: the row names both (an older code by the commit
             # of the lever's first run; the page's provenance rule says which changes count)
-            code = pastref.code_label(key[1], on[0])
+            code = onegpu_goals.code_label(key[1], on[0])
             med = {k: statistics.median([r.step_ms_median for r in v]) for k, v in ((True, on), (False, off))}
             x = med[True] / med[False]
             par = parity(on[0], off[0], own_masks)
@@ -471,7 +472,8 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
             base_too = not par["pass"] and len(off) > 1 and not parity(off[1], off[0])["pass"]
             cell = "PASS" if par["pass"] else BASE_FAILS_TOO if base_too else "FAIL"
             rows.append(TrialRow(tuple(names), target, extra, (
-                label, where, shown, f"{defaults.hardware(on[0])}, {code}", pastref.spread(off), pastref.spread(on),
+                label, where, shown, f"{fast_by_default.hardware(on[0])}, {code}",
+                onegpu_goals.spread(off), onegpu_goals.spread(on),
                 f"{x:.3f}", f"{max(off[0].mem_peak_gib):.1f} / {max(on[0].mem_peak_gib):.1f}",
                 f"{par['early_max_rel']:.1e}" if par["early_max_rel"] is not None else "-",
                 f"{cell} {OWN_MASKS}" if own_masks else cell, verdict)))
@@ -528,11 +530,11 @@ def beyond_rows(cfg: dict, rows: list[TrialRow], root: Path = ROOT, todays: dict
     (`beyond_catalog.issue_default`): the configurations beyond the catalog (trials with EXTRA_ARGS) it was tried on,
     those where it paid (the two-a-side verdict; a set of levers counts for each of them where all joined the
     default), and whether they reach `min_configs`. A lever no trial tried beyond the catalog is a row too. TODAYS:
-    pastref.goal_runs, where the caller has read them already."""
+    onegpu_goals.goal_runs, where the caller has read them already."""
     block = cfg["past_reference"]
     rule = block["beyond_catalog"]
     graph = benchruns.graph_levers(cfg)
-    todays = pastref.goal_runs(block, root) if todays is None else todays
+    todays = onegpu_goals.goal_runs(block, root) if todays is None else todays
     joined_at: dict[str, list[str]] = {}  # lever -> the goals whose default it joined
     for g in block["goals"]:
         runs = [r for group in todays[g["target"]] for r in group]
@@ -750,5 +752,5 @@ def _runs_section(cfg: dict, recs: dict, bench_dir: Path) -> list[str]:
 
 
 def write(bench_dir: Path) -> str:
-    keep.write_page(bench_dir.parent.parent, bench_dir / "README.md", render(bench_dir), "make bench-report")
+    pageguard.write_page(bench_dir.parent.parent, bench_dir / "README.md", render(bench_dir), "make bench-report")
     return str(bench_dir / "README.md")

@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 
 from megalab.core import flags, infile, logparse, markdown, records
-from megalab.results import columns, hosts, keep, plots
+from megalab.results import columns, hosts, pageguard, plots
 from megalab.core.records import RunRecord
 from megalab.core.paths import ROOT
 from megalab.core import provenance
@@ -286,7 +286,7 @@ def write_report(root: Path | None = None, *, check: bool = False, force: bool |
     """Write the page and its figure under ROOT; return the paths that changed (check: would change).
 
     The figure is removed when there is no ok real-data run, so the page never links a stale one. A page
-    that would lose a record's link is refused (keep.write_page), unless FORCE (make tables judged it first).
+    that would lose a record's link is refused (pageguard.write_page), unless FORCE (make tables judged it first).
     """
     root = Path(root) if root is not None else ROOT
     page, fig = root / PAGE, root / FIGURE
@@ -302,7 +302,7 @@ def write_report(root: Path | None = None, *, check: bool = False, force: bool |
             changed += [] if fig.exists() else [fig]
         elif markdown.write_if_changed(fig, draw_curve(*curve)):
             changed.append(fig)
-    if keep.write_page(root, page, render(root, recs), "python -m megalab data-report", check=check, force=force):
+    if pageguard.write_page(root, page, render(root, recs), "python -m megalab data-report", check=check, force=force):
         changed.append(page)
     return changed
 

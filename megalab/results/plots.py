@@ -35,7 +35,7 @@ import pandas as pd
 
 from megalab.core import catalog
 from megalab.core import provenance, gpus, infile, markdown, records as run_records, variables
-from megalab.results import alike, chapter as chapters, hosts as machines, keep
+from megalab.results import alike, chapter as chapters, hosts as machines, pageguard
 from megalab.results.hosts import Hosts
 from megalab.core.paths import ROOT, cache_root
 
@@ -416,7 +416,7 @@ def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunR
 
     A figure whose bytes are unchanged is not rewritten; an .svg there that no figure makes any more
     is removed (the folder is generated), and with force=False (`make plots` without FORCE=1) refused
-    instead: keep.WouldShrink, nothing written (a figure goes when its rows or published numbers do:
+    instead: pageguard.WouldShrink, nothing written (a figure goes when its rows or published numbers do:
     `make tables` judges those first, then draws with force). check=True writes nothing and returns the
     paths that are missing or no longer made (file names only, see the module docstring).
     """
@@ -435,8 +435,8 @@ def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunR
     if check:
         return sorted([p for p in wanted if not p.exists()] + stale)
     if stale and not force:
-        raise keep.WouldShrink(keep.sentence([keep.Loss(f"plots/{p.name}", "the figure (no longer drawn)")
-                                              for p in stale], command="make plots"))
+        gone = [pageguard.Loss(f"plots/{p.name}", "the figure (no longer drawn)") for p in stale]
+        raise pageguard.WouldShrink(pageguard.sentence(gone, command="make plots"))
     changed = []
     for path, (fig, data, kind) in wanted.items():
         if markdown.write_if_changed(path, draw(fig, data, kind)):
@@ -462,7 +462,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         changed = write_plots(args.root, out=args.out, check=args.check,
                               force=args.out is not None or variables.value("FORCE"))
-    except keep.WouldShrink as e:
+    except pageguard.WouldShrink as e:
         print(f"megalab plots: {e}", file=sys.stderr)
         return 1
     return markdown.report_changes(changed, args.root, check=args.check, what="plots",

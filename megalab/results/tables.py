@@ -35,8 +35,8 @@ import pandas as pd
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.core import infile, logparse, markdown, provenance, variables
-from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, keep, overview,
-                             plots, predicted, quotes)
+from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, overview,
+                             pageguard, plots, predicted, quotes)
 from megalab.results import chapter as chapter_inputs
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
@@ -273,9 +273,9 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     returned paths are those that *would* change. With strict=True nothing is written when a row's
     record is not today's code and defaults (NotToday).
 
-    Pages never shrink silently (results/keep.py states the rule): every page is made in memory first,
+    Pages never shrink silently (results/pageguard.py states the rule): every page is made in memory first,
     and nothing is written when the new pages would lose a row, a published or measured number, a page or
-    a tutorial's table (keep.WouldShrink, one line), unless the working tree's catalog change explains it
+    a tutorial's table (pageguard.WouldShrink, one line), unless the working tree's catalog change explains it
     (a target removed or changed against HEAD: its rows; a chapter file removed: its page) or FORCE
     (force=True; `compare`, whose pages are its own scratch, passes it). A page no chapter writes any more
     is then removed with its CSV; a tutorial quote of a row that is gone keeps its text.
@@ -322,15 +322,15 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
             overview.points(rows)), **(index_page or {}))
         if (root / datareport.RUNS).is_dir():
             linked[root / datareport.PAGE] = datareport.render(root)
-        lost = keep.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()}, linked)
-        if lost and (lost := keep.unexplained(lost, keep.catalog_change())):
-            raise keep.WouldShrink(keep.sentence(lost))
+        lost = pageguard.losses(root, chapters, frames, {p: text for p, (text, _) in tutorials.items()}, linked)
+        if lost and (lost := pageguard.unexplained(lost, pageguard.catalog_change())):
+            raise pageguard.WouldShrink(pageguard.sentence(lost))
     # the pages link these figures: drawn first, so no link is ever dangling
     changed = plots.write_plots(root, records=records, check=check, hosts=hosts)
     for path, text in pages.items():
         if markdown.write_if_changed(path, text, check=check):
             changed.append(path)
-    for path in keep.orphans(root, chapters):  # a page no chapter writes (allowed above, or FORCE)
+    for path in pageguard.orphans(root, chapters):  # a page no chapter writes (allowed above, or FORCE)
         if not check:
             path.unlink()
         changed.append(path)
@@ -406,7 +406,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "to lose a published (`ref`) or measured (`our`) number, a tutorial's table or a quoted "
                          "row; the rows of a catalog change not yet committed (a target removed or changed in "
                          "configs/experiments/ against HEAD) and the page of a chapter file removed since HEAD "
-                         "need no FORCE (results/keep.py)")
+                         "need no FORCE (results/pageguard.py)")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
@@ -418,7 +418,7 @@ def main(args: argparse.Namespace) -> int:
     force = args.force or variables.value("FORCE")
     try:
         changed = write_tables(root, check=args.check, strict=strict, force=force)
-    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError, keep.WouldShrink, checks.ChecksError) as e:
+    except (NotToday, quotes.QuoteError, checkmarks.CheckMarkError, pageguard.WouldShrink, checks.ChecksError) as e:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays

@@ -17,7 +17,7 @@ import statistics
 from megalab.core import benchruns, catalog, clocks, markdown, provenance
 from megalab.core.paths import ROOT
 from megalab.core.records import RunRecord, read_records
-from megalab.results import chapter, defaults
+from megalab.results import chapter, fast_by_default
 from megalab.runtime import levers
 
 
@@ -35,7 +35,8 @@ def _today(exp, recs: dict[str, list], root, min_runs: int = 1) -> list[list[Run
     oldest first; where none has that many, the one with the most, the newest on a tie. Where no run has today's
     code: the runs with today's defaults whose run code alone has changed since, at the newest such code (a
     refactor after the measurements leaves them readable, marked older)."""
-    mine = [(r, provenance.of(r, root)) for r in recs.get(exp.id, []) if defaults.like_reference(r, exp) and r.gpu_name]
+    mine = [(r, provenance.of(r, root)) for r in recs.get(exp.id, [])
+            if fast_by_default.like_reference(r, exp) and r.gpu_name]
     now = [r for r, p in mine if p.state == provenance.CURRENT]
     if not now:
         older = [r for r, p in mine if p.why.startswith(provenance.CODE_CHANGED)]
@@ -52,7 +53,7 @@ def _today(exp, recs: dict[str, list], root, min_runs: int = 1) -> list[list[Run
 
 def goal_runs(block: dict, root) -> dict[str, list[list[RunRecord]]]:
     """_today of every goal's target, from one read of the records."""
-    recs = defaults.ok_records(root)
+    recs = fast_by_default.ok_records(root)
     return {g["target"]: _today(catalog.get(g["target"]), recs, root, block["min_runs"]) for g in block["goals"]}
 
 
@@ -87,7 +88,7 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
             limit.append(f"<= {goal['gib_max']:g} GiB")
         if goal.get("mfu_min"):
             limit.append(f"MFU >= {goal['mfu_min']:.0%}")
-        ref = defaults._reference(exp, anchor, twogpu)
+        ref = fast_by_default._reference(exp, anchor, twogpu)
         te = f"{ref[0]:.0f} ms, {_tok_s(exp, ref[0]) / 1000:.1f}K tok/s" if ref and not math.isnan(ref[0]) else "-"
         bar = bars.get(goal.get("bar", ""), None)
         best = f"{bar['tokens_per_s'] / 1000:.1f}K tok/s ({_tokens(exp) / bar['tokens_per_s'] * 1000:.0f} ms)" if bar else "-"
@@ -105,7 +106,7 @@ def goal_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str
             older = "" if state.state == provenance.CURRENT else f"; {state.cell}"
             rows.append([exp.id, ", ".join(limit), spread(runs), f"{gib:.1f}", f"{_tok_s(exp, ms) / 1000:.1f}K",
                          f"{mfu:.1%}" if mfu is not None else "-", te, best,
-                         f"{verdict} ({defaults.hardware(runs[0])}{older})"])
+                         f"{verdict} ({fast_by_default.hardware(runs[0])}{older})"])
     return rows
 
 
@@ -133,8 +134,8 @@ def _step_row(exp, today: list[RunRecord], label: str, runs: list[RunRecord], ra
     """A row of the lever and code tables: target, machine (today's runs'), what ran, its steps, the ratio given,
     tokens/s/GPU and MFU."""
     mfu = _mfu(runs)
-    return [exp.id, defaults.hardware(today[0]), label, spread(runs), ratio, f"{_tok_s(exp, _ms(runs)) / 1000:.1f}K",
-            f"{mfu:.1%}" if mfu is not None else "-"]
+    return [exp.id, fast_by_default.hardware(today[0]), label, spread(runs), ratio,
+            f"{_tok_s(exp, _ms(runs)) / 1000:.1f}K", f"{mfu:.1%}" if mfu is not None else "-"]
 
 
 def lever_rows(cfg: dict, root=ROOT, todays: dict | None = None) -> list[list[str]]:
@@ -174,7 +175,7 @@ def code_rows(todays: dict, root=ROOT) -> list[list[str]]:
     """Per goal row of today's code (`todays`: goal_runs), the same target's runs on its machine with today's settings
     at an earlier commit (a code change measured before and after, run against run): one row per earlier code, then
     today's."""
-    recs = defaults.ok_records(root)
+    recs = fast_by_default.ok_records(root)
     out = []
     for target, groups in todays.items():
         exp = catalog.get(target)
@@ -206,7 +207,7 @@ def clock_rows(todays: dict) -> list[list[str]]:
     for target, groups in todays.items():
         for runs in groups:
             sampled = [b for b in (clocks.pooled(r.run_dir) for r in runs) if b is not None]
-            row = [target, defaults.hardware(runs[0]), f"{len(sampled)} of {len(runs)}"]
+            row = [target, fast_by_default.hardware(runs[0]), f"{len(sampled)} of {len(runs)}"]
             if not sampled:
                 out.append([*row, NOT_SAMPLED, "-", "-"])
                 continue

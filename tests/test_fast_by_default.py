@@ -1,20 +1,20 @@
-"""results/defaults.py: the fast-by-default table lists every 1-2 GPU target with a published TE time."""
+"""results/fast_by_default.py: the fast-by-default table lists every 1-2 GPU target with a published TE time."""
 import math
 
 from megalab.core import catalog
-from megalab.results import chapter, defaults
+from megalab.results import chapter, fast_by_default
 
 
 def test_every_one_or_two_gpu_target_with_a_reference_time_has_a_row():
     anchor, twogpu = chapter.load_reference(), chapter.load_twogpu_reference()
     want = [e.id for e in catalog.catalog().values()
-            if e.gpus <= 2 and (ref := defaults._reference(e, anchor, twogpu)) and not math.isnan(ref[0])]
-    got = [r[1] for r in defaults.rows() if not r[0].endswith("(per GPU)")]  # the analogues' rows: the test below
+            if e.gpus <= 2 and (ref := fast_by_default._reference(e, anchor, twogpu)) and not math.isnan(ref[0])]
+    got = [r[1] for r in fast_by_default.rows() if not r[0].endswith("(per GPU)")]  # the analogues' rows: the test below
     assert got == want and len(got) >= 20
 
 
 def test_a_row_is_met_only_at_or_below_the_reference_time_and_memory():
-    for r in defaults.rows():
+    for r in fast_by_default.rows():
         if r[5] == "not run":
             assert r[-1] == "not run with today's defaults"
             continue
@@ -32,11 +32,11 @@ def test_a_verdict_needs_the_references_gpu_kind():
 
     t0, r1, r8 = (catalog.get(i) for i in ("001", "101", "122"))  # T0 (2x H200 set), R1 (1 GPU), R8 (2 GPUs)
     h100, h200, h200_80 = "NVIDIA H100 80GB HBM3", "NVIDIA H200", ("NVIDIA H200", "80")
-    assert defaults.like_reference(run(h200), t0) and not defaults.like_reference(run(*h200_80), t0)
-    assert not defaults.like_reference(run(h100), t0)
-    assert defaults.like_reference(run(h100), r1) and not defaults.like_reference(run(*h200_80), r1)
-    assert defaults.like_reference(run(*h200_80), r8) and not defaults.like_reference(run(h200), r8)
-    assert defaults.like_reference(run(h100), r8)
+    assert fast_by_default.like_reference(run(h200), t0) and not fast_by_default.like_reference(run(*h200_80), t0)
+    assert not fast_by_default.like_reference(run(h100), t0)
+    assert fast_by_default.like_reference(run(h100), r1) and not fast_by_default.like_reference(run(*h200_80), r1)
+    assert fast_by_default.like_reference(run(*h200_80), r8) and not fast_by_default.like_reference(run(h200), r8)
+    assert fast_by_default.like_reference(run(h100), r8)
 
 
 def test_a_row_shows_the_reference_kind_first_and_gives_no_verdict_on_another(monkeypatch, tmp_path):
@@ -54,11 +54,11 @@ def test_a_row_shows_the_reference_kind_first_and_gives_no_verdict_on_another(mo
 
     runs = [rec("NVIDIA H100 80GB HBM3", 380.0, "2026-01-01T00:00:00+00:00"),
             rec("NVIDIA H200", 300.0, "2026-01-02T00:00:00+00:00", cap="80")]
-    monkeypatch.setattr(defaults, "read_records", lambda root, who: list(runs))
+    monkeypatch.setattr(fast_by_default, "read_records", lambda root, who: list(runs))
     monkeypatch.setattr(provenance, "of", lambda r, root=None: provenance.Provenance(provenance.CURRENT, ""))
 
     def row():
-        return next(r for r in defaults.rows(tmp_path) if r[1] == t111)
+        return next(r for r in fast_by_default.rows(tmp_path) if r[1] == t111)
 
     assert row()[5] == "380" and row()[-1] == "met (1x H100 80GB)"
     runs.pop(0)
@@ -70,13 +70,11 @@ def test_a_one_gpu_analogue_is_set_beside_the_reference_rows_whose_per_gpu_work_
     the references' micro-batching) and 520 runs on two GPUs: neither gets a per-GPU row. A per-GPU row never
     gets a verdict and is not counted among the judged rows."""
     from megalab.core import catalog
-    from megalab.results import chapter, defaults
-
     anchor = chapter.load_reference()
-    assert defaults.per_gpu_references(catalog.get("510"), anchor) == ["R0", "R1", "R2"]
-    assert defaults.per_gpu_references(catalog.get("513"), anchor) == []
-    assert defaults.per_gpu_references(catalog.get("520"), anchor) == []
-    assert defaults.per_gpu_references(catalog.get("111"), anchor) == []  # no analogue_of
-    per_gpu = [r for r in defaults.rows() if r[0].endswith("(per GPU)")]
+    assert fast_by_default.per_gpu_references(catalog.get("510"), anchor) == ["R0", "R1", "R2"]
+    assert fast_by_default.per_gpu_references(catalog.get("513"), anchor) == []
+    assert fast_by_default.per_gpu_references(catalog.get("520"), anchor) == []
+    assert fast_by_default.per_gpu_references(catalog.get("111"), anchor) == []  # no analogue_of
+    per_gpu = [r for r in fast_by_default.rows() if r[0].endswith("(per GPU)")]
     assert [r[0] for r in per_gpu] == ["R0 (per GPU)", "R1 (per GPU)", "R2 (per GPU)"]
     assert all(r[-1] == "not run with today's defaults" or r[-1].startswith("no verdict") for r in per_gpu)

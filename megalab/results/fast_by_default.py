@@ -160,7 +160,7 @@ def section(root=ROOT) -> list[str]:
             "range. Memory in GiB (the 8x H100 "
             "reference converted as on the chapter pages). A ratio compares like hardware only: R rows were "
             "published on H100s, T rows on 2x H200; the 2-GPU R rows ran on 2x H200 capped to 80 GB. Of today's "
-            "runs a row shows those on the reference's GPU kind (`defaults.like_reference`) where there are any "
+            "runs a row shows those on the reference's GPU kind (`fast_by_default.like_reference`) where there are any "
             "(a chapter re-measured on one machine may hold a row's runs on another kind too); a row measured "
             "on another kind only gets no verdict.", "",
             "A row marked *per GPU* is a one-GPU analogue carrying an 8-GPU reference row's work per GPU (its "

@@ -1,4 +1,4 @@
-"""Pages never shrink silently: what a rewrite of the chapter pages would lose, and whether it may.
+"""The page guard: pages never shrink silently. What a rewrite of the chapter pages would lose, and whether it may.
 
 `make tables` (tables.write_tables) makes every page in memory first, then asks here what the new pages
 would lose against the files there, and writes nothing at all when something would go, unless told to.

@@ -1,4 +1,4 @@
-"""Pages never shrink silently (megalab/results/keep.py): `make tables` refuses, in one line and writing
+"""Pages never shrink silently (megalab/results/pageguard.py): `make tables` refuses, in one line and writing
 nothing, to drop a row or a page, or to lose a published or measured number, a tutorial's table or a quoted
 row; FORCE=1 (or --force) allows it, and so does a catalog change not yet committed, for its own rows."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 
 from megalab.__main__ import main
 from megalab.core import catalog
-from megalab.results import keep, plots, tables
+from megalab.results import pageguard, plots, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
@@ -85,30 +85,30 @@ def test_losses_rules(pages):
     chapters = catalog.chapters()
     frames = {ch: tables.table_frame(ch, tables.load_records(pages / "results" / "runs", pages), tree=pages)
               for ch in chapters}
-    assert keep.losses(pages, chapters, frames, {}) == []
+    assert pageguard.losses(pages, chapters, frames, {}) == []
     one = frames[1]
     frames[1] = one[one["make target"] != T101].copy()  # a row dropped
     frames[1].loc[frames[1]["make target"] == T111, "ref ms"] = "—"  # a published number gone
-    found = keep.losses(pages, chapters, frames, {})
+    found = pageguard.losses(pages, chapters, frames, {})
     assert [(x.what, x.target) for x in found] == [("row 101", T101), ("111's `ref ms` 393", T111)]
     # a column the code no longer draws is no input's loss
     frames[1] = one.drop(columns=["ref ms"])
-    assert keep.losses(pages, chapters, frames, {}) == []
+    assert pageguard.losses(pages, chapters, frames, {}) == []
     frames[1] = one
     # a chapter page no chapter writes any more, and a tutorial's table of a chapter that is gone
-    (pages / "results" / "07-gone.md").write_text("# Chapter 7\n\n" + keep.CHAPTER_PAGE + "*/run.json -->\n")
+    (pages / "results" / "07-gone.md").write_text("# Chapter 7\n\n" + pageguard.CHAPTER_PAGE + "*/run.json -->\n")
     (pages / "results" / "07-gone.csv").write_text("make target\n701-x\n")
     (pages / "tutorials").mkdir()
     tut = pages / "tutorials" / "07-gone.md"
     tut.write_text("<!-- megalab:table chapter=7 -->\nold\n<!-- /megalab:table -->\n")
-    found = keep.losses(pages, chapters, frames, {tut: "x"})
+    found = pageguard.losses(pages, chapters, frames, {tut: "x"})
     assert [(x.path, x.what) for x in found] == [("results/07-gone.md", "the page (no chapter writes it any more)"),
                                                  ("tutorials/07-gone.md", "the table of chapter 7")]
-    assert keep.orphans(pages, chapters) == [pages / "results" / "07-gone.md", pages / "results" / "07-gone.csv"]
+    assert pageguard.orphans(pages, chapters) == [pages / "results" / "07-gone.md", pages / "results" / "07-gone.csv"]
 
 
 def test_an_orphan_page_is_refused_then_removed_with_force(pages, capsys):
-    (pages / "results" / "07-gone.md").write_text("# Chapter 7\n\n" + keep.CHAPTER_PAGE + "*/run.json -->\n")
+    (pages / "results" / "07-gone.md").write_text("# Chapter 7\n\n" + pageguard.CHAPTER_PAGE + "*/run.json -->\n")
     (pages / "results" / "07-gone.csv").write_text("make target\n701-x\n")
     assert main(["tables", "--root", str(pages), "--check"]) == 1
     assert "out of date: results/07-gone.md" in capsys.readouterr().out
@@ -182,24 +182,24 @@ def checkout(tmp_path, monkeypatch):
 
 
 def test_the_catalog_change_not_yet_committed_explains_its_own_rows(checkout):
-    assert keep.catalog_change() == (set(), set())
+    assert pageguard.catalog_change() == (set(), set())
     path = checkout / "configs" / "experiments" / "01-dp-zero2.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["experiments"] = [e for e in doc["experiments"] if e["id"] != T101]  # 101 removed
     doc["experiments"][0]["about"] = "changed"  # the first left (104) changed
     path.write_text(yaml.safe_dump(doc))
-    changed, gone = keep.catalog_change()
+    changed, gone = pageguard.catalog_change()
     assert changed == {T101, doc["experiments"][0]["id"]} and gone == set()
-    rows = [keep.Loss("results/01-dp-zero2.md", "row 101", T101, 1),
-            keep.Loss("results/01-dp-zero2.md", "111's `our ms` 250", T111, 1)]
-    assert keep.unexplained(rows, (changed, gone)) == rows[1:]  # 111's entry is as HEAD has it
+    rows = [pageguard.Loss("results/01-dp-zero2.md", "row 101", T101, 1),
+            pageguard.Loss("results/01-dp-zero2.md", "111's `our ms` 250", T111, 1)]
+    assert pageguard.unexplained(rows, (changed, gone)) == rows[1:]  # 111's entry is as HEAD has it
     # a chapter file removed: its page needs no FORCE; a tutorial's table always does (prose)
     (checkout / "configs" / "experiments" / "06-modern.yaml").unlink()
-    changed, gone = keep.catalog_change()
+    changed, gone = pageguard.catalog_change()
     assert gone == {"results/06-modern.md"}
-    page = keep.Loss("results/06-modern.md", "the page (no chapter writes it any more)")
-    table = keep.Loss("tutorials/06-modern.md", "the table of chapter 6", None, 6)
-    assert keep.unexplained([page, table], (changed, gone)) == [table]
+    page = pageguard.Loss("results/06-modern.md", "the page (no chapter writes it any more)")
+    table = pageguard.Loss("tutorials/06-modern.md", "the table of chapter 6", None, 6)
+    assert pageguard.unexplained([page, table], (changed, gone)) == [table]
 
 
 def test_once_committed_the_catalog_change_needs_force(checkout):
@@ -208,15 +208,15 @@ def test_once_committed_the_catalog_change_needs_force(checkout):
     doc["experiments"] = [e for e in doc["experiments"] if e["id"] != T101]
     path.write_text(yaml.safe_dump(doc))
     _git(checkout, "commit", "-qam", "101 gone")
-    assert keep.catalog_change() == (set(), set())
-    row = keep.Loss("results/01-dp-zero2.md", "row 101", T101, 1)
-    assert keep.unexplained([row], keep.catalog_change()) == [row]
+    assert pageguard.catalog_change() == (set(), set())
+    row = pageguard.Loss("results/01-dp-zero2.md", "row 101", T101, 1)
+    assert pageguard.unexplained([row], pageguard.catalog_change()) == [row]
 
 
 def test_without_git_nothing_is_explained(tmp_path):
-    assert keep.catalog_change(tmp_path) is None
-    row = keep.Loss("results/01-dp-zero2.md", "row 101", T101, 1)
-    assert keep.unexplained([row], None) == [row]
+    assert pageguard.catalog_change(tmp_path) is None
+    row = pageguard.Loss("results/01-dp-zero2.md", "row 101", T101, 1)
+    assert pageguard.unexplained([row], None) == [row]
 
 
 def _drop(checkout: Path, target: str) -> None:
@@ -267,8 +267,8 @@ def test_a_tutorial_cut_short_or_without_a_region_head_has_is_a_loss(tmp_path):
                       ("quote gone", text.replace("<!-- q 101 | our ms -->5<!-- /q -->", "5")),
                       ("flags and prose changed", text.replace("c1 older", "c1 older fail").replace("Intro", "Hi"))):
         tut.write_text(now)
-        found[what] = [loss.what for loss in keep._against_head(repo)]
+        found[what] = [loss.what for loss in pageguard._against_head(repo)]
     assert found == {"as committed": [], "emptied": ["its end (cut short against HEAD: 0 of 6 lines)"],
                      "cut": ["its end (cut short against HEAD: 3 of 6 lines)"],
                      "quote gone": ["the quote `101 | our ms` (HEAD has it)"], "flags and prose changed": []}
-    assert [k for k, _ in keep._unclosed(text[:60])] == ["table"] and keep._unclosed(text) == []
+    assert [k for k, _ in pageguard._unclosed(text[:60])] == ["table"] and pageguard._unclosed(text) == []

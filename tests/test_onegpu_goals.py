@@ -1,11 +1,11 @@
-"""The bench page's "One GPU, past the reference" (megalab/results/pastref.py) and the trials of configurations
+"""The bench page's "One GPU, past the reference" (megalab/results/onegpu_goals.py) and the trials of configurations
 that are not catalog rows: every figure from the committed records, a goal judged only on enough launches."""
 import copy
 
 import pytest
 
 from megalab.core import benchruns
-from megalab.results import benchreport, defaults, pastref
+from megalab.results import benchreport, fast_by_default, onegpu_goals
 from tests.conftest import BEFORE_GRID_TUNING, GRID_TUNING_COMMIT, PIPELINED_COMMIT, TRITON_NORM_COMMITS
 
 
@@ -28,7 +28,7 @@ def _by_target(rows):
 
 
 def test_goal_rows_come_from_todays_runs_one_row_per_machine(before_triton_norm):
-    rows = _by_target(pastref.goal_rows(_cfg()))
+    rows = _by_target(onegpu_goals.goal_rows(_cfg()))
     # the seventh session's launches, device_norm in the default, on two H100s, and the eighth's of 111 and 112
     # with the CUDA graph (CUDA_GRAPH=auto's new room) on a third: each machine with 3 launches or more is a row
     # of its own, named, and judged on its own; 111's and 112's launches without the graph are older now
@@ -49,7 +49,7 @@ def test_a_machine_short_of_launches_has_no_row_beside_one_with_enough(before_tr
     most launches is the row, with no verdict."""
     cfg = copy.deepcopy(_cfg())
     cfg["past_reference"]["min_runs"] = 4
-    rows = _by_target(pastref.goal_rows(cfg))
+    rows = _by_target(onegpu_goals.goal_rows(cfg))
     (r600,) = rows["600-llama1b-1gpu-gbs8"]  # the one machine with 4
     assert r600[2].startswith("294 (4 runs")
     (r111,) = rows["111-gpt2xl-dp1-fit-80GB"]
@@ -61,7 +61,7 @@ def test_without_todays_run_code_the_newest_codes_launches_are_marked_older(monk
 
     monkeypatch.setattr(provenance, "_code_state", lambda c, root, unused, tree: (
         provenance.OLDER, f"{provenance.CODE_CHANGED} (fastpath.py)"))
-    rows = {r[0]: r for r in pastref.goal_rows(_cfg())}
+    rows = {r[0]: r for r in onegpu_goals.goal_rows(_cfg())}
     assert set(rows) == {"111-gpt2xl-dp1-fit-80GB", "101-gpt2xl-dp1-gbs1-bf16", "600-llama1b-1gpu-gbs8",
                          "112-gpt2xl-dp1-fit-80GB-GA4"}
     ran = rows  # every goal has launches with today's settings (101's since the nineteenth session)
@@ -75,20 +75,20 @@ def test_a_code_change_run_against_run_on_one_machine_shows_then_and_now(pin_cod
     its change (0c57b23) between three launches of its own code on one H100: that is the one before and after; 101,
     112 and 600 ran no earlier commit there. With the fourteenth session's code pinned, its own pair (7f7d795 against
     80644e5) on its machine is read the same way."""
-    assert pastref.code_rows(pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)) == []
+    assert onegpu_goals.code_rows(onegpu_goals.goal_runs(_cfg()["past_reference"], benchruns.ROOT)) == []
     pin_code(GRID_TUNING_COMMIT)
-    todays = pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
+    todays = onegpu_goals.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
     machine = "1x H100 80GB GPU-147ea2cb"
-    rows = [r for r in pastref.code_rows(todays) if r[1] == machine]
+    rows = [r for r in onegpu_goals.code_rows(todays) if r[1] == machine]
     assert [r[:3] for r in rows] == [["111-gpt2xl-dp1-fit-80GB", machine, "code at 0c57b23"],
                                      ["111-gpt2xl-dp1-fit-80GB", machine, "today's code"]]
     then, now = rows
     assert then[3] == "334 (2 runs, 334–335)" and now[3].startswith("334 (3 runs")
     assert float(then[4].rstrip("x")) > 1 and now[4] == ""
     pin_code(PIPELINED_COMMIT)
-    todays = pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
+    todays = onegpu_goals.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
     machine = "1x H100 80GB GPU-ec840fa9"
-    rows = [r for r in pastref.code_rows(todays) if r[1] == machine]
+    rows = [r for r in onegpu_goals.code_rows(todays) if r[1] == machine]
     assert [r[2] for r in rows] == ["code at 7f7d795", "today's code"]
     assert rows[0][3] == "335 (2 runs, 335–335)" and rows[1][3].startswith("333 (3 runs")
 
@@ -98,8 +98,8 @@ def test_code_rows_need_an_earlier_commit_on_the_goals_machine(pin_code, before_
     under the default before gelu_epilogue, then hold all five launches of each of the two machines; the eighteenth
     session's two launches without it are its round's base, not goal launches)."""
     pin_code(GRID_TUNING_COMMIT, BEFORE_GRID_TUNING, PIPELINED_COMMIT, "7f7d7951750d1134e192f9a1db97487e09502be5")
-    todays = pastref.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
-    assert pastref.code_rows(todays) == []
+    todays = onegpu_goals.goal_runs(_cfg()["past_reference"], benchruns.ROOT)
+    assert onegpu_goals.code_rows(todays) == []
     assert sorted(len(rs) for rs in todays["111-gpt2xl-dp1-fit-80GB"]) == [5, 5]
 
 
@@ -107,17 +107,17 @@ def test_a_goal_can_be_met_and_needs_its_launches():
     cfg = copy.deepcopy(_cfg())
     for g in cfg["past_reference"]["goals"]:
         g.pop("ms_max", None), g.pop("mfu_min", None), g.pop("gib_max", None)
-    rows = {r[0]: r for r in pastref.goal_rows(cfg)}
+    rows = {r[0]: r for r in onegpu_goals.goal_rows(cfg)}
     assert rows["111-gpt2xl-dp1-fit-80GB"][-1].startswith("met")
     cfg["past_reference"]["min_runs"] = 4
-    rows = {r[0]: r for r in pastref.goal_rows(cfg)}
+    rows = {r[0]: r for r in onegpu_goals.goal_rows(cfg)}
     assert rows["111-gpt2xl-dp1-fit-80GB"][-1].startswith("no verdict: 3 launches")
 
 
 def test_lever_rows_show_each_step_over_the_base_on_one_machine(before_triton_norm):
     cfg = copy.deepcopy(_cfg())
     cfg["past_reference"]["round"] = ["device_norm"]  # the seventh session's round
-    rows = pastref.lever_rows(cfg)
+    rows = onegpu_goals.lever_rows(cfg)
     mine = [r for r in rows if r[0] == "101-gpt2xl-dp1-gbs1-bf16"]
     assert [r[1:3] for r in mine] == [["1x H100 80GB GPU-1633b835", "base"],
                                        ["1x H100 80GB GPU-1633b835", "`device_norm`"]]  # the round's lever
@@ -135,7 +135,7 @@ def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_m
     pin_code(*TRITON_NORM_COMMITS)
     cfg = _cfg()
     cfg["past_reference"]["round"] = ["triton_norm"]  # that session's round
-    rows = pastref.lever_rows(cfg)
+    rows = onegpu_goals.lever_rows(cfg)
     by = _by_target(rows)
     assert set(by) == {"111-gpt2xl-dp1-fit-80GB", "112-gpt2xl-dp1-fit-80GB-GA4", "600-llama1b-1gpu-gbs8"}
     for target, (base, lever) in by.items():
@@ -143,7 +143,7 @@ def test_the_ninth_sessions_round_shows_triton_norm_over_its_base_on_the_goals_m
         assert base[3].endswith("(1 run)") and lever[3].startswith(tuple("0123456789")) and "(3 runs" in lever[3]
     assert by["111-gpt2xl-dp1-fit-80GB"][0][3] == "353 (1 run)" and by["111-gpt2xl-dp1-fit-80GB"][1][4] == "1.014x"
     assert float(by["112-gpt2xl-dp1-fit-80GB-GA4"][1][4].rstrip("x")) > 1.01  # four micro-batches of norms
-    goals = _by_target(pastref.goal_rows(_cfg()))
+    goals = _by_target(onegpu_goals.goal_rows(_cfg()))
     assert goals["111-gpt2xl-dp1-fit-80GB"][0][-1] == "missed (1x H100 80GB GPU-14b492fb)"  # 348 ms, not 330
 
 
@@ -232,18 +232,18 @@ def test_a_round_that_tried_the_cuda_graph_runs_its_base_without_it(before_trito
     365-368 ms without the graph and 348-350 with it."""
     cfg = copy.deepcopy(_cfg())
     cfg["past_reference"]["round"], cfg["past_reference"]["min_runs"] = ["cuda_graph"], 2
-    rows = [r for r in pastref.lever_rows(cfg) if r[0] == "111-gpt2xl-dp1-fit-80GB"]
+    rows = [r for r in onegpu_goals.lever_rows(cfg) if r[0] == "111-gpt2xl-dp1-fit-80GB"]
     assert [r[1:4] for r in rows] == [["1x H100 80GB GPU-56d5749e", "base", "366 (2 runs, 365–368)"],
                                       ["1x H100 80GB GPU-56d5749e", "`cuda_graph`", "349 (2 runs, 348–350)"]]
     assert rows[1][4] == "1.050x"
     # without the graph in the round, runs with and without it are one group: there is no base/lever split
     cfg["past_reference"]["round"] = ["device_norm"]
-    assert not [r for r in pastref.lever_rows(cfg) if "`cuda_graph`" in r[2]]
+    assert not [r for r in onegpu_goals.lever_rows(cfg) if "`cuda_graph`" in r[2]]
 
 
 def test_todays_runs_come_before_older_code(before_triton_norm):
     """Where launches of today's run code exist, they are the row, with no older mark."""
-    rows = _by_target(pastref.goal_rows(_cfg()))
+    rows = _by_target(onegpu_goals.goal_rows(_cfg()))
     assert [r[-1] for r in rows["600-llama1b-1gpu-gbs8"]] == ["missed (1x H100 80GB GPU-1633b835)",
                                                              "met (1x H100 80GB GPU-177d0ba1)"]
 
@@ -352,25 +352,25 @@ def test_clock_rows_pool_the_busy_samples_of_a_goals_runs(tmp_path, monkeypatch)
         "bad": CLOCKS_HEAD + "0.2,0,70000,100,fast,690,power_cap\n",  # damaged: sm_mhz no number
     })
     target = runs["a"].target
-    machine = defaults.hardware(runs["a"])
+    machine = fast_by_default.hardware(runs["a"])
     todays = {target: [[runs["a"], runs["b"], runs["old"]], [runs["old"], runs["none"]], [runs["bad"], runs["a"]]]}
-    pooled, unsampled, damaged = pastref.clock_rows(todays)
+    pooled, unsampled, damaged = onegpu_goals.clock_rows(todays)
     # 1500..1900 pooled: 1700 (the runs' medians, 1600 and 1850, would give 1725); power_cap in 4 of 5 busy samples
     assert pooled == [target, machine, "2 of 3", "1700 (1500-1900)", "690", "power_cap 80%"]
-    assert unsampled == [target, machine, "0 of 2", pastref.NOT_SAMPLED, "-", "-"]
+    assert unsampled == [target, machine, "0 of 2", onegpu_goals.NOT_SAMPLED, "-", "-"]
     assert damaged == [target, machine, "1 of 2", "1600 (1500-1700)", "650", "power_cap 67%"]
     from megalab.core import clocks
 
     assert clocks.pooled(None) is None  # a record read without its run directory: no samples, no error
     # the page: the table after the code table, the same rows; with no goal run at all, one line instead
     goals = {g["target"]: [] for g in _cfg()["past_reference"]["goals"]}
-    monkeypatch.setattr(pastref, "goal_runs", lambda block, root: {**goals, **todays})
-    page = pastref.section(_cfg())
-    head = page.index("| " + " | ".join(pastref.CLOCK_HEADER) + " |")
+    monkeypatch.setattr(onegpu_goals, "goal_runs", lambda block, root: {**goals, **todays})
+    page = onegpu_goals.section(_cfg())
+    head = page.index("| " + " | ".join(onegpu_goals.CLOCK_HEADER) + " |")
     assert [[c.strip() for c in ln.split("|")[1:-1]] for ln in page[head + 2:head + 5]] == [pooled, unsampled, damaged]
     assert page[head - 2].startswith("What the card ran at while busy") and page[head + 5] == ""
-    monkeypatch.setattr(pastref, "goal_runs", lambda block, root: goals)
-    assert "No goal run was sampled for clocks." in pastref.section(_cfg())
+    monkeypatch.setattr(onegpu_goals, "goal_runs", lambda block, root: goals)
+    assert "No goal run was sampled for clocks." in onegpu_goals.section(_cfg())
 
 
 # ---- beyond the catalog: a lever that joined the default pays on configurations that are not catalog rows ----
@@ -440,7 +440,7 @@ def test_the_committed_page_shows_the_beyond_the_catalog_table(trials):
 
 
 def test_without_a_goals_launch_the_beyond_the_catalog_part_says_so(monkeypatch):
-    monkeypatch.setattr(pastref, "goal_runs", lambda block, root: {g["target"]: [] for g in block["goals"]})
+    monkeypatch.setattr(onegpu_goals, "goal_runs", lambda block, root: {g["target"]: [] for g in block["goals"]})
     cfg = _cfg()
     lines = benchreport.beyond_section(cfg, benchreport.trial_rows(cfg, benchruns.BENCH_DIR))
     assert lines[0].startswith("Beyond the catalog: no goal's plain launch") and not any(ln.startswith("|") for ln in lines)
