@@ -397,7 +397,7 @@ class TrialRow:
 def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
     """Each trial's levers (one, or a set) against its base fast path (`base`: the default when it was
     tried; today's default if unnamed), per target: the runs with the base and the runs with the levers
-    added, on the machine, code and CUDA-graph setting where both sides ran (today's code where both sides
+    added, on the machine, code, CUDA-graph setting and ITERS where both sides ran (today's code where both sides
     have it, else the newest with two runs a side, else the most runs on the thinner side). Step time as the
     median of the runs' medians (range, n), peak memory, with / without, and the loss parity of the first pair
     (the bench's rule)."""
@@ -441,8 +441,9 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
                     continue
                 # both sides share the flag levers beside the trial's (one the default took since is in every run);
                 # one code: the files either side ran (the lever's own file counts for its base too: one commit)
+                # and one length: runs of another ITERS (a plain launch beside a trial's shorter ones) never mix
                 key = (provenance.host_key(r), provenance.shared_code_key(r, base | added, root),
-                       None if graph else with_graph, flagged - added_flags)
+                       None if graph else with_graph, flagged - added_flags, r.config.iters)
                 sides.setdefault(key, {True: [], False: []})[side].append(r)
             both = [(k, s) for k, s in sides.items() if s[True] and s[False]]
             where = f"{target} + `{extra}` (not a catalog row)" if extra else target
