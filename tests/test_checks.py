@@ -496,7 +496,7 @@ def test_between_machines_is_derived_from_runs_of_one_command(tmp_path):
         (runs / name / "run.json").write_text(json.dumps({
             "target": A if name != "c" else B, "status": "ok", "step_ms_median": ms, "hostname": host,
             "gpu_uuids": [f"GPU-{host}"],
-            "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "versions": {"megalab_commit": "c1"}}))
+            "gpu_name": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "versions": {"megalab_commit": "c1c1"}}))
     spread = checks.between_machines(tmp_path)
     assert [(t, round(x, 3)) for t, x in spread] == [("901", 0.1)]
     assert "10.0%–10.0% apart (901: 10.0%)" in checks.between_machines_text(spread)

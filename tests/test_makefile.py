@@ -175,10 +175,13 @@ def test_batch_goes_on_past_a_refused_target_and_needs_ids(monkeypatch, capsys):
         return 1 if target == "oom" else 0
 
     monkeypatch.setattr(batch.launch, "run", run)
-    assert batch.cli([], environ={"IDS": "101 nope oom 111"}) == 0
+    # a refused id ends the batch in exit 2 after the runs it could do (issue 60); a run that failed is a result
+    assert batch.cli([], environ={"IDS": "101 nope oom 111"}) == 2
     assert seen == ["101", "nope", "oom", "111"]
     captured = capsys.readouterr()
     assert "batch: 2 of 4 run(s) did not end ok" in captured.out and "megalab: unknown target 'nope'" in captured.err
+    assert "1 of 4 target(s) refused" in captured.err and "(nope)" in captured.err
+    assert batch.cli([], environ={"IDS": "101 oom"}) == 0
     with pytest.raises(LaunchError, match=r'no targets; fix: make batch IDS="101 111"'):
         batch.cli([], environ={"IDS": " "})
 

@@ -159,11 +159,11 @@ def test_repeats_give_median_of_medians_and_range(tmp_path):
     for i, ms in enumerate((100.0, 130.0, 110.0)):
         d = runs / f"r{i}"
         d.mkdir(parents=True)
-        (d / "run.json").write_text(json.dumps(_rec(commit="c1", step_ms_median=ms,
+        (d / "run.json").write_text(json.dumps(_rec(commit="c1c1", step_ms_median=ms,
                                                     started=f"2026-01-0{i + 1}T10:00:00+00:00")))
     other = runs / "r9"  # another host: not a repeat of the same measurement
     other.mkdir()
-    (other / "run.json").write_text(json.dumps(_rec(commit="c1", step_ms_median=500.0, hostname="hostB",
+    (other / "run.json").write_text(json.dumps(_rec(commit="c1c1", step_ms_median=500.0, hostname="hostB",
                                                     started="2025-12-01T10:00:00+00:00")))
     rec = records.load_records(runs)[T101]
     assert rec.runs.n == 3 and (rec.runs.lo_ms, rec.runs.hi_ms) == (100.0, 130.0)
@@ -214,13 +214,13 @@ def test_checks_read_the_rows_runs_and_no_other(tmp_path):
     for name, target, host, ms, day in (("a-old", a, "hostA", 100.0, 1), ("b-A", b, "hostA", 105.0, 2),
                                         ("a-new", a, "hostB", 100.0, 3), ("b-C", b, "hostC", 150.0, 4)):
         (runs / name).mkdir(parents=True)
-        (runs / name / "run.json").write_text(json.dumps(_rec(target, commit="c1", step_ms_median=ms, hostname=host,
+        (runs / name / "run.json").write_text(json.dumps(_rec(target, commit="c1c1", step_ms_median=ms, hostname=host,
                                                           started=f"2026-01-0{day}T10:00:00+00:00", config={})))
     newest = records.load_records(runs)
     res = checks.evaluate(claim, newest, known)
     assert res.status == checks.NOT_RUN and "H100x1-noid on hostB" in res.why and "H100x1-noid on hostC" in res.why
     (runs / "b-B").mkdir()
-    (runs / "b-B" / "run.json").write_text(json.dumps(_rec(b, commit="c1", step_ms_median=110.0, hostname="hostB",
+    (runs / "b-B" / "run.json").write_text(json.dumps(_rec(b, commit="c1c1", step_ms_median=110.0, hostname="hostB",
                                                         started="2026-01-05T10:00:00+00:00", config={})))
     res = checks.evaluate(claim, records.load_records(runs), known)
     assert res.status == checks.PASS and res.measured.startswith("1.100")  # hostB's rows, 110 / 100

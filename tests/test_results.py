@@ -155,19 +155,19 @@ def test_gpu_datasheet_unknown_and_memory():
 
 def test_padded_table_is_the_pages_pipe_format():
     """The look of the chapter and checks pages, byte for byte: columns padded to one width (at least the
-    header plus two), cells stripped, `:---` / `---:` rules, nothing parsed as a number."""
+    header plus two), cells stripped and escaped, `:---` / `---:` rules, nothing parsed as a number."""
     header = ["Row", "a long header", "Δ", "x"]
     rows = [["R1", "  1 ", "+0.1%", ""], ["~R22", "1234567890123456", "—", "‡ a | b"], ["", "", "", "007"]]
     assert markdown.table(header, rows, None, padded=True) == [
-        "| Row   | a long header    | Δ     | x       |",
-        "|:------|:-----------------|:------|:--------|",
-        "| R1    | 1                | +0.1% |         |",
-        "| ~R22  | 1234567890123456 | —     | ‡ a | b |",
-        "|       |                  |       | 007     |"]
+        "| Row   | a long header    | Δ     | x        |",
+        "|:------|:-----------------|:------|:---------|",
+        "| R1    | 1                | +0.1% |          |",
+        "| ~R22  | 1234567890123456 | —     | ‡ a \\| b |",  # a cell's pipe escaped: it splits no column
+        "|       |                  |       | 007      |"]
     assert markdown.table(header, rows, ["left", "right", "right", "left"], padded=True)[:3] == [
-        "| Row   |    a long header |     Δ | x       |",
-        "|:------|-----------------:|------:|:--------|",
-        "| R1    |                1 | +0.1% |         |"]
+        "| Row   |    a long header |     Δ | x        |",
+        "|:------|-----------------:|------:|:---------|",
+        "| R1    |                1 | +0.1% |          |"]
 
 
 def test_write_if_changed_writes_only_a_change(tmp_path):
