@@ -49,7 +49,7 @@ COMMANDS = {
     "targets": Command("target ids only, one per line (the Makefile reads these)", None, None, "_targets"),
     "parse": Command("summarise a Megatron log (--json for the record fields)", "core.logparse"),
     "tables": Command("rebuild results/*.md and their figures from committed run records (make tables)",
-                      "results.tables"),
+                      None, "_tables_arguments", "_tables"),
     "compare": Command("your outdir's runs beside the committed ones, pages in OUTDIR/compare (make compare)",
                        "results.compare"),
     "plots": Command("redraw the figures only, results/plots/*.svg (make plots; --out DIR)", "results.plots"),
@@ -171,6 +171,25 @@ def _targets(args) -> int:
 
     print("\n".join(catalog.catalog()))
     return 0
+
+
+def _tables_arguments(p: argparse.ArgumentParser) -> None:
+    from megalab.results import uptodate
+
+    uptodate.add_arguments(p)
+
+
+def _tables(args) -> int:
+    """The pages' build, skipped where nothing it reads changed since it last ran (results/uptodate.py): pandas and
+    the records are loaded only for a build."""
+    from megalab.results import uptodate
+
+    def build(args) -> int:
+        from megalab.results import tables
+
+        return tables.main(args)
+
+    return uptodate.main(args, build)
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
