@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from megalab._compat import ensure_typing_override
 from megalab.core import infile, paths
+from megalab.harness import checkimports
 
 
 class MegatronRejected(ValueError):
@@ -96,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     """Megatron's own argument parser, built as `parse_args` builds it (add_megatron_arguments): exactly
     the flags this megatron-core accepts. Its errors raise MegatronRejected (one line) instead of exiting."""
     ensure_typing_override()
-    with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected on CPU
+    with warnings.catch_warnings(), checkimports.for_the_check():  # "TE/Apex not installed" notes are expected on CPU
         warnings.simplefilter("ignore")
         from megatron.training.arguments import add_megatron_arguments
 
@@ -243,7 +244,7 @@ def validate(args: list[str], world_size: int, device_arch: int = 9):
     (9 = Hopper, the H100/H200 the catalog is measured on).
     """
     check_flags(args)  # before Megatron's parse_args, which would print its whole usage for one bad flag
-    with warnings.catch_warnings():  # "TE/Apex not installed" notes are expected here
+    with warnings.catch_warnings(), checkimports.for_the_check():  # "TE/Apex not installed" notes are expected here
         warnings.simplefilter("ignore")
         import megatron.training.arguments as margs
         from megatron.training.arguments import parse_and_validate_args

@@ -20,7 +20,8 @@ Public API:
   table_frame(chapter)      one chapter's table as a DataFrame of strings
   render_chapter(chapter)   one chapter's page (markdown text)
   write_tables(root)        write every chapter's page; returns the paths that changed
-  cli(argv)                 `python -m megalab tables [--check]`
+  main(args)                the build of `python -m megalab tables [--check]` (its arguments and the skip of
+                            a build with nothing to do: uptodate.py)
 """
 from __future__ import annotations
 
@@ -392,22 +393,6 @@ def embed_tables(text: str, blocks: dict[int, str]) -> str:
         return m.group(1) + body + m.group(4)
 
     return EMBED.sub(fill, text)
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--check", action="store_true",
-                    help="write nothing; exit 1 if any table is out of date (for CI)")
-    ap.add_argument("--strict", action="store_true",
-                    help="refuse (exit 1, write nothing) if a row's record is not today's code and defaults, or "
-                         "a tutorial's check verdict is not said by its sentence (make tables STRICT=1)")
-    ap.add_argument("--force", action="store_true",
-                    help="write the pages even where they lose something (make tables FORCE=1). Without it, "
-                         "make tables refuses (exit 1, one line, nothing written) to drop a row or a page, or "
-                         "to lose a published (`ref`) or measured (`our`) number, a tutorial's table or a quoted "
-                         "row; the rows of a catalog change not yet committed (a target removed or changed in "
-                         "configs/experiments/ against HEAD) and the page of a chapter file removed since HEAD "
-                         "need no FORCE (results/pageguard.py)")
-    ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
