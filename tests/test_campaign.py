@@ -147,18 +147,14 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     assert catalog.get("118").id not in today
 
 
-def test_todays_runs_are_the_twenty_first_and_twenty_second_sessions_launches_and_600s(pin_last_runs):
-    """The twenty-first session changed gelu_epilogue.py (cuda.core's device made current on each thread: row 300,
-    with full recompute, had failed), a file only runs with that lever execute. Today's runs are then its plain
-    launches after the fix on one H100 (111, 101 and 112 three times, 300 once, 301's out-of-memory run), the
-    twenty-second's on another H100 (111 and 101 three times, 001, 113, 121, 211, 221, 231 and 241 once; a count is
-    the most on one machine), and the nineteenth's three of 600 (Llama-style: no GeLU MLP, so neither change touched
-    their code)."""
+def test_todays_runs_are_the_one_h200_sessions_plain_launches():
+    """Today's code (492756b, issue 59's and 63's runtime) ran on one H200 capped to 80 GB: 111, 600, 510 and 513 three
+    times, 101, 113, 121, 211, 221, 231, 241 and 001 (uncapped) once; nothing older counts as today's."""
     today = campaign.todays_runs()
-    once = ("001", "113", "121", "211", "221", "231", "241")
+    once = ("001", "101", "113", "121", "211", "221", "231", "241")
     assert today == {catalog.get(t).id: n for t, n in
-                     (("111", (3, False)), ("101", (3, False)), ("112", (3, False)), ("300", (1, False)),
-                      ("301", (0, True)), ("600", (3, False)), *((t, (1, False)) for t in once))}
+                     (("111", (3, False)), ("600", (3, False)), ("510", (3, False)), ("513", (3, False)),
+                      *((t, (1, False)) for t in once))}
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine

@@ -120,13 +120,13 @@ def test_a_record_that_makes_a_taught_claim_false_is_reported_and_strict_fails(c
     assert main(["check", "--root", str(copy)]) == 0
     out = capsys.readouterr()
     where = next(n for n, text in enumerate((copy / "tutorials" / "01-dp-zero2.md").read_text().split("\n"), 1)
-                 if "<!-- check ch1-zero2-step-time-flat-dp1 older -->" in text)
+                 if "<!-- check ch1-zero2-step-time-flat-dp1 -->" in text)
     line = f"tutorials/01-dp-zero2.md:{where}: `ch1-zero2-step-time-flat-dp1` is FAIL and the sentence does not say so"
     assert line in out.out
     assert "`ch1-zero2-step-time-flat-dp1` FAILs" in out.out  # and no page explains it
     assert out.out.rstrip().endswith("FAILs the prose explains: 5, does not: 1")
     page = (copy / "tutorials" / "01-dp-zero2.md").read_text()
-    assert "<!-- check ch1-zero2-step-time-flat-dp1 older -->FAIL: " in page and "expected between 0.9 and 1.1; older" in page
+    assert "<!-- check ch1-zero2-step-time-flat-dp1 -->FAIL: " in page and "expected between 0.9 and 1.1; today" in page
     assert main(["check", "--root", str(copy), "--strict"]) == 1
     assert line in capsys.readouterr().err
     # make tables fills the same verdicts and reports the same sentences
