@@ -4,7 +4,6 @@ within its mtime's tick; --check, STRICT and FORCE always build, and a build tha
 Correctness only: how fast the skip is, benchmarks/everyday_commands.py measures."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -16,20 +15,14 @@ from megalab.__main__ import main
 from megalab.core import catalog
 from megalab.core.paths import ROOT
 from megalab.results import tables, uptodate
+from tests.test_pageguard import _write
 
 T101 = "101-gpt2xl-dp1-gbs1-bf16"
 SKIPPED = "no input changed since the last build"
 
 
 def _record(root: Path, name: str, target: str = T101, **fields) -> Path:
-    rec = {"fixture": True, "target": target, "status": "ok", "started": "2025-03-01T10:00:00+00:00",
-           "step_ms_median": 250.0, "step_ms_p10": 249.0, "step_ms_p90": 255.0, "step_count": 17,
-           "tflops_per_gpu": 42.0, "mfu": 0.0425, "mem_peak_gib": [30.0], "gpu_name": "NVIDIA H100 80GB HBM3",
-           "num_gpus": 1, "config": {"gpu_mem_gb": None}, **fields}
-    d = root / "results" / "runs" / name
-    d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps(rec))
-    return d
+    return _write(root / "results" / "runs", name, target, **fields)  # test_pageguard's fixture record
 
 
 def _tables(root: Path, capsys, *argv: str) -> str:
