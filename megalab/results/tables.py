@@ -407,7 +407,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"megalab tables: {e}", file=sys.stderr)
         return 1
     # committed raw logs and TensorBoard event files are kept gzipped (4-7x smaller: the checkout stays
-    # small enough to copy to a GPU machine); every reader takes either (logparse.log_file, estimate._events)
+    # small enough to copy to a GPU machine); every reader takes either (logparse.log_file, validation.tensorboard_mem_mb)
     if args.check:
         changed += logparse.plain_logs(root / "results")
     elif gz := logparse.compress_logs(root / "results"):

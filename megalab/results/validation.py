@@ -21,11 +21,10 @@ import hashlib
 import shlex
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from megalab.core import catalog, flags, gpus, infile, logparse, markdown, provenance, steptime
+from megalab.core import catalog, flags, gpus, infile, logparse, markdown, provenance, steptime, tfrecord
 from megalab.core import estimate as E
 from megalab.core.estimate import (ALLOCATOR_SLACK, CUDA_CONTEXT_MIB, DEFAULT_MFU, MIB, NCCL_CP_MIB, NCCL_MIB,
                                    NCCL_PP_MIB, RING_STRANDED_CHUNKS_PER_STEP, Estimate, estimate, gpu_spec,
@@ -130,9 +129,9 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
     paths = sorted(run_dir.glob("tensorboard/*tfevents*"))
     if not paths:
         return {}
-    try:  # the events as written: EventFileLoader would migrate each to the tensor form first, twice the time for
-        # the same numbers (a legacy scalar's simple_value is the float32 its migrated tensor holds)
-        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader as EventFileLoader
+    try:  # the events as written (core/tfrecord.py's records), never migrated to the tensor form: the same numbers
+        # in half the time (a legacy scalar's simple_value is the float32 its migrated tensor holds)
+        from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.util import tensor_util
     except ImportError:
         print("megalab plan: tensorboard is not installed, so max reserved comes from the log line only "
@@ -144,10 +143,10 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
         try:
             data = infile.read(path, infile.LOG_LIMIT)  # the file door; a .gz unpacked (to its limit)
             key = hashlib.sha256(data).hexdigest()
-            if key in _TB_MAXIMA:  # TensorBoard's reader is pure Python (CRCs): each file's bytes once
+            if key in _TB_MAXIMA:  # each file's bytes parsed once a process
                 maxima = _TB_MAXIMA[key]
             else:
-                for event in _events(data, EventFileLoader):
+                for event in map(Event.FromString, tfrecord.records(data)):
                     for v in event.summary.value:
                         if v.tag.startswith("mem-"):
                             x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
@@ -162,16 +161,6 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
 
 # An event file's bytes (sha256) -> its memory maxima (MB), for a process that reads them again.
 _TB_MAXIMA: dict[str, dict[str, float]] = {}
-
-
-def _events(data: bytes, loader):
-    """The events of one TensorBoard file's bytes (read by the file door, core/infile.py: a regular file,
-    a committed .gz unpacked to at most its limit, so a gzip bomb is an InputError, which the caller
-    reports as a skipped file); the loader reads a path only, so it reads a temporary copy."""
-    with tempfile.NamedTemporaryFile(suffix=".tfevents") as tmp:
-        tmp.write(data)
-        tmp.flush()
-        yield from loader(tmp.name).Load()
 
 
 def _diagnose(rec: RunRecord, est: Estimate, mem: dict[int, dict[str, float]]) -> str:
