@@ -604,10 +604,16 @@ def test_cli_plan_reads_the_fast_path_as_the_launcher_does(monkeypatch, capsys):
     assert "FAST=bogus" in err and "fix" in err and len(err.strip().splitlines()) == 1
 
 
-def test_cli_validate_writes_the_table(tmp_path, capsys):
+def test_cli_validate_writes_the_table(tmp_path, capsys, monkeypatch, steps, rows):
     for d in V.RECORD_DIRS:
         (tmp_path / d).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / d).symlink_to(ROOT / d)
+    # the rows of the committed records are the module's (made once, from ROOT: the same folders); the CLI must ask
+    # for those of its --root
+    made = {"validation_rows": rows, "step_rows": steps}
+    for name, made_rows in made.items():
+        monkeypatch.setattr(V, name, lambda root, _rows=made_rows: _rows if Path(root) == tmp_path else
+                            pytest.fail(f"the CLI read the rows of {root}, not of its --root"))
     # exit 1 while a run is outside 10% (KNOWN_MISSES): the validation says its goal is missed
     assert main(["plan", "--validate", "--root", str(tmp_path)]) == (1 if KNOWN_MISSES else 0)
     # the committed page is up to date: what the CLI writes from the committed records, byte for byte
