@@ -94,6 +94,9 @@ def test_a_retired_lever_is_refused_at_the_edge_in_one_line(fast):
     name = fast.split(",")[-1]
     with pytest.raises(variables.LaunchError, match=rf"^FAST={fast}: lever {name} was retired \(.*\); fix: drop it"):
         variables.parse("FAST", fast)
+    with pytest.raises(variables.LaunchError) as e:
+        variables.parse("FAST", fast)
+    assert str(e.value).count("fix:") == 1  # one fix a line
     assert name in levers.RETIRED and name not in levers.NAMES
 
 

@@ -56,8 +56,9 @@ class Variable:
             value = kind(self, text)
             if self.pattern and not re.fullmatch(self.pattern, text):
                 raise ValueError(f"not {self.shape}")
-        except ValueError as e:
-            raise LaunchError(f"{self.name}={_shown(text)}: {e}; fix: {self.fix()}") from None
+        except ValueError as e:  # a parser that names its own fix (a retired lever) keeps it: one fix a line
+            fix = "" if "; fix: " in str(e) else f"; fix: {self.fix()}"
+            raise LaunchError(f"{self.name}={_shown(text)}: {e}{fix}") from None
         problem = self.out_of_range(value)
         if problem:
             raise LaunchError(f"{self.name}={_shown(text)}: {problem}; fix: {self.fix()}")
