@@ -38,6 +38,6 @@ def test_a_long_record_and_many_lengths_get_crc32cs_known_values():
     # CRC-32C's check value (RFC 3720): "123456789" -> 0xE3069283, masked as TFRecord masks it
     want = ((((0xE3069283 >> 15) | (0xE3069283 << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
     chunks = [b"123456789", b"123456789" * 1000, b"", b"x" * 5_000_000]
-    got = tfrecord.masked_crc32c(chunks)
-    assert got[0] == want and got[1] == tfrecord.masked_crc32c([chunks[1]])[0] != want
-    assert got == [tfrecord.masked_crc32c([c])[0] for c in chunks]
+    got = [tfrecord.masked_crc32c(c) for c in chunks]
+    assert got[0] == want and got[1] == tfrecord.masked_crc32c(chunks[1]) != want
+    assert got == [tfrecord.masked_crc32c(bytes(c)) for c in chunks]

@@ -6,18 +6,24 @@ does the same check. Without it, TensorBoard's own crc32c runs (the same values,
 """
 from __future__ import annotations
 
+import functools
 import struct
 
-try:
-    from google_crc32c import value as _crc32c
-except ImportError:  # pragma: no cover - the dev extra installs it
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as _crc32c
+
+@functools.cache
+def _crc32c():
+    """The CRC-32C function, chosen at the first record read (importing this module needs neither library)."""
+    try:
+        from google_crc32c import value
+    except ImportError:  # pragma: no cover - the dev extra installs it
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as value
+    return value
 
 
-def masked_crc32c(chunks: list[bytes]) -> list[int]:
-    """TFRecord's masked CRC-32C of each chunk."""
-    return [((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-            for c in (_crc32c(bytes(chunk)) for chunk in chunks)]
+def masked_crc32c(chunk: bytes) -> int:
+    """TFRecord's masked CRC-32C of a chunk."""
+    c = _crc32c()(chunk)
+    return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def records(data: bytes) -> list[bytes]:
@@ -27,10 +33,10 @@ def records(data: bytes) -> list[bytes]:
     while pos + 12 <= size:
         (length,) = struct.unpack_from("<Q", data, pos)
         end = pos + 16 + length
-        if end > size or masked_crc32c([data[pos:pos + 8]])[0] != struct.unpack_from("<I", data, pos + 8)[0]:
+        if end > size or masked_crc32c(data[pos:pos + 8]) != struct.unpack_from("<I", data, pos + 8)[0]:
             break
         body = data[pos + 12:pos + 12 + length]
-        if masked_crc32c([body])[0] != struct.unpack_from("<I", data, pos + 12 + length)[0]:
+        if masked_crc32c(body) != struct.unpack_from("<I", data, pos + 12 + length)[0]:
             break
         out.append(body)
         pos = end

@@ -71,21 +71,24 @@ def now_record(exp, recs: dict[str, list], root=ROOT) -> RunRecord | None:
 
 def per_gpu_references(exp, anchor) -> list[str]:
     """The 8x H100 reference rows whose per-GPU work a one-GPU analogue carries: its chapter, model, experts and
-    top-k, each GPU's share of the global batch equal to its batch, in micro-batches of its size (510: R0 and R2)."""
+    top-k, each GPU's share of the global batch equal to its batch, in micro-batches of its size (510: R0-R2)."""
     if exp.gpus != 1 or not exp.analogue_of:
         return []
-    out = []
-    for (ch, row), r in anchor.iterrows():
-        gpus = int(r["gpus"])
-        if (ch == exp.chapter and r["model"] == exp.model and gpus > 1 and int(r["gbs"]) == exp.gbs * gpus
-                and int(r["mbs"]) == exp.mbs and str(r["experts"] or "") == str(exp.num_experts or "")
-                and str(r["topk"] or "") == str(exp.topk or "" if exp.num_experts else "")):
-            out.append(row)
-    return out
+    return [row for (ch, row), r in anchor.iterrows()
+            if ch == exp.chapter and r["model"] == exp.model and int(r["gpus"]) > 1
+            and int(r["gbs"]) == exp.gbs * int(r["gpus"]) and int(r["mbs"]) == exp.mbs
+            and str(r["experts"]) == str(exp.num_experts or "") and str(r["topk"]) == str(exp.topk or "")]
 
 
 PER_GPU = ("no verdict: the reference's tokens per GPU on one GPU, no communication (the reference's time "
            "includes it)")
+NOT_RUN = ["not run", "", "", "", "not run with today's defaults"]
+
+
+def _now_cells(n: RunRecord, ref_ms: float, verdict: str) -> list[str]:
+    """The row's cells for today's record: ms (with its repeats), GiB, the ratio to the reference, the graph, verdict."""
+    return [f"{n.step_ms:.0f}{spread(n)}", f"{max(n.mem_peak_gib or [math.nan]):.1f}", f"{n.step_ms / ref_ms:.2f}",
+            "on" if n.intent and n.intent.cuda_graph else "off", f"{verdict} ({hardware(n)})"]
 
 
 def rows(root=ROOT) -> list[list[str]]:
@@ -93,17 +96,13 @@ def rows(root=ROOT) -> list[list[str]]:
     recs = ok_records(root)
     out = []
     for exp in catalog.catalog().values():
-        for row in per_gpu_references(exp, anchor):
+        refs = per_gpu_references(exp, anchor)
+        n = now_record(exp, recs, root) if refs else None
+        for row in refs:
             r = anchor.loc[(exp.chapter, row)]
-            n = now_record(exp, recs, root)
             cells = [f"{row} (per GPU)", exp.id, f"{float(r['step_ms']):.0f}",
                      f"{float(r['mem_gb_per_gpu']) * chapter.REF_GB_TO_GIB:.1f}", "-"]
-            if n is None:
-                out.append(cells + ["not run", "", "", "", "not run with today's defaults"])
-                continue
-            gib = max(n.mem_peak_gib or [math.nan])
-            out.append(cells + [f"{n.step_ms:.0f}{spread(n)}", f"{gib:.1f}", f"{n.step_ms / float(r['step_ms']):.2f}",
-                                "on" if n.intent and n.intent.cuda_graph else "off", f"{PER_GPU} ({hardware(n)})"])
+            out.append(cells + (NOT_RUN if n is None else _now_cells(n, float(r["step_ms"]), PER_GPU)))
     for exp in catalog.catalog().values():
         if exp.gpus > 2:
             continue
@@ -116,17 +115,13 @@ def rows(root=ROOT) -> list[list[str]]:
         cells = [exp.ref, exp.id, f"{ref_ms:.0f}", "-" if math.isnan(ref_gib) else f"{ref_gib:.1f}",
                  f"{b.step_ms_median:.0f}" if b else "-"]
         if n is None:
-            out.append(cells + ["not run", "", "", "", "not run with today's defaults"])
+            out.append(cells + NOT_RUN)
             continue
-        gib = max(n.mem_peak_gib or [math.nan])
-        graph = "on" if n.intent and n.intent.cuda_graph else "off"
-        ratio = n.step_ms / ref_ms
-        fast, lean = ratio <= 1.0, math.isnan(ref_gib) or gib <= ref_gib
+        fast, lean = n.step_ms <= ref_ms, math.isnan(ref_gib) or max(n.mem_peak_gib or [math.nan]) <= ref_gib
         verdict = "met" if fast and lean else ("faster, more memory" if fast else "slower")
         if not like_reference(n, exp):
             verdict = "no verdict: not the reference's GPU kind"
-        out.append(cells + [f"{n.step_ms:.0f}{spread(n)}", f"{gib:.1f}", f"{ratio:.2f}", graph,
-                             f"{verdict} ({hardware(n)})"])
+        out.append(cells + _now_cells(n, ref_ms, verdict))
     return out
 
 
