@@ -98,4 +98,4 @@ def lazy_package(package: str) -> bool:
     module.__getattr__ = __getattr__
     module.__dir__ = lambda: sorted(set(vars(module)) | set(names))
     sys.modules[package] = module
-    return isinstance(module, types.ModuleType)
+    return True
