@@ -59,3 +59,27 @@ def test_a_forced_graph_in_a_profile_run_is_refused_before_launch():
         decide("600-llama1b-1gpu-gbs8", requested="1", profile=True)
     assert decide("600-llama1b-1gpu-gbs8", requested="1").on  # without the profiler, forcing it still works
     assert not decide("600-llama1b-1gpu-gbs8", requested="0", profile=True).on
+
+
+def test_context_parallel_is_graphed_only_where_a_micro_batch_is_small():
+    """CP's graph saves launches per micro-batch: auto takes it at MBS x seq / CP up to CP_GRAPH_MAX_TOKENS
+    (604: MBS 1 of 2048 over CP 2) and leaves it off above (302: 16384 tokens; 005: 32768)."""
+    small = catalog.get("604-llama1b-cp2-gbs16")
+    assert small.mbs * small.seq_length // small.cp <= graphs.CP_GRAPH_MAX_TOKENS
+    assert decide("604-llama1b-cp2-gbs16", predicted=33.0).on
+    for target in ("302-cp2-gpt2-1.2B-gbs8-len4096", "005-gpt2large-cp2-gbs64"):
+        d = decide(target, predicted=33.0)
+        assert not d.on and f"above {graphs.CP_GRAPH_MAX_TOKENS} tokens" in d.reason
+
+
+def test_sequence_parallel_with_dropout_stays_off():
+    """With SP and dropout the graph-on run drifted from its twin (004), so auto leaves it off; SP without
+    dropout (602: the Llama rows set both dropouts to 0) and dropout without SP (003) keep it."""
+    d = decide("004-gpt2large-tp2-sp-gbs64", predicted=33.0)
+    assert not d.on and "sequence parallel and dropout" in d.reason
+    assert decide("602-llama1b-tp2-sp-gbs16", predicted=20.0).on
+    assert decide("003-gpt2large-tp2-gbs64", predicted=33.0).on
+    # EXTRA_ARGS that turn both dropouts off give the graph back; one of them alone does not
+    assert decide("004-gpt2large-tp2-sp-gbs64", predicted=33.0,
+                  extra_args=("--hidden-dropout", "0", "--attention-dropout", "0")).on
+    assert not decide("004-gpt2large-tp2-sp-gbs64", predicted=33.0, extra_args=("--hidden-dropout", "0")).on

@@ -38,12 +38,13 @@ def _rec(target: str = T101, commit: str | None = None, **kw) -> dict:
     return rec
 
 
-def _intent(target: str) -> dict:
+def _intent(target: str, cuda_graph: str = "auto") -> dict:
     """What today's launcher plans for the target on an 80 GB H100 (provenance re-plans and compares)."""
     machine = plan.Machine(gpus=1, te=None, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gib=79.6)
     if target not in catalog.catalog():  # a made-up target (table tests): nothing to re-plan
         return {"argv": []}
-    return plan.build(catalog.get(target), plan.Options(master_port=29500), machine, run_dir=Path("/runs/x")).intent().model_dump(mode="json")
+    opts = plan.Options(master_port=29500, cuda_graph=cuda_graph)
+    return plan.build(catalog.get(target), opts, machine, run_dir=Path("/runs/x")).intent().model_dump(mode="json")
 
 
 def test_a_record_whose_plan_today_differs_is_older(repo):
@@ -82,8 +83,7 @@ def test_schema_1_is_older_without_asking_git(tmp_path):
 
 @pytest.mark.parametrize("change, why", [
     ({"config": {"fastpath": "none"}, "intent": {"fastpath": "none", "cuda_graph_reason": "auto"}}, "FAST=none"),
-    ({"intent": {"fastpath": list(levers.default(None, {})), "cuda_graph_reason": "CUDA_GRAPH=1"}},
-     "CUDA_GRAPH=1"),
+    ({"intent": {**_intent(T101, "0"), "fastpath": list(levers.default(None, {}))}}, "CUDA_GRAPH=0"),
     ({"config": {"extra_args": "--foo"}}, "EXTRA_ARGS"),
     ({"warmup_iters": 5, "iters_logged": 25}, "WARMUP=5"),  # a record from before the setting was kept
     ({"config": {"warmup": 0}}, "WARMUP=0"),
@@ -92,6 +92,14 @@ def test_other_defaults_are_older(repo, change, why):
     head = _git(repo, "rev-parse", "HEAD")
     assert provenance.of(RunRecord.of(_rec(commit=head)), repo).state == provenance.CURRENT
     assert provenance.of(RunRecord.of(_rec(commit=head, **change)), repo).cell == f"older ({why})"
+
+
+def test_a_forced_graph_that_auto_would_choose_is_today(repo):
+    """CUDA_GRAPH=1 where auto turns the graph on too launches what plain `make` does: the row's run."""
+    head = _git(repo, "rev-parse", "HEAD")
+    forced = _rec(commit=head, intent={**_intent(T101, "1"), "fastpath": list(levers.default(None, {}))})
+    assert forced["intent"]["cuda_graph_reason"] == "CUDA_GRAPH=1"
+    assert provenance.of(RunRecord.of(forced), repo).cell == "today"
 
 
 @pytest.mark.parametrize("rec", [

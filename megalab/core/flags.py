@@ -403,11 +403,18 @@ def only_planned(args) -> bool:
     return not rest
 
 
-# Flags megalab reads for a check of its own (launch.cp_problem: megalab's ring attention has no dropout).
-CHECKED_FLAGS = {"--attention-dropout": ("attention_dropout", float)}
+# Flags megalab reads for checks of its own (launch.cp_problem: megalab's ring attention has no dropout;
+# graphs.features_of: the graph's dropout with sequence parallel).
+CHECKED_FLAGS = {"--attention-dropout": ("attention_dropout", float), "--hidden-dropout": ("hidden_dropout", float)}
 
 
 def attention_dropout(args) -> float:
     """The --attention-dropout `args` give Megatron (the last one), else Megatron's default 0.1."""
     values, _ = read(args, CHECKED_FLAGS, lambda key: 0.0)
     return values.get("attention_dropout", 0.1)
+
+
+def dropout(args) -> float:
+    """The larger of the attention and hidden dropout `args` give Megatron (Megatron's default 0.1 each)."""
+    values, _ = read(args, CHECKED_FLAGS, lambda key: 0.0)
+    return max(values.get("attention_dropout", 0.1), values.get("hidden_dropout", 0.1))

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from megalab.core import flags
+
+# Context parallel: the largest micro-batch (tokens per GPU: MBS x seq / CP) for which auto graphs it. The
+# graph saves launches per micro-batch, which matter only where a micro-batch's kernels are small.
+CP_GRAPH_MAX_TOKENS = 4096
+
 # Layout features where the graph fails or is unverified, and why (checked in this order).
 REFUSED = (
     ("te", "measured without Transformer Engine only; TE brings its own graph paths (--cuda-graph-impl transformer_engine)"),
@@ -25,9 +31,13 @@ REFUSED = (
     ("pp_no_vpp", "Megatron's non-interleaved pipeline schedule synchronises the device in its p2p sends, "
                   "which capture forbids (006: cudaErrorStreamCaptureUnsupported in p2p_communication._communicate); "
                   "interleaved (VPP) pipelines capture (489)"),
-    ("cp", "with megalab's context-parallel attention the graph captures, keeps loss parity and exits, but on "
-           "2x H200 005 (MBS 64) gained nothing (581-585 vs 585 ms) for +21 GiB (results/integrity); where "
-           "launches dominate (604: MBS 1) it may pay, not yet measured: CUDA_GRAPH=1 to try"),
+    ("sp_dropout", "with sequence parallel and dropout the graph-on run drifted from its graph-off twin, its loss "
+                   "higher at every later step (004: results/integrity), as if its dropout masks repeated across "
+                   "replays; auto leaves the graph off there until that is understood: CUDA_GRAPH=1 to try"),
+    ("cp", "with megalab's context-parallel attention the graph captures, keeps loss parity and exits; it pays where "
+           "a micro-batch is small and the ring's launches bound it (604: 1024 tokens per GPU), but at 32768 (005, "
+           "MBS 64) it gained nothing for +21 GiB (results/integrity), so auto leaves it off above "
+           f"{CP_GRAPH_MAX_TOKENS} tokens per GPU per micro-batch: CUDA_GRAPH=1 to try"),
     ("recompute", "recompute trades time for memory and the graph spends it back: on 1x H100 300 captured "
                   "and kept loss parity, but gained 1% (864 vs 874 ms) for +5.1 GiB (results/integrity); "
                   "CUDA_GRAPH=1 to use it"),
@@ -127,7 +137,8 @@ def features_of(exp, *, impl: str, spec: str, profile: bool, nnodes: int, exit_i
         "moe": bool(exp.num_experts) and not gather,
         "moe_gpus": bool(exp.num_experts) and gather and exp.gpus > 1,
         "pp_no_vpp": exp.pp > 1 and not exp.layers_per_virtual_stage,
-        "cp": exp.cp > 1,
+        "sp_dropout": exp.sp and flags.dropout([*exp.extra_args, *extra_args]) > 0,
+        "cp": exp.cp > 1 and exp.mbs * exp.seq_length // exp.cp > CP_GRAPH_MAX_TOKENS,
         "recompute": exp.recompute not in (None, "", "none"),
         "multinode": nnodes > 1,
         "exit_interval": bool(exit_interval),

@@ -102,8 +102,8 @@ def settings_differ(rec: RunRecord) -> str:
     fast = intent.fastpath if "fastpath" in intent.model_fields_set else cfg.fastpath
     if fast != default_fastpath(rec):
         return f"FAST={fast if fast is None else levers.text(fast)}"
-    if (intent.cuda_graph_reason or "").startswith("CUDA_GRAPH="):
-        return intent.cuda_graph_reason  # the user chose; the default is the auto policy
+    if (intent.cuda_graph_reason or "").startswith("CUDA_GRAPH=") and replan_differs(rec) is not None:
+        return intent.cuda_graph_reason  # the user chose other than the auto policy would
     if cfg.extra_args:
         return "EXTRA_ARGS"
     # The WARMUP setting. Records from before it was kept have only the steps dropped, which tell the
