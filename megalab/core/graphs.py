@@ -1,12 +1,11 @@
 """CUDA_GRAPH=auto: Megatron's full-iteration CUDA graph wherever it works and pays.
 
 Without Transformer Engine a small step is mostly kernel launches: the graph replays the whole
-forward+backward as one launch (101 on an H100: 331 -> 84 ms; on 2x H200 a TP=2 1.2B step
-142 -> 117 ms, a PP=2+VPP step 1151 -> 745 ms). It costs memory (the graph's private pool and static
-inputs: +0.8 to +6.5 GiB on the rows measured) and it cannot capture everything. So `auto` turns it
-on for a layout only when (a) that kind of layout has been seen to capture, replay and exit on the
-rig, and (b) the memory plan leaves room for the graph; otherwise off, with the reason printed in
-the preflight and kept in the run record. CUDA_GRAPH=1 forces it on, CUDA_GRAPH=0 off.
+forward+backward as one launch. It costs memory (the graph's private pool and static inputs) and it
+cannot capture everything. So `auto` turns it on for a layout only when (a) that kind of layout has
+been seen to capture, replay, exit and keep loss parity with its graph-off twin on the rig
+(results/integrity), and (b) the memory plan leaves room for the graph; otherwise off, with the reason
+printed in the preflight and kept in the run record. CUDA_GRAPH=1 forces it on, CUDA_GRAPH=0 off.
 """
 from __future__ import annotations
 
