@@ -83,3 +83,10 @@ def test_sequence_parallel_with_dropout_stays_off():
     assert decide("004-gpt2large-tp2-sp-gbs64", predicted=33.0,
                   extra_args=("--hidden-dropout", "0", "--attention-dropout", "0")).on
     assert not decide("004-gpt2large-tp2-sp-gbs64", predicted=33.0, extra_args=("--hidden-dropout", "0")).on
+
+
+def test_a_graph_peak_over_capacity_turns_it_off():
+    """The estimator's peak with the graph (its CP share can be large) must fit too, not only the margin."""
+    d = decide("604-llama1b-cp2-gbs16", predicted=40.0, capacity=60.0, graph_peak=69.2)
+    assert not d.on and "69.2 GiB with the graph, over the 60.0 GiB" in d.reason
+    assert decide("604-llama1b-cp2-gbs16", predicted=32.0, capacity=79.6, graph_peak=55.4).on

@@ -10,9 +10,10 @@ allocator; max reserved over max allocated is the slack), so each constant is th
 figure, rounded by its rule. The held-out and out-of-catalog records never enter: their memory errors
 are then out of sample.
 
-One allowance has no calibration evidence: GRAPH_MEMORY_SHARE_CP (the CUDA graph under context
-parallelism), seen on held-out 005 only (results/integrity) and used by no validated run, since
-CUDA_GRAPH=auto keeps the graph off under CP. NOT_DERIVED says so, and the page with it.
+The CUDA graph's share under context parallelism (GRAPH_MEMORY_SHARE_CP) is the most any calibration CP
+run with the graph needed over the peak predicted without it, rounded up: CUDA_GRAPH=auto graphs CP only
+where a micro-batch is small, and refuses the graph where that peak would pass the GPU's capacity.
+NOT_DERIVED names an allowance the calibration set cannot give, and the page with it.
 """
 from __future__ import annotations
 
@@ -26,10 +27,8 @@ from megalab.core import graphs
 MIB = 2**20
 GIB = 2**30
 
-# The one allowance the calibration set cannot give, and where it comes from instead.
-NOT_DERIVED = {"GRAPH_MEMORY_SHARE_CP": "held-out 005 only (results/integrity: 80.2 -> 101 GiB with the graph on "
-                                        "2x H200); no calibration run has the graph under context parallelism, "
-                                        "and no validated run uses it (auto keeps the graph off under CP)"}
+# Allowances the calibration set cannot give, and where they come from instead (none at present).
+NOT_DERIVED: dict[str, str] = {}
 
 
 def outside_mib(row: dict[str, Any]) -> float | None:
@@ -115,7 +114,8 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
         return e.pp == 1 and e.cp == 1 and e.ep == 1 and not e.zero2
     dp, tp = nccl(lambda e: dense(e) and e.tp == 1), nccl(lambda e: dense(e) and e.tp > 1)
     ring = [x for r in rows if (x := ring_chunks(r)) is not None]
-    pairs = graph_pairs(rows)
+    pairs = graph_pairs([r for r in rows if r["est"].cp == 1])  # CP's graph has a share of its own
+    cp_graph = [r["meas_gib"] / r["est"].peak_without_graph_gib - 1 for r in rows if r["graph"] and r["est"].cp > 1]
     rooms = [x for r in rows if (x := graph_room(r)) is not None]
     out = {
         "CUDA_CONTEXT_MIB": (med(outside_mib(r) for r in one),
@@ -134,6 +134,9 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, tuple[float, str]]:
         "GRAPH_MEMORY_SHARE": (med(p[1] for p in pairs),
                                "median over graph on/off pairs: " + ", ".join(f"{t.split('-')[0]} {s:+.1%}" for t, s, _ in pairs)),
         "GRAPH_MEMORY_MIN_GIB": (min((p[2] for p in pairs), default=None), "the smallest extra of those pairs (GiB)"),
+        "GRAPH_MEMORY_SHARE_CP": (max(cp_graph, default=None),
+                                  f"the most any of {len(cp_graph)} context-parallel runs with the graph needed: measured "
+                                  "peak over the peak predicted without the graph"),
         "GRAPH_MARGIN_SHARE": (max(rooms, default=None),
                                f"CUDA_GRAPH=auto's room: the most any of {len(rooms)} graph runs at "
                                f"{NEAR_CAPACITY:.0%} of their GPU or more needed (measured peak over the peak "
@@ -172,6 +175,7 @@ RULES: dict[str, tuple[str, Callable[[float, dict], float]]] = {
     "RING_STRANDED_CHUNKS_PER_STEP": ("to 0.5", lambda x, g: round(x * 2) / 2),
     "GRAPH_MEMORY_SHARE": ("to 1%", lambda x, g: round(x, 2)),
     "GRAPH_MEMORY_MIN_GIB": ("to 0.1", lambda x, g: round(x, 1)),
+    "GRAPH_MEMORY_SHARE_CP": ("up to 1%", lambda x, g: round(_up(x, 0.01), 2)),
     "GRAPH_MARGIN_SHARE": ("up to 1%", lambda x, g: round(_up(x, 0.01), 2)),
 }
 # Where each constant lives: the estimator's, except auto's room, which is the graph policy's.
