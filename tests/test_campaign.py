@@ -142,19 +142,24 @@ def test_todays_runs_count_the_committed_campaign(before_triton_norm):
     assert today[catalog.get("300").id] == (1, False)
     assert today[catalog.get("301").id] == (0, True)
     assert today[catalog.get("285").id] == (0, True)
-    for row in ("002", "003", "004", "005", "006", "212", "214", "304"):
+    for row in ("002", "003", "005", "006", "212", "214", "304"):
         assert today[catalog.get(row).id] == (1, False)
     assert catalog.get("118").id not in today
+    # 004 ran with the CUDA graph, which today's plan leaves off for sequence parallel with dropout
+    assert catalog.get("004").id not in today
 
 
 def test_todays_runs_are_the_one_h200_sessions_plain_launches():
     """Today's code (492756b, issue 59's and 63's runtime) ran on one H200 capped to 80 GB: 111, 600, 510 and 513 three
-    times, 101, 113, 121, 211, 221, 231, 241 and 001 (uncapped) once; nothing older counts as today's."""
+    times, 101, 113, 121, 211, 221, 231, 241 and 001 (uncapped) once; then on one 2x H200 (a0454da, the same runtime)
+    302 three times and 002-006 (uncapped), 142, 152, 212, 312 and 601-604 once (004 with CUDA_GRAPH=0 and 604 with
+    CUDA_GRAPH=1, what auto chooses for them today); nothing older counts as today's."""
     today = campaign.todays_runs()
-    once = ("001", "101", "113", "121", "211", "221", "231", "241")
+    once = ("001", "101", "113", "121", "211", "221", "231", "241", "002", "003", "004", "005", "006", "142", "152",
+            "212", "312", "601", "602", "603", "604")
     assert today == {catalog.get(t).id: n for t, n in
                      (("111", (3, False)), ("600", (3, False)), ("510", (3, False)), ("513", (3, False)),
-                      *((t, (1, False)) for t in once))}
+                      ("302", (3, False)), *((t, (1, False)) for t in once))}
 
 
 H100_RUN_BY_THE_CAMPAIGN = "GPU-c9a753b8-0000-0000-0000-000000000000"  # the first 13 characters name the machine

@@ -88,5 +88,5 @@ def test_sequence_parallel_with_dropout_stays_off():
 def test_a_graph_peak_over_capacity_turns_it_off():
     """The estimator's peak with the graph (its CP share can be large) must fit too, not only the margin."""
     d = decide("604-llama1b-cp2-gbs16", predicted=40.0, capacity=60.0, graph_peak=69.2)
-    assert not d.on and "69.2 GiB with the graph, over the 60.0 GiB" in d.reason
+    assert not d.on and "40.0 GiB without the graph, and the graph's own 29.2 GiB would take it past the 60.0 GiB" in d.reason
     assert decide("604-llama1b-cp2-gbs16", predicted=32.0, capacity=79.6, graph_peak=55.4).on

@@ -107,7 +107,8 @@ def decide(requested: str, *, features: set[str], predicted_peak_gib: float | No
                                     f"{capacity_gib - predicted_peak_gib:.1f} GiB under the {capacity_gib:.1f} GiB "
                                     f"per GPU, where auto wants {room:.1f} GiB for the graph")
     if graph_peak_gib is not None and graph_peak_gib > capacity_gib:  # the graph's own memory would not fit
-        return GraphDecision(False, f"auto: predicted peak {graph_peak_gib:.1f} GiB with the graph, over the "
+        return GraphDecision(False, f"auto: predicted peak {predicted_peak_gib:.1f} GiB without the graph, and the "
+                                    f"graph's own {graph_peak_gib - predicted_peak_gib:.1f} GiB would take it past the "
                                     f"{capacity_gib:.1f} GiB per GPU")
     if graph_peak_gib is None:
         return GraphDecision(True, f"auto: predicted peak {predicted_peak_gib:.1f} GiB without the graph, "
