@@ -26,7 +26,7 @@ Public API:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import re
 import sys
 from pathlib import Path
@@ -309,11 +309,11 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
                                  verdicts=verdicts) for ch in chapters}
     unlike = lambda a, b: row_differences(records, hosts, root, a, b)  # noqa: E731  (what a quote's two rows differ in)
     tutorials: dict[Path, tuple[str, list[str]]] = {}
+    row = table_rows(frames)
     for path in sorted((root / "tutorials").glob("*.md")):
         old = infile.text(path)  # the file door: a FIFO, a directory, bytes not UTF-8 are one line
         try:  # the chapter tables, then the prose's quoted cells (quotes.py)
-            tutorials[path] = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t), keep_missing=force,
-                                          unlike=unlike)
+            tutorials[path] = quotes.fill(embed_tables(old, blocks), row, keep_missing=force, unlike=unlike)
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
     rows = dataset.rows_frame(records, reference, twogpu, root, hosts)
@@ -371,15 +371,22 @@ def row_differences(records: dict[str, RunRecord], hosts: Hosts, root: Path, a: 
     return ", ".join(d.label for d in alike.differences(runs, hosts, root))
 
 
-def table_row(frames: dict[int, pd.DataFrame], target: str) -> dict[str, str] | None:
-    """TARGET's row (a catalog id, short or full) in its chapter's table, column -> cell; None if none."""
-    try:
-        exp = catalog.get(target)
-    except catalog.CatalogError:
-        return None
-    frame = frames.get(exp.chapter)
-    rows = frame[frame["make target"] == exp.id] if frame is not None else None
-    return None if rows is None or rows.empty else {k: str(v) for k, v in rows.iloc[0].items()}
+def table_rows(frames: dict[int, pd.DataFrame]) -> Callable[[str], dict[str, str] | None]:
+    """A lookup of a target's row (a catalog id, short or full) in its chapter's table, column -> cell; None if
+    none. Each table is read once: a build quotes hundreds of cells."""
+    rows: dict[tuple[int, str], dict[str, str]] = {}
+    for chapter, frame in frames.items():
+        for values in frame.itertuples(index=False, name=None):
+            row = {k: str(v) for k, v in zip(frame.columns, values)}
+            rows.setdefault((chapter, row["make target"]), row)  # the first row of a target, as a filter's first
+
+    def lookup(target: str) -> dict[str, str] | None:
+        try:
+            exp = catalog.get(target)
+        except catalog.CatalogError:
+            return None
+        return rows.get((exp.chapter, exp.id))
+    return lookup
 
 
 EMBED = re.compile(r"(<!-- megalab:table chapter=(\d+) -->\n)(.*?)(<!-- /megalab:table -->)", re.S)
