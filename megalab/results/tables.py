@@ -192,6 +192,16 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     verdicts: the claims' results (checks.Verdicts); where given, a note names the older rows and the
     verdicts that rest on them.
     """
+    _, block, page = chapter_outputs(chapter, records, reference, twogpu=twogpu, tree=tree, hosts=hosts,
+                                     verdicts=verdicts)
+    return block if block_only else page
+
+
+def chapter_outputs(chapter: int, records: dict[str, RunRecord] | None = None,
+                    reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
+                    tree: Path | None = None, hosts: Hosts | None = None,
+                    verdicts: Mapping[str, checks.Result] | None = None) -> tuple[pd.DataFrame, str, str]:
+    """(the chapter's table_frame, its block, its page: render_chapter's two), made from one table."""
     meta = catalog.chapters()[chapter]
     ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree), hosts)
     df = _frame(ctx)
@@ -228,8 +238,6 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     unit = {"anchor": UNIT_NOTE, "none": NONE_UNIT_NOTE}.get(ctx.kind, TWOGPU_UNIT_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", unit, "", table, "",
                           *(f"- {note}" for note in notes)])
-    if block_only:
-        return block + "\n"
     lines = [
         f"# Chapter {chapter}: {markdown.escape(meta.get('title', ''))}".rstrip(),
         "",
@@ -243,7 +251,7 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     if meta.get("tutorial") and (catalog.ROOT / meta["tutorial"]).exists():
         lines += ["", f"Tutorial: [{meta['tutorial']}](../{meta['tutorial']}). "
                       "Run a row with `make <make target>`, then `make tables`."]
-    return "\n".join(lines) + "\n"
+    return df, block + "\n", "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- output
@@ -298,15 +306,12 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     reference, twogpu = load_reference(), load_twogpu_reference()
     chapter_inputs.check_refs(reference, twogpu)
     # every page in memory first: nothing is written when one of them cannot be made or would lose something
-    frames, pages = {}, {}
+    frames, pages, blocks = {}, {}, {}
     for chapter, meta in chapters.items():
         path = root / meta["table"]
-        frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts)
-        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts,
-                                     verdicts=verdicts)
+        frames[chapter], blocks[chapter], pages[path] = chapter_outputs(
+            chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts, verdicts=verdicts)
         pages[path.with_suffix(".csv")] = frames[chapter].to_csv(index=False, lineterminator="\n")  # same rows
-    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root, hosts=hosts,
-                                 verdicts=verdicts) for ch in chapters}
     unlike = lambda a, b: row_differences(records, hosts, root, a, b)  # noqa: E731  (what a quote's two rows differ in)
     tutorials: dict[Path, tuple[str, list[str]]] = {}
     row = table_rows(frames)
