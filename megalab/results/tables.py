@@ -35,7 +35,7 @@ import pandas as pd
 
 from megalab.core import catalog
 from megalab.core.paths import ROOT
-from megalab.core import infile, logparse, markdown, provenance, variables
+from megalab.core import git, infile, logparse, markdown, provenance, variables
 from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, overview,
                              pageguard, plots, predicted, quotes)
 from megalab.results import chapter as chapter_inputs
@@ -289,7 +289,12 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     (force=True; `compare`, whose pages are its own scratch, passes it). A page no chapter writes any more
     is then removed with its CSV; a tutorial quote of a row that is gone keeps its text.
     """
-    root = Path(root) if root is not None else ROOT
+    with git.asked_once():  # nothing commits while the pages are made: each git question once
+        return _write_tables(Path(root) if root is not None else ROOT, check, strict, records, index_page, force)
+
+
+def _write_tables(root: Path, check: bool, strict: bool, records: dict[str, RunRecord] | None,
+                  index_page: dict | None, force: bool) -> list[Path]:
     catalog.catalog()  # the catalog's door first: a bad entry is refused before a record is read
     chapters = catalog.chapters()
     records = load_records(root / "results" / "runs", root) if records is None else records
