@@ -107,7 +107,7 @@ def megatron_mem_by_rank(rec: RunRecord) -> dict[int, dict[str, float]]:
     last rank's maxima then from its TensorBoard series. The log line stops after iteration 2, and
     the allocator may still reserve more after it: the series runs to the last iteration."""
     try:
-        mem = {int(r): v for r, v in logparse.parse_file(rec.log_path).megatron_mem.items()}
+        mem = {int(r): v for r, v in logparse.megatron_mem(logparse.read_text(rec.log_path)).items()}
     except logparse.LogReadError:
         mem = {}
     if not mem:
