@@ -146,7 +146,10 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
             if key in _TB_MAXIMA:  # each file's bytes parsed once a process
                 maxima = _TB_MAXIMA[key]
             else:
-                for event in map(Event.FromString, tfrecord.records(data)):
+                # only the events that hold a memory tag are decoded (its name is in their bytes as written), and
+                # the first, the file's version: a file of other records than events is refused there, as before
+                found = tfrecord.records(data)
+                for event in map(Event.FromString, [r for i, r in enumerate(found) if not i or b"mem-" in r]):
                     for v in event.summary.value:
                         if v.tag.startswith("mem-"):
                             x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
