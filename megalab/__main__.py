@@ -84,8 +84,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     return _tree(command)[0]
 
 
-def _tree(command: str | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
-    """(the tree, `command`'s own parser)."""
+def _tree(command: str | None, only: bool = False) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+    """(the tree, `command`'s own parser); ONLY: the tree of that one command (what running it parses, and its usage
+    and errors say: thirty subparsers cost a command 3 ms)."""
     own = None
     top = argparse.ArgumentParser(prog="python -m megalab", description="megalab's commands (what the Makefile calls).",
                                   epilog="`python -m megalab COMMAND --help` for one command's arguments.",
@@ -93,6 +94,8 @@ def _tree(command: str | None) -> tuple[argparse.ArgumentParser, argparse.Argume
                                                                                       width=110))
     sub = top.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, c in COMMANDS.items():
+        if only and name != command:
+            continue
         p = sub.add_parser(name, help=c.help, description=c.help, add_help=not c.passthrough)
         if name == command:
             declare, run = c.functions()
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from megalab.core.variables import LaunchError
 
     try:
-        top, own = _tree(name)
+        top, own = _tree(name, only=True)
         args, rest = top.parse_known_args(argv)
         if COMMANDS[args.command].passthrough:
             return args.run(rest)

@@ -84,13 +84,24 @@ resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 def manifest(root: Path) -> dict[str, tuple]:
     """relative path -> (kind, size, mtime) of everything under the trees, links not followed."""
     out = {}
-    for tree in TREES:
-        for dirpath, dirnames, filenames in os.walk(root / tree):
-            for name in dirnames + filenames:
-                p = Path(dirpath) / name
-                st = os.lstat(p)
-                out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), st.st_size if not stat.S_ISDIR(st.st_mode)
-                                                 else 0, st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else 0)
+    stack = [tree for tree in TREES]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(root / rel))
+        except OSError:  # not there, or not a folder: nothing under it (as os.walk)
+            continue
+        for e in entries:
+            path = f"{rel}/{e.name}"
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:  # gone since it was listed
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out[path] = (stat.S_IFDIR, 0, 0)
+                stack.append(path)
+            else:
+                out[path] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -188,14 +199,32 @@ def reset_caches() -> None:
 
 # --------------------------------------------------------------------------- pages lost
 
+# A page's text by its path, with what os.stat said of it when read: (inode, size, mtime, ctime) -> text
+_TEXTS: dict[str, tuple[tuple, str | None]] = {}
+RACY_NS = 2_000_000_000  # a file changed this recently is read each time: a second change might keep its times
+
+
 def _text(p: Path) -> str | None:
-    """A regular file's text (None for anything else: the driver must never block on a FIFO a case made)."""
+    """A regular file's text (None for anything else: the driver must never block on a FIFO a case made). Read
+    again only where the file changed since (git's rule: its inode, size, mtime or ctime, which no write leaves
+    as they were, and which copying the times back cannot reset), or changed within RACY_NS of its reading."""
     try:
-        if not stat.S_ISREG(os.stat(p).st_mode):
-            return None
-        return p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        st = os.stat(p)
+    except OSError:
         return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    kept = _TEXTS.get(str(p))
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:
+        _TEXTS[str(p)] = (key, text)
+    return text
 
 
 def page_state(root: Path) -> dict:

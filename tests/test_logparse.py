@@ -6,6 +6,7 @@ _print_args) plus older formats. To add a (trimmed) real log, drop it into that 
 and add one row to CASES below.
 """
 
+import gzip
 import json
 import math
 import random
@@ -18,6 +19,7 @@ from megalab.core.logparse import (
     IterationLine,
     LogReadError,
     LogSummary,
+    megatron_mem,
     parse_file,
     parse_log,
     step_stats,
@@ -25,6 +27,7 @@ from megalab.core.logparse import (
 )
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(argv: list[str]) -> int:
@@ -371,6 +374,28 @@ def test_never_raises_on_noise():
         assert isinstance(s, LogSummary)
         assert not any(m.startswith("parser error") for m in s.missing), s.missing
         json.dumps(summary_fields(s))
+
+
+def test_the_memory_reports_alone_read_as_the_whole_parse_reads_them():
+    """logparse.megatron_mem (the estimator's validation reads only that) is parse_log's megatron_mem: on every
+    fixture and committed log, cut anywhere, and on noise of the lines that decide it (an arguments dump around a
+    report, a report glued to an iteration line)."""
+    rnd = random.Random(11)
+    texts = [p.read_bytes() for p in sorted(LOGS.iterdir())]
+    texts += [gzip.decompress(p.read_bytes()) for p in sorted((ROOT / "results").glob("runs/*/logs.txt.gz"))[::25]]
+    pieces = ["[Rank 0] (after 2 iterations) memory (MB) | allocated: ", " | max reserved: ", "[Rank 1] memory (MB) |",
+              "---------- arguments ----------", "-------- end of arguments --------", "  ", "x .... ", "\n",
+              " iteration 3/ 10 |", "[default1]:", "[rank1]: ", "9" * 5000]
+    texts += ["".join(rnd.choice(pieces) + str(rnd.randint(-5, 99)) for _ in range(rnd.randint(0, 40)))
+              for _ in range(300)]
+    # inside the arguments dump a report's line indented under a name is an argument, after it a report
+    dump = ("---------- arguments ----------\n  seed  [Rank 3] memory (MB) | allocated: 5\n"
+            "-------- end of arguments --------\n  seed  [Rank 2] memory (MB) | allocated: 7\n")
+    assert parse_log(dump).megatron_mem == {2: {"allocated_mb": 7.0}}
+    texts.append(dump)
+    for text in texts:
+        for cut in (len(text), *(rnd.randrange(len(text) + 1) for _ in range(3))):
+            assert megatron_mem(text[:cut]) == parse_log(text[:cut]).megatron_mem
 
 
 @pytest.mark.parametrize("value", [None, b"\xff\xfe iteration 1/ 2 |", 12])

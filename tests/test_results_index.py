@@ -117,7 +117,8 @@ def test_the_overview_divides_ours_by_the_published_and_counts_the_rows_at_or_be
     said = overview.sentence(pts)
     assert said.startswith("2 rows have a published number and one of ours (1 of them today's code and defaults): "
                            "1 of 2 take at most the published step time and 2 of 2 use at most")
-    assert overview.draw(pts) == overview.draw(pts)  # the same bytes for the same rows
+    assert overview._draw(pts) == overview._draw(pts)  # the same bytes for the same rows, each drawn
+    assert overview.draw(pts) == overview._draw(pts)  # and kept (the machine's cache)
 
 
 def test_every_page_with_older_rows_says_what_they_carry():

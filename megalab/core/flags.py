@@ -304,8 +304,13 @@ class _Parser(argparse.ArgumentParser):
 def reader(table: dict[str, tuple[str, Any]]) -> argparse.ArgumentParser:
     """An argparse parser of `table`'s flags alone, spelt as Megatron's parser takes them (no
     abbreviations; `--flag=value` too); a flag not given stays out of the result."""
+    return _reader(tuple(table.items()))
+
+
+@functools.lru_cache(maxsize=16)  # made once a table: a page build reads thousands of records' extra args
+def _reader(items: tuple[tuple[str, tuple[str, Any]], ...]) -> argparse.ArgumentParser:
     p = _Parser(prog="EXTRA_ARGS", add_help=False, allow_abbrev=False, exit_on_error=False)
-    for flag, (key, kind) in table.items():
+    for flag, (key, kind) in items:
         if kind is None:
             p.add_argument(flag, dest=key, action="store_true", default=argparse.SUPPRESS)
         else:
@@ -317,8 +322,11 @@ def read(args, table: dict[str, tuple[str, Any]], example) -> tuple[dict[str, An
     """(the values `args` give the keys of `table`, the items it does not read). The last one wins, as
     in Megatron. A flag without its value (or with one of the wrong type) raises CatalogError naming
     it, with the fix `{flag} {example(key)}`."""
+    args = list(args)
+    if not args:  # most records' extra args: nothing to read
+        return {}, []
     try:
-        known, rest = reader(table).parse_known_args(list(args))
+        known, rest = reader(table).parse_known_args(args)
     except argparse.ArgumentError as e:
         flag = e.argument_name or "a flag"
         key, kind = table.get(flag, (None, int))

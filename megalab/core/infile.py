@@ -5,7 +5,8 @@ blocks until a writer comes: forever), a device (/dev/zero never ends), a direct
 a gzip bomb (2 MB that unpack to 2 GB). read() refuses each of them in one line (InputError, an OSError:
 the readers that already take "unreadable" in their stride take these too) before it has read more than
 its limit: the file is opened without blocking and judged by fstat (no race between a check and the open),
-a plain file by its size, a gzip file by what it unpacks to, read in chunks and never past the limit.
+a plain file by its size, a gzip file by what its trailer says it unpacks to, and by what it does unpack
+to, read in chunks and never past the limit.
 
 The limits are generous multiples of the largest committed file of each kind (a raw log unpacks to 0.9 MB,
 a profiler trace to 31 MB, a run record is 12 kB, a config 40 kB): a real input never meets them.
@@ -83,22 +84,40 @@ def read(path, limit: int | None = CONFIG_LIMIT, *, gunzip: bool | None = None) 
 
 
 def _gunzip(p: Path, f, limit: int | None) -> bytes:
-    """What F unpacks to. Twice through when there is a limit: first only counting (a bomb is refused
-    having held one chunk at a time, never its content), then keeping what is known to fit."""
+    """What F unpacks to. With a limit, a file whose gzip trailer gives a size over it is refused unread;
+    else it is read twice: first only counting (a bomb is refused having held one chunk at a time, never its
+    content), then keeping what is known to fit."""
+    too_large = InputError(p, f"larger than {_mib(limit)} uncompressed: not read",
+                           "replace it (a gzip bomb, or not the file it should be)") if limit is not None else None
     try:
         if limit is not None:
+            if _trailer_size(f) > limit:
+                raise too_large
             size = 0
             with gzip.GzipFile(fileobj=f, mode="rb") as g:
                 while chunk := g.read(_CHUNK):
                     size += len(chunk)
                     if size > limit:
-                        raise InputError(p, f"larger than {_mib(limit)} uncompressed: not read",
-                                         "replace it (a gzip bomb, or not the file it should be)")
+                        raise too_large
             f.seek(0)
         with gzip.GzipFile(fileobj=f, mode="rb") as g:
             return g.read()
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise InputError(p, f"damaged gzip ({e})", "restore the file (git checkout, or the run's copy)") from None
+
+
+def _trailer_size(f) -> int:
+    """What a gzip file says it unpacks to: its last member's ISIZE, the trailer's last 4 bytes (the size modulo
+    4 GiB: an intact file's is never more than its true size, so one over a limit is over it). 0 where the file is
+    too short to have a trailer, or says more than it could hold (deflate unpacks at most 1032 bytes a byte): a
+    truncated file's last bytes are no trailer, and it is read and named damaged."""
+    stored = os.fstat(f.fileno()).st_size
+    if stored < 18:  # a gzip header (10 bytes) and trailer (8)
+        return 0
+    f.seek(-4, os.SEEK_END)
+    size = int.from_bytes(f.read(4), "little")
+    f.seek(0)
+    return size if size <= 1032 * stored else 0
 
 
 def check_regular(path) -> None:

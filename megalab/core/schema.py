@@ -659,11 +659,13 @@ def finite_or_none(obj: Any) -> Any:
 # A record file's bytes -> its RunRecord (or why it is none), parsed once per process: a page build reads each
 # record several times (the rows, the runs beside them, the dataset, the index). The key is the content, so a
 # file that changed is parsed anew; records are frozen and readers copy what they change (grouped()); a file
-# over _PARSED_MAX bytes is parsed each time, never kept.
+# over _PARSED_MAX bytes is parsed each time, never kept. Room for several times the committed records (1,203 in
+# November 2026): a build reads them all in the same order again and again, and an LRU cache smaller than that
+# evicts each one just before it is read again (it kept none at 1,024).
 _PARSED_MAX = 1 << 20
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)
 def _parsed(cls, data: bytes, run_dir: str):
     try:
         return cls._parse(data, Path(run_dir))

@@ -251,7 +251,11 @@ def step_seconds(f: Features, c: dict[str, float] | None = None) -> float:
     """The model: the busiest stage's micro-batch time (max of GPU and CPU) over the pipeline's slots,
     plus the optimizer, the exposed DP reduction and the per-step overhead. `c`: constants (default:
     this module's, read at call time)."""
-    c = {**moe_fitted(), **(fitted() if c is None else c)}
+    return _seconds(f, {**moe_fitted(), **(fitted() if c is None else c)})
+
+
+def _seconds(f: Features, c: dict[str, float]) -> float:
+    """step_seconds with every constant in C."""
     per_mb = max(combined(*micro_batch_s(f, i, c), f.host_syncs) for i in range(len(f.a)))
     return f.slots * per_mb + f.optimizer_s + exposed(f.dp_comm_s, per_mb) + c["STEP_OVERHEAD_MS"] * 1e-3
 
@@ -300,7 +304,8 @@ def one_way_s(nbytes: float, n: int, link_gbps: float) -> float:
 
 def loss(features: list[Features], measured_s: list[float], c: dict[str, float]) -> float:
     """Mean |log(predicted / measured)|: a 2x miss weighs the same either way."""
-    return sum(abs(math.log(step_seconds(f, c) / m)) for f, m in zip(features, measured_s)) / len(features)
+    c = {**moe_fitted(), **c}  # step_seconds' constants, merged once for all the features
+    return sum(abs(math.log(_seconds(f, c) / m)) for f, m in zip(features, measured_s)) / len(features)
 
 
 # Where the fit starts, and each constant's allowed range (the fit works on their logarithms).

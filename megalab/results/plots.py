@@ -337,7 +337,13 @@ def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg"
     Drawing is the slow part of `make tables` (matplotlib's layout, about 0.2 s a figure), and most
     rebuilds draw what they drew before: the bytes are kept in the machine's cache (core/paths.cache_root,
     plots/) under drawing_key, and a figure whose inputs are unchanged is read back, not drawn again."""
-    folder, key = cache_root() / "plots", drawing_key(fig, data, kind, fmt)
+    return kept_drawing(drawing_key(fig, data, kind, fmt), fmt, lambda: _draw(fig, data, kind, fmt))
+
+
+def kept_drawing(key: str, fmt: str, make: Callable[[], bytes]) -> bytes:
+    """MAKE()'s bytes, kept in the machine's cache under KEY (a hash of everything they depend on): read back
+    where they were made before."""
+    folder = cache_root() / "plots"
     for memo in sorted(folder.glob(f"{key}-*.{fmt}")) if folder.is_dir() else []:
         try:  # the name holds the bytes' hash too: a damaged cache file is drawn again, never used
             kept = infile.read(memo, None)
@@ -345,7 +351,7 @@ def draw(fig: Figure, data: pd.DataFrame, kind: str = "anchor", fmt: str = "svg"
             continue
         if memo.name == f"{key}-{hashlib.sha256(kept).hexdigest()[:16]}.{fmt}":
             return kept
-    out = _draw(fig, data, kind, fmt)
+    out = make()
     try:  # the cache is a convenience: a read-only or full disk only costs the drawing next time
         markdown.write_atomic(folder / f"{key}-{hashlib.sha256(out).hexdigest()[:16]}.{fmt}", out)
     except OSError:

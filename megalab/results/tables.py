@@ -26,7 +26,7 @@ Public API:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import re
 import sys
 from pathlib import Path
@@ -35,7 +35,7 @@ import pandas as pd
 
 from megalab.core import catalog
 from megalab.core.paths import ROOT
-from megalab.core import infile, logparse, markdown, provenance, variables
+from megalab.core import git, infile, logparse, markdown, provenance, variables
 from megalab.results import (alike, checkmarks, checks, columns as cols, datareport, dataset, index, overview,
                              pageguard, plots, predicted, quotes)
 from megalab.results import chapter as chapter_inputs
@@ -192,6 +192,16 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     verdicts: the claims' results (checks.Verdicts); where given, a note names the older rows and the
     verdicts that rest on them.
     """
+    _, block, page = chapter_outputs(chapter, records, reference, twogpu=twogpu, tree=tree, hosts=hosts,
+                                     verdicts=verdicts)
+    return block if block_only else page
+
+
+def chapter_outputs(chapter: int, records: dict[str, RunRecord] | None = None,
+                    reference: pd.DataFrame | None = None, *, twogpu: pd.DataFrame | None = None,
+                    tree: Path | None = None, hosts: Hosts | None = None,
+                    verdicts: Mapping[str, checks.Result] | None = None) -> tuple[pd.DataFrame, str, str]:
+    """(the chapter's table_frame, its block, its page: render_chapter's two), made from one table."""
     meta = catalog.chapters()[chapter]
     ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree), hosts)
     df = _frame(ctx)
@@ -228,8 +238,6 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     unit = {"anchor": UNIT_NOTE, "none": NONE_UNIT_NOTE}.get(ctx.kind, TWOGPU_UNIT_NOTE)
     block = "\n".join([published + "; " + _ours_sentence(recs) + ".", "", unit, "", table, "",
                           *(f"- {note}" for note in notes)])
-    if block_only:
-        return block + "\n"
     lines = [
         f"# Chapter {chapter}: {markdown.escape(meta.get('title', ''))}".rstrip(),
         "",
@@ -243,7 +251,7 @@ def render_chapter(chapter: int, records: dict[str, RunRecord] | None = None,
     if meta.get("tutorial") and (catalog.ROOT / meta["tutorial"]).exists():
         lines += ["", f"Tutorial: [{meta['tutorial']}](../{meta['tutorial']}). "
                       "Run a row with `make <make target>`, then `make tables`."]
-    return "\n".join(lines) + "\n"
+    return df, block + "\n", "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- output
@@ -281,7 +289,12 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     (force=True; `compare`, whose pages are its own scratch, passes it). A page no chapter writes any more
     is then removed with its CSV; a tutorial quote of a row that is gone keeps its text.
     """
-    root = Path(root) if root is not None else ROOT
+    with git.asked_once():  # nothing commits while the pages are made: each git question once
+        return _write_tables(Path(root) if root is not None else ROOT, check, strict, records, index_page, force)
+
+
+def _write_tables(root: Path, check: bool, strict: bool, records: dict[str, RunRecord] | None,
+                  index_page: dict | None, force: bool) -> list[Path]:
     catalog.catalog()  # the catalog's door first: a bad entry is refused before a record is read
     chapters = catalog.chapters()
     records = load_records(root / "results" / "runs", root) if records is None else records
@@ -298,22 +311,19 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     reference, twogpu = load_reference(), load_twogpu_reference()
     chapter_inputs.check_refs(reference, twogpu)
     # every page in memory first: nothing is written when one of them cannot be made or would lose something
-    frames, pages = {}, {}
+    frames, pages, blocks = {}, {}, {}
     for chapter, meta in chapters.items():
         path = root / meta["table"]
-        frames[chapter] = table_frame(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts)
-        pages[path] = render_chapter(chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts,
-                                     verdicts=verdicts)
+        frames[chapter], blocks[chapter], pages[path] = chapter_outputs(
+            chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts, verdicts=verdicts)
         pages[path.with_suffix(".csv")] = frames[chapter].to_csv(index=False, lineterminator="\n")  # same rows
-    blocks = {ch: render_chapter(ch, records, reference, twogpu=twogpu, block_only=True, tree=root, hosts=hosts,
-                                 verdicts=verdicts) for ch in chapters}
     unlike = lambda a, b: row_differences(records, hosts, root, a, b)  # noqa: E731  (what a quote's two rows differ in)
     tutorials: dict[Path, tuple[str, list[str]]] = {}
+    row = table_rows(frames)
     for path in sorted((root / "tutorials").glob("*.md")):
         old = infile.text(path)  # the file door: a FIFO, a directory, bytes not UTF-8 are one line
         try:  # the chapter tables, then the prose's quoted cells (quotes.py)
-            tutorials[path] = quotes.fill(embed_tables(old, blocks), lambda t: table_row(frames, t), keep_missing=force,
-                                          unlike=unlike)
+            tutorials[path] = quotes.fill(embed_tables(old, blocks), row, keep_missing=force, unlike=unlike)
         except quotes.QuoteError as e:
             raise quotes.QuoteError(f"{path.relative_to(root)}: {e}") from None
     rows = dataset.rows_frame(records, reference, twogpu, root, hosts)
@@ -371,15 +381,22 @@ def row_differences(records: dict[str, RunRecord], hosts: Hosts, root: Path, a: 
     return ", ".join(d.label for d in alike.differences(runs, hosts, root))
 
 
-def table_row(frames: dict[int, pd.DataFrame], target: str) -> dict[str, str] | None:
-    """TARGET's row (a catalog id, short or full) in its chapter's table, column -> cell; None if none."""
-    try:
-        exp = catalog.get(target)
-    except catalog.CatalogError:
-        return None
-    frame = frames.get(exp.chapter)
-    rows = frame[frame["make target"] == exp.id] if frame is not None else None
-    return None if rows is None or rows.empty else {k: str(v) for k, v in rows.iloc[0].items()}
+def table_rows(frames: dict[int, pd.DataFrame]) -> Callable[[str], dict[str, str] | None]:
+    """A lookup of a target's row (a catalog id, short or full) in its chapter's table, column -> cell; None if
+    none. Each table is read once: a build quotes hundreds of cells."""
+    rows: dict[tuple[int, str], dict[str, str]] = {}
+    for chapter, frame in frames.items():
+        for values in frame.itertuples(index=False, name=None):
+            row = {k: str(v) for k, v in zip(frame.columns, values)}
+            rows.setdefault((chapter, row["make target"]), row)  # the first row of a target, as a filter's first
+
+    def lookup(target: str) -> dict[str, str] | None:
+        try:
+            exp = catalog.get(target)
+        except catalog.CatalogError:
+            return None
+        return rows.get((exp.chapter, exp.id))
+    return lookup
 
 
 EMBED = re.compile(r"(<!-- megalab:table chapter=(\d+) -->\n)(.*?)(<!-- /megalab:table -->)", re.S)

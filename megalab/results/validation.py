@@ -107,7 +107,7 @@ def megatron_mem_by_rank(rec: RunRecord) -> dict[int, dict[str, float]]:
     last rank's maxima then from its TensorBoard series. The log line stops after iteration 2, and
     the allocator may still reserve more after it: the series runs to the last iteration."""
     try:
-        mem = {int(r): v for r, v in logparse.parse_file(rec.log_path).megatron_mem.items()}
+        mem = {int(r): v for r, v in logparse.megatron_mem(logparse.read_text(rec.log_path)).items()}
     except logparse.LogReadError:
         mem = {}
     if not mem:
@@ -146,7 +146,10 @@ def tensorboard_mem_mb(run_dir: Path) -> dict[str, float]:
             if key in _TB_MAXIMA:  # each file's bytes parsed once a process
                 maxima = _TB_MAXIMA[key]
             else:
-                for event in map(Event.FromString, tfrecord.records(data)):
+                # only the events that hold a memory tag are decoded (its name is in their bytes as written), and
+                # the first, the file's version: a file of other records than events is refused there, as before
+                found = tfrecord.records(data)
+                for event in map(Event.FromString, [r for i, r in enumerate(found) if not i or b"mem-" in r]):
                     for v in event.summary.value:
                         if v.tag.startswith("mem-"):
                             x = float(tensor_util.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
