@@ -77,7 +77,7 @@ def sandbox(base: Path, ref: str | None = None, *, runs: list[Path] | None = Non
         shutil.rmtree(repo / "tests", ignore_errors=True)
     keep = {str(d.relative_to(ROOT)) for d in (sources() if runs is None else runs)}
     if not ref:
-        plain = shutil.ignore_patterns(".git", ".venv", "outdir", "__pycache__", ".pytest_cache", "*.egg-info", "tests")
+        plain = shutil.ignore_patterns(".git", ".venv", "outdir", ".pytest_cache", "*.egg-info", "tests")
 
         def ignore(folder: str, names: list[str]) -> set[str]:
             """The patterns above, and the run folders not kept (never copied, rather than copied and removed)."""

@@ -19,6 +19,7 @@ from megalab.core.logparse import (
     IterationLine,
     LogReadError,
     LogSummary,
+    iterations,
     megatron_mem,
     parse_file,
     parse_log,
@@ -376,10 +377,10 @@ def test_never_raises_on_noise():
         json.dumps(summary_fields(s))
 
 
-def test_the_memory_reports_alone_read_as_the_whole_parse_reads_them():
-    """logparse.megatron_mem (the estimator's validation reads only that) is parse_log's megatron_mem: on every
-    fixture and committed log, cut anywhere, and on noise of the lines that decide it (an arguments dump around a
-    report, a report glued to an iteration line)."""
+def test_the_memory_reports_and_iterations_alone_read_as_the_whole_parse_reads_them():
+    """logparse.megatron_mem and logparse.iterations (the estimator's validation and the bench's loss parity read
+    only those) are parse_log's: on every fixture and committed log, cut anywhere, and on noise of the lines that
+    decide them (an arguments dump around a report, a report glued to an iteration line)."""
     rnd = random.Random(11)
     texts = [p.read_bytes() for p in sorted(LOGS.iterdir())]
     texts += [gzip.decompress(p.read_bytes()) for p in sorted((ROOT / "results").glob("runs/*/logs.txt.gz"))[::25]]
@@ -395,7 +396,8 @@ def test_the_memory_reports_alone_read_as_the_whole_parse_reads_them():
     texts.append(dump)
     for text in texts:
         for cut in (len(text), *(rnd.randrange(len(text) + 1) for _ in range(3))):
-            assert megatron_mem(text[:cut]) == parse_log(text[:cut]).megatron_mem
+            whole = parse_log(text[:cut])
+            assert megatron_mem(text[:cut]) == whole.megatron_mem and iterations(text[:cut]) == whole.iterations
 
 
 @pytest.mark.parametrize("value", [None, b"\xff\xfe iteration 1/ 2 |", 12])

@@ -68,7 +68,7 @@ class Env:
         self.base = base
         self.repo = base / "repo"
         shutil.copytree(ROOT, self.repo, symlinks=True, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "outdir", "__pycache__", ".pytest_cache", "*.egg-info", "tests"))
+            ".git", ".venv", "outdir", ".pytest_cache", "*.egg-info", "tests"))
         shutil.copytree(ROOT / "tests" / "fixtures", self.repo / "tests" / "fixtures")
         self.bin = base / "bin"
         self.bin.mkdir()

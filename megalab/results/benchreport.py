@@ -110,8 +110,8 @@ def _ok(r: RunRecord | None) -> bool:
 
 
 def _losses(r: RunRecord) -> dict[int, float]:
-    s = logparse.parse_file(r.log_path)
-    return {it.iteration: it.lm_loss for it in s.iterations if it.lm_loss is not None}
+    its = logparse.iterations(logparse.read_text(r.log_path))
+    return {it.iteration: it.lm_loss for it in its if it.lm_loss is not None}
 
 
 def parity(a: RunRecord, b: RunRecord, own_masks: bool = False) -> dict:
@@ -402,8 +402,10 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
     median of the runs' medians (range, n), peak memory, with / without, and the loss parity of the first pair
     (the bench's rule)."""
     # configurations that are not catalog rows live in results/holdout/runs (the estimator's out-of-catalog set)
-    runs = [r for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs")
-            for r in read_records(d, "megalab bench-report")]
+    runs: dict[str, list[RunRecord]] = {}  # target -> its runs, in the folders' order
+    for d in (root / "results" / "runs", bench_dir / "runs", root / "results" / "holdout" / "runs"):
+        for r in read_records(d, "megalab bench-report"):
+            runs.setdefault(r.target, []).append(r)
     flag_levers = _flag_lever_args(cfg)
     flagged_of: dict[int, tuple[str, frozenset[str]]] = {}  # id(run) -> _flag_levers: a run meets many trials
     rows = []
@@ -423,9 +425,9 @@ def trial_rows(cfg: dict, bench_dir: Path, root: Path = ROOT) -> list[TrialRow]:
         for entry in trial["targets"]:
             target, extra = (entry, "") if isinstance(entry, str) else (entry["target"], " ".join(entry["extra_args"].split()))
             sides: dict[tuple, dict[bool, list]] = {}
-            for r in runs:
+            for r in runs.get(target, ()):
                 fast = set((r.intent.fastpath if r.intent else None) or ())
-                if r.target != target or r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
+                if r.status != "ok" or not r.step_ms_median or r.config.spec != "megalab":
                     continue
                 if id(r) not in flagged_of:
                     flagged_of[id(r)] = _flag_levers(r, flag_levers)

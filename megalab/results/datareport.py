@@ -153,7 +153,7 @@ def _v(x: int | None) -> str:
 
 def _losses(rec: RunRecord) -> list[tuple[int, float]]:
     try:
-        its = logparse.parse_file(rec.log_path).iterations
+        its = logparse.iterations(logparse.read_text(rec.log_path))
     except logparse.LogReadError:
         return []
     return [(it.iteration, it.lm_loss) for it in its if it.lm_loss is not None]

@@ -42,7 +42,7 @@ from megalab.results import chapter as chapter_inputs
 from megalab.results.chapter import (  # noqa: F401  (tables.load_reference etc.: the pages' inputs)
     RUNS_DIR, Context, context as _context, load_reference, load_twogpu_reference)
 from megalab.core.gpus import short_gpu_name
-from megalab.core.records import RunRecord
+from megalab.core.records import RunRecord, read_once
 from megalab.results.hosts import Hosts
 
 UNIT_NOTE = ("Unit: every memory figure on this page is GiB (2^30 bytes) unless its column says otherwise; "
@@ -289,7 +289,7 @@ def write_tables(root: Path | None = None, *, check: bool = False, strict: bool 
     (force=True; `compare`, whose pages are its own scratch, passes it). A page no chapter writes any more
     is then removed with its CSV; a tutorial quote of a row that is gone keeps its text.
     """
-    with git.asked_once():  # nothing commits while the pages are made: each git question once
+    with git.asked_once(), read_once():  # nothing commits or writes a record while the pages are made
         return _write_tables(Path(root) if root is not None else ROOT, check, strict, records, index_page, force)
 
 

@@ -15,31 +15,36 @@ on megatron-core's own writer. Each module holds one step, in the order the data
   command.py    the command line: options, errors and exit codes, the summary; its docstring is
                 the user's reference (--help)
 
-The names the rest of megalab and the tests use are importable from here.
+The names the rest of megalab and the tests use are importable from here, each imported from its submodule
+when first asked for (PEP 562): the launcher imports this package for split_problem alone, and a run on
+mock data never loads numpy or a tokenizer.
 """
-from megalab.harness.data.command import cli, make_vars, summary
-from megalab.harness.data.errors import FIX_LOCAL, INSTALL_DATA, DataError
-from megalab.harness.data.hub import HUB_PARQUET_REVISION
-from megalab.harness.data.pipeline import DEFAULT_OUT_DIR, Result, default_prefix, prepare
-from megalab.harness.data.sources import DEFAULT_SOURCE, LOCAL_EXTS, Source, resolve_source
-from megalab.harness.data.splits import (
-    DEFAULT_SPLIT,
-    SUGGEST_SEQ_LEN,
-    safe_split,
-    split_documents,
-    split_problem,
-    split_ranges,
-    split_samples,
-    suggested_split,
-)
-from megalab.harness.data.tokenizer import EOD_TOKEN, GPT2_HUB_REPO, Tok, TokenizerSpec
-from megalab.harness.data.writer import SUFFIX, Paths, document_tokens, finished, read_idx_header
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_OUT_DIR", "DEFAULT_SOURCE", "DEFAULT_SPLIT", "EOD_TOKEN", "FIX_LOCAL", "GPT2_HUB_REPO",
-    "HUB_PARQUET_REVISION", "INSTALL_DATA", "LOCAL_EXTS", "SUFFIX", "SUGGEST_SEQ_LEN",
-    "DataError", "Paths", "Result", "Source", "Tok", "TokenizerSpec",
-    "cli", "default_prefix", "document_tokens", "finished", "make_vars", "prepare", "read_idx_header",
-    "resolve_source", "safe_split", "split_documents", "split_problem", "split_ranges", "split_samples",
-    "suggested_split", "summary",
-]
+import importlib
+
+_FROM = {  # name -> the submodule that defines it
+    "cli": "command", "make_vars": "command", "summary": "command",
+    "FIX_LOCAL": "errors", "INSTALL_DATA": "errors", "DataError": "errors",
+    "HUB_PARQUET_REVISION": "hub",
+    "DEFAULT_OUT_DIR": "pipeline", "Result": "pipeline", "default_prefix": "pipeline", "prepare": "pipeline",
+    "DEFAULT_SOURCE": "sources", "LOCAL_EXTS": "sources", "Source": "sources", "resolve_source": "sources",
+    "DEFAULT_SPLIT": "splits", "SUGGEST_SEQ_LEN": "splits", "safe_split": "splits", "split_documents": "splits",
+    "split_problem": "splits", "split_ranges": "splits", "split_samples": "splits", "suggested_split": "splits",
+    "EOD_TOKEN": "tokenizer", "GPT2_HUB_REPO": "tokenizer", "Tok": "tokenizer", "TokenizerSpec": "tokenizer",
+    "SUFFIX": "writer", "Paths": "writer", "document_tokens": "writer", "finished": "writer",
+    "read_idx_header": "writer",
+}
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str):
+    if name not in _FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_FROM[name]}"), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FROM))
