@@ -23,6 +23,7 @@ class Command:
     arguments: str | None = "add_arguments"  # the module's function that declares the command's arguments
     main: str = "main"  # the module's function that runs it: main(args) -> exit status
     passthrough: bool = False  # the module parses its own argv: main(argv)
+    reader: bool = False  # reads records and git and writes pages only: each git question and records folder once
 
     def functions(self):
         module = importlib.import_module(f"megalab.{self.module}") if self.module else sys.modules[__name__]
@@ -37,7 +38,7 @@ COMMANDS = {
     "script": Command("a target's RUN_DIR/launch.sh, planned for this machine, on stdout (scripts/train_gpt.sh)",
                       "harness.commands", "script_arguments", "script_main"),
     "plan": Command("predict per-GPU memory, FLOPs and step time before a run (--validate: against the records)",
-                    None, "_plan_arguments", "_plan"),
+                    None, "_plan_arguments", "_plan", reader=True),
     "batch": Command("several targets in a row (make batch IDS=\"101 111\"), past failures; a kill ends the run in "
                      "flight and starts no further one", "harness.batch", None, "cli", passthrough=True),
     "campaign": Command("every selected row REPEATS times on this machine, pass after pass (make campaign "
@@ -50,13 +51,15 @@ COMMANDS = {
     "targets": Command("target ids only, one per line (the Makefile reads these)", None, None, "_targets"),
     "parse": Command("summarise a Megatron log (--json for the record fields)", "core.logparse"),
     "tables": Command("rebuild results/*.md and their figures from committed run records (make tables)",
-                      None, "_tables_arguments", "_tables"),
+                      None, "_tables_arguments", "_tables"),  # no reader: write_tables is one (a skip stays light)
     "compare": Command("your outdir's runs beside the committed ones, pages in OUTDIR/compare (make compare)",
-                       "results.compare"),
-    "plots": Command("redraw the figures only, results/plots/*.svg (make plots; --out DIR)", "results.plots"),
+                       "results.compare", reader=True),
+    "plots": Command("redraw the figures only, results/plots/*.svg (make plots; --out DIR)", "results.plots",
+                     reader=True),
     "data-report": Command("rebuild results/data/README.md from the real-data run records (make tables)",
-                           "results.datareport"),
-    "check": Command("evaluate the papers' trend claims against the records (make check)", "results.checks"),
+                           "results.datareport", reader=True),
+    "check": Command("evaluate the papers' trend claims against the records (make check)", "results.checks",
+                     reader=True),
     "transcript": Command("regenerate results/quickstart/transcript.txt from the quickstart page's commands "
                           "(--check; --gpu: on a GPU machine, the run too)", "results.transcript"),
     "prepare-data": Command("tokenize a corpus into Megatron's .bin/.idx (make prepare-data; --help)",
@@ -71,11 +74,11 @@ COMMANDS = {
                       "it is up to date)", "core.leverdoc"),
     "python": Command("the Python and torch make runs targets with (make which-python)", "harness.pyinfo", None),
     "integrity": Command("rebuild results/integrity/README.md (--check: only say whether it is up to date)",
-                         "results.integrity"),
+                         "results.integrity", reader=True),
     "bench": Command("the GPU benchmark (make bench: `bench run`, then its page)", None, "_bench_arguments",
                      "_bench"),
     "bench-report": Command("rebuild results/bench/README.md from the bench's records (make bench-report)",
-                            None, None, "_bench_report"),
+                            None, None, "_bench_report", reader=True),
 }
 
 
@@ -133,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(rest)
         if rest:  # the command's own usage, and what it did not recognise (exits 2)
             own.error(f"unrecognized arguments: {' '.join(rest)}")
-        return args.run(args)
+        if not COMMANDS[args.command].reader:
+            return args.run(args)
+        from megalab.core import git, records
+
+        with git.asked_once(), records.read_once():  # nothing commits or writes a record while it reads
+            return args.run(args)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except (CatalogError, LaunchError, InputError) as e:  # a bad input: one line, its fix

@@ -197,6 +197,8 @@ class Context:
     tree: Path = ROOT  # the checkout whose git history judges the records' code (provenance)
     hosts: machines.Hosts | None = None  # which machine each run ran on, who ran beside it (hosts.py)
     _warned: set = dataclasses.field(default_factory=set)
+    _refs: dict = dataclasses.field(default_factory=dict)  # ref_row's answers: a page's cells ask each row often
+    figures: list | None = None  # plots.figures_of's, once made: the page links them, write_plots draws them
 
     def rec(self, exp: catalog.Experiment) -> RunRecord | None:
         return self.records.get(exp.id)
@@ -215,7 +217,9 @@ class Context:
                 print(f"megalab tables: {exp.id}: reference row {exp.ref} of chapter {exp.chapter} not in "
                       f"{name}", file=sys.stderr)
             return None
-        return table.loc[key]
+        if key not in self._refs:
+            self._refs[key] = table.loc[key]
+        return self._refs[key]
 
     def ref_ms(self, exp: catalog.Experiment) -> float | None:
         ref = self.ref_row(exp)

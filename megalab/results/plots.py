@@ -267,7 +267,13 @@ FIGURES = [
 # --------------------------------------------------------------------------- chapter figures
 
 def figures_of(ctx: chapters.Context) -> list[tuple[Figure, pd.DataFrame]]:
-    """The chapter's figures that have at least one point, each with its data."""
+    """The chapter's figures that have at least one point, each with its data (made once a Context)."""
+    if ctx.figures is None:
+        ctx.figures = _figures_of(ctx)
+    return ctx.figures
+
+
+def _figures_of(ctx: chapters.Context) -> list[tuple[Figure, pd.DataFrame]]:
     specs = [f for f in FIGURES if f.chapter == ctx.chapter]
     if not specs:
         return []
@@ -416,25 +422,29 @@ def _draw(fig: Figure, data: pd.DataFrame, kind: str, fmt: str) -> bytes:
 # --------------------------------------------------------------------------- output
 
 def write_plots(root: Path | None = None, *, records: dict[str, run_records.RunRecord] | None = None,
-                out: Path | None = None, check: bool = False, force: bool = True, hosts: Hosts | None = None
-                ) -> list[Path]:
+                out: Path | None = None, check: bool = False, force: bool = True, hosts: Hosts | None = None,
+                contexts: dict[int, chapters.Context] | None = None) -> list[Path]:
     """Draw every chapter's figures into `out` (default ROOT/results/plots); return the changed paths.
 
     A figure whose bytes are unchanged is not rewritten; an .svg there that no figure makes any more
     is removed (the folder is generated), and with force=False (`make plots` without FORCE=1) refused
     instead: pageguard.WouldShrink, nothing written (a figure goes when its rows or published numbers do:
     `make tables` judges those first, then draws with force). check=True writes nothing and returns the
-    paths that are missing or no longer made (file names only, see the module docstring).
+    paths that are missing or no longer made (file names only, see the module docstring). CONTEXTS: the
+    chapters' contexts where the caller made them (make tables: each chapter's figures made once, for its page's
+    links and here).
     """
     root = Path(root) if root is not None else ROOT
     if records is None:
         records = provenance.load_rows(root / "results" / "runs", "megalab plots", root)
         hosts = hosts or machines.committed(root / "results")
-    reference, twogpu = chapters.load_reference(), chapters.load_twogpu_reference()
+    if contexts is None:
+        reference, twogpu = chapters.load_reference(), chapters.load_twogpu_reference()
+        contexts = {ch: chapters.context(ch, records, reference, twogpu, None, root, hosts) for ch in catalog.chapters()}
     folder = out or root / "results" / PLOTS  # every chapter page lives in results/
     wanted: dict[Path, tuple[Figure, pd.DataFrame, str]] = {}
     for chapter, meta in catalog.chapters().items():
-        ctx = chapters.context(chapter, records, reference, twogpu, None, root, hosts)
+        ctx = contexts[chapter]
         for fig, data in figures_of(ctx):
             wanted[folder / file_name(fig, meta["table"])] = (fig, data, ctx.kind)
     stale = sorted(p for p in folder.glob("*.svg") if p not in wanted) if folder.is_dir() else []

@@ -202,8 +202,14 @@ def chapter_outputs(chapter: int, records: dict[str, RunRecord] | None = None,
                     tree: Path | None = None, hosts: Hosts | None = None,
                     verdicts: Mapping[str, checks.Result] | None = None) -> tuple[pd.DataFrame, str, str]:
     """(the chapter's table_frame, its block, its page: render_chapter's two), made from one table."""
+    return outputs(_context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree), hosts),
+                   verdicts)
+
+
+def outputs(ctx: Context, verdicts: Mapping[str, checks.Result] | None = None) -> tuple[pd.DataFrame, str, str]:
+    """chapter_outputs of a chapter's Context."""
+    chapter = ctx.chapter
     meta = catalog.chapters()[chapter]
-    ctx = _context(chapter, records, reference, twogpu, None, ROOT if tree is None else Path(tree), hosts)
     df = _frame(ctx)
     targets = set(df["make target"])
     recs = [ctx.records[t] for t in sorted(targets & set(ctx.records))]
@@ -312,10 +318,10 @@ def _write_tables(root: Path, check: bool, strict: bool, records: dict[str, RunR
     chapter_inputs.check_refs(reference, twogpu)
     # every page in memory first: nothing is written when one of them cannot be made or would lose something
     frames, pages, blocks = {}, {}, {}
+    contexts = {ch: _context(ch, records, reference, twogpu, None, root, hosts) for ch in chapters}  # the figures too
     for chapter, meta in chapters.items():
         path = root / meta["table"]
-        frames[chapter], blocks[chapter], pages[path] = chapter_outputs(
-            chapter, records, reference, twogpu=twogpu, tree=root, hosts=hosts, verdicts=verdicts)
+        frames[chapter], blocks[chapter], pages[path] = outputs(contexts[chapter], verdicts)
         pages[path.with_suffix(".csv")] = frames[chapter].to_csv(index=False, lineterminator="\n")  # same rows
     unlike = lambda a, b: row_differences(records, hosts, root, a, b)  # noqa: E731  (what a quote's two rows differ in)
     tutorials: dict[Path, tuple[str, list[str]]] = {}
@@ -337,7 +343,7 @@ def _write_tables(root: Path, check: bool, strict: bool, records: dict[str, RunR
         if lost and (lost := pageguard.unexplained(lost, pageguard.catalog_change())):
             raise pageguard.WouldShrink(pageguard.sentence(lost))
     # the pages link these figures: drawn first, so no link is ever dangling
-    changed = plots.write_plots(root, records=records, check=check, hosts=hosts)
+    changed = plots.write_plots(root, records=records, check=check, hosts=hosts, contexts=contexts)
     for path, text in pages.items():
         if markdown.write_if_changed(path, text, check=check):
             changed.append(path)
