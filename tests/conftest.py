@@ -55,20 +55,28 @@ def pytest_collection_modifyitems(config, items):
     Under pytest-xdist (`make test`: -n auto --dist loadgroup) the tests that share the input audit
     (tests/test_fuzz_inputs.py's module fixture, the suite's longest setup) are one group, so the audit is
     made once, on one worker; they go first, so that it runs while the other workers take the rest. So do
-    the estimator tests that share the validation rows (SHARED)."""
+    the estimator tests that share the validation rows (SHARED), and the modules whose checks run in Triton's
+    interpreter (interpreted(): one worker starts the warm interpreter, its imports of torch, Triton and Megatron
+    taking 5-6 s), next."""
     if not (os.environ.get("MEGALAB_GPU_TESTS") == "1" or "gpu" in (config.getoption("-m") or "")):
         skip = pytest.mark.skip(reason="GPU test: MEGALAB_GPU_TESTS=1 or pytest -m gpu runs it")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    groups = {}
+    groups, interprets = {}, {}
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
         shared = [f for f in SHARED.get(module, ()) if f == "*" or f in getattr(item, "fixturenames", ())]
+        if module and module not in interprets:
+            interprets[module] = "interpreted(" in Path(item.module.__file__).read_text(encoding="utf-8")
         if shared:
             groups[id(item)] = f"{module}:{shared[0]}"
+        elif interprets.get(module):
+            groups[id(item)] = "interpreter"
+        if id(item) in groups:
             item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
-    first = sorted((i for i in items if id(i) in groups), key=lambda i: not groups[id(i)].endswith(":audit"))
+    order = lambda i: (not groups[id(i)].endswith(":audit"), groups[id(i)] != "interpreter")  # noqa: E731
+    first = sorted((i for i in items if id(i) in groups), key=order)
     items[:] = first + [i for i in items if id(i) not in groups]
 
 
@@ -78,6 +86,11 @@ def pytest_collection_modifyitems(config, items):
 RANK_PRELOAD = ["megalab.runtime.spec", "megalab.runtime.grouped_experts", "megalab.runtime.cross_entropy",
                 "megatron.core.models.gpt.gpt_model", "megatron.core.transformer.moe.moe_layer",
                 "megatron.core.transformer.moe.experts", "torch.distributed"]
+
+
+# The tests that start ranks: one xdist group, so that one worker starts the fork server (RANK_PRELOAD's imports,
+# 4.5 s) rather than each.
+RANKS = pytest.mark.xdist_group("ranks")
 
 
 def start_ranks(fn, nprocs: int, *args) -> None:

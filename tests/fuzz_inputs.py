@@ -209,13 +209,21 @@ def b64(data: bytes | str) -> dict:
 OVER_LOG_LIMIT_MIB = 600  # a bomb past infile.LOG_LIMIT (512 MiB) unpacked: the door refuses it unread
 
 
-@functools.lru_cache(maxsize=4)  # the same bomb for the log and the TensorBoard file: made once (2 s each)
+@functools.lru_cache(maxsize=4)  # the same bomb for the log and the TensorBoard file: made once
 def gzip_bomb(mib: int) -> bytes:
-    """MIB MiB of zeros, gzipped (about a thousandth of that on disk)."""
+    """MIB MiB of zeros, gzipped (about a thousandth of that on disk): one gzip member whose deflate stream is one
+    MiB's block, flushed to stand alone, MIB times over, then an empty last block (0.2 s for 600 MiB, where
+    compressing them took 1.7 s)."""
+    import struct
     import zlib
-    z = zlib.compressobj(9, zlib.DEFLATED, 31)
     chunk = bytes(1 << 20)
-    return b"".join([*(z.compress(chunk) for _ in range(mib)), z.flush()])
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: the gzip header and trailer are written here
+    block = z.compress(chunk) + z.flush(zlib.Z_FULL_FLUSH)  # refers to nothing before it: it can be repeated
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(chunk, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # deflate, no name, mtime 0, best compression, unknown OS
+    return header + block * mib + z.flush() + struct.pack("<II", crc, (mib << 20) & 0xFFFFFFFF)
 
 
 # --------------------------------------------------------------------------- run records

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.conftest import free_port, start_ranks
+from tests.conftest import RANKS, free_port, start_ranks
 
 S, B, V = 8, 3, 40
 
@@ -108,6 +108,7 @@ def _tp2_worker(rank, port):
         dist.destroy_process_group()
 
 
+@RANKS
 def test_tp2_matches_megatron_and_the_full_vocabulary():
     start_ranks(_tp2_worker, 2, free_port())
 

@@ -86,8 +86,10 @@ def test_every_damaged_record_is_named_by_every_reader_that_reads_it(audit):
     assert named > 1000
 
 
-def test_the_damage_is_the_same_every_time():
-    a, b = fuzz_inputs.cases_for(["records", "catalog"]), fuzz_inputs.cases_for(["records", "catalog"])
+def test_the_damage_is_the_same_every_time(audit):
+    """Made again, the records' and the catalog's damage is the audit's."""
+    a = [c for c in audit["cases"] if c["group"] in ("settle", "records", "catalog")]
+    b = fuzz_inputs.cases_for(["records", "catalog"])
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 

@@ -9,7 +9,7 @@ float32 with 16-byte-aligned sizes runs torch._grouped_mm's CPU kernel, forward 
 """
 
 import pytest
-from conftest import free_port as _free_port, start_ranks
+from conftest import RANKS, free_port as _free_port, start_ranks
 
 from megalab._compat import ensure_typing_override
 
@@ -335,6 +335,7 @@ def _parallel_worker(rank: int, port: int, ep: int, etp: int):
         dist.destroy_process_group()
 
 
+@RANKS
 @pytest.mark.parametrize("ep,etp", [(2, 1), (1, 2)], ids=["EP=2", "ETP=2"])
 def test_expert_parallel_and_expert_tensor_parallel(ep, etp):
     start_ranks(_parallel_worker, 2, _free_port(), ep, etp)

@@ -11,6 +11,7 @@ on a GPU; and nothing outside megalab/runtime imports torch when it is imported 
 tables work with the base dependencies alone).
 """
 import ast
+import collections
 from pathlib import Path
 
 import pytest
@@ -29,31 +30,22 @@ MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
     """(imported module, at module level?) for every import in the file, `from megalab.x import y`
-    resolved to megalab.x.y where y is a module."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    resolved to megalab.x.y where y is a module; in ast.walk's order. At module level: not inside a function (a
+    class body runs at import time too)."""
+    queue = collections.deque([(ast.parse(path.read_text(encoding="utf-8")), False)])  # (node, inside a function?)
     out = []
-    for node in ast.walk(tree):
+    while queue:
+        node, in_function = queue.popleft()
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names
                                      if f"{node.module}.{a.name}" in MODULES]
-        out += [(n, _at_module_level(tree, node)) for n in names]
+        out += [(n, not in_function) for n in names]
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        queue.extend((child, inner) for child in ast.iter_child_nodes(node))
     return out
-
-
-def _at_module_level(tree: ast.Module, target: ast.AST) -> bool:
-    """True unless the import sits inside a function (a class body runs at import time too)."""
-    def walk(node, in_function):
-        if node is target:
-            return not in_function
-        for child in ast.iter_child_nodes(node):
-            r = walk(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
-            if r is not None:
-                return r
-        return None
-    return bool(walk(tree, False))
 
 
 GRAPH = {m: _imports(p) for m, p in MODULES.items()}

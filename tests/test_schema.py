@@ -65,6 +65,25 @@ def test_a_record_file_is_parsed_once_per_content(tmp_path):
             RunRecord.load(a)
 
 
+@pytest.mark.parametrize("peaks,said", [
+    ([30.0, 31.5], None), ([30, 31.5], None), ([1.0] * 100_000, None), ((30.0,), None),
+    ([30.0, True], "mem_peak_gib.1: not a number (True)"), ([30.0, -1], "mem_peak_gib.1: a measurement is never negative"),
+    ([30.0, float("nan")], "mem_peak_gib.1: not a finite number"), ([1.0] * 99_999 + ["31"], "mem_peak_gib.99999: not a")])
+def test_per_gpu_amounts_read_in_one_pass_are_what_item_by_item_reads(peaks, said):
+    """A list of plain numbers is checked in one pass (schema.Amounts): the list item by item reads, an int kept an
+    int (a record is rewritten byte-alike); anything else is read item by item, each error at its item."""
+    from pydantic import TypeAdapter
+
+    try:
+        got = RunRecord.of(GOOD | {"mem_peak_gib": peaks}).mem_peak_gib
+    except records.RecordError as e:
+        assert said is not None and str(e).startswith(said), str(e)
+        return
+    assert said is None
+    item_by_item = TypeAdapter(list[schema.Amount]).validate_python(peaks)
+    assert got == item_by_item and [type(x) for x in got] == [type(x) for x in item_by_item]
+
+
 def test_unknown_fields_of_old_records_load_as_history():
     rec = RunRecord.of(GOOD | {"long_gone": {"x": 1}, "config": {"old_key": [1, 2]}})
     assert rec.model_extra == {"long_gone": {"x": 1}} and rec.config.model_extra == {"old_key": [1, 2]}

@@ -9,7 +9,7 @@ device="cuda" when no mask is passed; we pass an explicit causal mask to Megatro
 import math
 
 import pytest
-from conftest import CpuBuffer, NullRngTracker, free_port as _free_port, start_ranks
+from conftest import RANKS, CpuBuffer, NullRngTracker, free_port as _free_port, start_ranks
 
 from megalab._compat import ensure_typing_override
 
@@ -329,6 +329,7 @@ def _sp_worker(rank: int, port: int, world_size: int):
         dist.destroy_process_group()
 
 
+@RANKS
 def test_sp_norm_grads_all_reduced_by_megatron_finalize_model_grads():
     start_ranks(_sp_worker, 2, _free_port(), 2)
 
@@ -496,6 +497,7 @@ def _cp_gpt_worker(rank: int, port: int, cp: int, modes):
         dist.destroy_process_group()
 
 
+@RANKS
 def test_gpt_with_context_parallel_matches_the_full_sequence():
     # not forked from this process, which may hold world1's process group (a child cannot drop it): conftest
     start_ranks(_cp_gpt_worker, 2, _free_port(), 2, ("p2p", "all_gather", "a2a"))
@@ -561,6 +563,7 @@ def _tp_sp_gpt_worker(rank: int, port: int, tp: int, ref_path: str, levers: str 
         dist.destroy_process_group()
 
 
+@RANKS
 @pytest.mark.parametrize("levers", ["", "bf16_ce,addmm_bias"])
 def test_gpt_with_tp2_and_sequence_parallel_matches_tp1(megatron_on_cpu, tmp_path, levers):
     """The check behind the bench's TP=2 + SP parity pair: same function and gradients, exactly; with

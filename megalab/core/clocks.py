@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import statistics
 from collections import Counter
@@ -58,6 +59,13 @@ def per_gpu(path: Path) -> dict[int, Busy] | None:
         text = infile.text(p, infile.LOG_LIMIT)  # as record.py reads it: a long multi-GPU run's CSV passes 4 MiB
     except infile.InputError as e:
         raise infile.InputError(e.path, e.reason, "name a run directory or its gpu_memory.csv") from None
+    return _per_gpu(text, p)
+
+
+@functools.lru_cache(maxsize=4096)  # a CSV's text parsed once a process: a page build reads every run's (1,203)
+def _per_gpu(text: str, p: Path) -> dict[int, Busy] | None:
+    """per_gpu of a CSV's TEXT (P: the file, for its errors). Its Busy values are shared: readers add them up into
+    new ones (Busy.__add__) and read figures, never change them."""
     rows = csv.DictReader(io.StringIO(text))
     if not set(CLOCK_COLUMNS) <= set(rows.fieldnames or ()):
         return None

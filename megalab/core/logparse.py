@@ -333,7 +333,7 @@ def _on_args_fence(st: _State, line: str, rank) -> bool:
 
 
 def _on_argument(st: _State, line: str, rank) -> bool:
-    if "megalab:" in line:
+    if "megalab:" in line or not st.in_args and " .." not in line:  # outside the dump: " .. " or no argument
         return False
     m = (_ARG_IN_BLOCK_RE if st.in_args else _ARG_DOTTED_RE).match(line)
     if m:
@@ -427,12 +427,11 @@ def _on_oom(st: _State, line: str, rank) -> bool:
 
 def _on_traceback(st: _State, line: str, rank) -> bool:
     """A traceback's first line, and the exception line that ends it (per rank)."""
-    stripped = line.strip()
-    if stripped.startswith("Traceback (most recent call last)"):
+    if "Traceback (most recent call last)" in line and line.strip().startswith("Traceback (most recent call last)"):
         st.tb_pending[rank] = True
         st.tb_seen = st.recognised = True
         return True
-    if st.tb_pending.get(rank) and line[:1] not in (" ", "\t") and stripped:
+    if st.tb_pending.get(rank) and line[:1] not in (" ", "\t") and (stripped := line.strip()):
         if not stripped.startswith(("During handling", "The above exception")) and _EXC_RE.match(stripped):
             st.exceptions.append(stripped)
             st.tb_pending[rank] = False
@@ -451,7 +450,7 @@ def _on_torchrun_failure(st: _State, line: str, rank) -> bool:
                 st.child_rank = int(m.group(1))
             if (m := _CHILD_EXIT_RE.match(line)) and st.child_exit is None:
                 st.child_exit = int(m.group(1))
-    if (m := _ELASTIC_FAIL_RE.search(line)) and st.elastic_rank is None:
+    if "failed (exitcode: " in line and (m := _ELASTIC_FAIL_RE.search(line)) and st.elastic_rank is None:
         st.elastic_rank = int(m.group(2))
         st.recognised = True
     return False
@@ -459,8 +458,8 @@ def _on_torchrun_failure(st: _State, line: str, rank) -> bool:
 
 def _on_abort(st: _State, line: str, rank) -> bool:
     """A C++ abort (e.g. NCCL's watchdog): no Python traceback."""
-    stripped = line.strip()
-    if stripped.startswith("terminate called after throwing") and st.other_crash is None:
+    if "terminate called after throwing" in line and st.other_crash is None \
+            and (stripped := line.strip()).startswith("terminate called after throwing"):
         st.other_crash = stripped
     if not st.recognised and _MEGATRON_HINT_RE.search(line):
         st.recognised = True

@@ -6,6 +6,7 @@ test checks the committed page is what the records give.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import statistics
 import sys
@@ -110,8 +111,14 @@ def _ok(r: RunRecord | None) -> bool:
 
 
 def _losses(r: RunRecord) -> dict[int, float]:
-    its = logparse.iterations(logparse.read_text(r.log_path))
-    return {it.iteration: it.lm_loss for it in its if it.lm_loss is not None}
+    text = logparse.read_text(r.log_path)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if key not in _LOSSES:  # each log's text parsed once a process: the trials read the same pairs' logs again
+        _LOSSES[key] = {it.iteration: it.lm_loss for it in logparse.iterations(text) if it.lm_loss is not None}
+    return dict(_LOSSES[key])
+
+
+_LOSSES: dict[str, dict[int, float]] = {}  # a log's text's digest -> its losses
 
 
 def parity(a: RunRecord, b: RunRecord, own_masks: bool = False) -> dict:

@@ -175,7 +175,16 @@ def curve_runs(recs: list[RunRecord], root: Path) -> tuple[RunRecord, RunRecord 
 
 def draw_curve(real: RunRecord, mock: RunRecord | None, v: int | None, fmt: str = "svg") -> bytes:
     """Loss per iteration, real data and its mock twin on one axis; SVG bytes, same in, same out
-    (fmt="png" for a quick look)."""
+    (fmt="png" for a quick look), kept in the machine's cache as the chapter figures are (plots.kept_drawing)."""
+    lines = [(label, color, pts) for rec, label, color in ((real, f"real data: {real.config.data}", "C0"),
+                                                            (mock, "mock data, same vocabulary", "C1"))
+             if rec is not None and (pts := _losses(rec))]
+    title = f"{real.target}: training loss per iteration"
+    key = plots.drawing_digest(Path(__file__), fmt, repr((lines, v, title)))
+    return plots.kept_drawing(key, fmt, lambda: _draw_curve(lines, v, title, fmt))
+
+
+def _draw_curve(lines: list[tuple[str, str, list[tuple[int, float]]]], v: int | None, title: str, fmt: str) -> bytes:
     import matplotlib
     import matplotlib.style
     from matplotlib.figure import Figure as MplFigure
@@ -183,13 +192,11 @@ def draw_curve(real: RunRecord, mock: RunRecord | None, v: int | None, fmt: str 
     with matplotlib.style.context("default"), matplotlib.rc_context(plots.STYLE):
         f = MplFigure(figsize=plots.SIZE, dpi=plots.DPI, layout="constrained")
         ax = f.add_subplot()
-        for rec, label, color in ((real, f"real data: {real.config.data}", "C0"),
-                                  (mock, "mock data, same vocabulary", "C1")):
-            if rec is not None and (pts := _losses(rec)):
-                ax.plot([i for i, _ in pts], [loss for _, loss in pts], color=color, lw=1.2, label=label)
+        for label, color, pts in lines:
+            ax.plot([i for i, _ in pts], [loss for _, loss in pts], color=color, lw=1.2, label=label)
         if v:  # where a fresh model starts: the loss of a uniform guess over the vocabulary
             ax.axhline(math.log(v), ls="--", lw=1, color="0.5", label=f"ln {v} = {math.log(v):.2f} (uniform guess)")
-        ax.set(xlabel="iteration", ylabel="lm loss", title=f"{real.target}: training loss per iteration")
+        ax.set(xlabel="iteration", ylabel="lm loss", title=title)
         f.legend(loc="outside right upper", fontsize=8, frameon=False)
         buf = io.BytesIO()
         f.savefig(buf, format=fmt, metadata=plots.SVG_META if fmt == "svg" else {"Software": None})

@@ -9,7 +9,6 @@ which rows are today's code and defaults (their colour). Everything comes from r
 """
 from __future__ import annotations
 
-import hashlib
 import io
 from pathlib import Path
 
@@ -47,15 +46,8 @@ def sentence(pts: pd.DataFrame) -> str:
 
 def draw(pts: pd.DataFrame) -> bytes:
     """Two panels, step time and memory, one dot per row (its short id), coloured today / older; SVG bytes,
-    the same for the same points: kept in the machine's cache as the chapter figures are (plots.kept_drawing),
-    keyed by this file and plots.py (the style), matplotlib's version and the points."""
-    import matplotlib
-
-    h = hashlib.sha256()
-    for part in (Path(__file__).read_bytes(), Path(plots.__file__).read_bytes(), matplotlib.__version__.encode(),
-                 pts.to_csv(index=False).encode()):
-        h.update(hashlib.sha256(part).digest())
-    return plots.kept_drawing(h.hexdigest(), "svg", lambda: _draw(pts))
+    the same for the same points: kept in the machine's cache as the chapter figures are (plots.kept_drawing)."""
+    return plots.kept_drawing(plots.drawing_digest(Path(__file__), pts.to_csv(index=False)), "svg", lambda: _draw(pts))
 
 
 def _draw(pts: pd.DataFrame) -> bytes:

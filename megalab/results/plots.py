@@ -325,14 +325,20 @@ def _source_label(source: str, analogue: bool, data: pd.DataFrame, kind: str) ->
 def drawing_key(fig: Figure, data: pd.DataFrame, kind: str, fmt: str) -> str:
     """What draw()'s bytes depend on, hashed: this file (the drawing code, its style and sizes), the
     matplotlib version, the figure's words, its data and its model's lines."""
-    import matplotlib
-
-    h = hashlib.sha256()
-    parts = [Path(__file__).read_bytes(), matplotlib.__version__, fmt, kind, data.to_csv(index=False),
+    parts = [fmt, kind, data.to_csv(index=False),
              repr((fig.chapter, fig.name, fig.title, fig.xlabel, fig.ylabel, fig.model_label, fig.log2_x))]
     for series, xs, ys in (fig.model(data) if fig.model else []):
         parts += [str(series), np.asarray(xs, dtype=float).tobytes(), np.asarray(ys, dtype=float).tobytes()]
-    for part in parts:
+    return drawing_digest(Path(__file__), *parts)
+
+
+def drawing_digest(code: Path, *parts: bytes | str) -> str:
+    """A drawing's key for kept_drawing: the file CODE that draws it and this one (the style, the sizes), the
+    matplotlib version, and PARTS, what it shows, hashed."""
+    import matplotlib
+
+    h = hashlib.sha256()
+    for part in (Path(code).read_bytes(), Path(__file__).read_bytes(), matplotlib.__version__, *parts):
         h.update(hashlib.sha256(part if isinstance(part, bytes) else str(part).encode()).digest())
     return h.hexdigest()
 
