@@ -277,25 +277,27 @@ def test_weight_gradient_of_empty_experts_is_zero_even_where_the_kernel_leaves_g
 
 
 def test_stacked_weight_gradient_goes_into_main_grad_as_megatrons_ddp_expects(world1):
-    """Wrapped by Megatron's DDP a weight has main_grad and grad_added_to_main_grad: the stacked experts add their
-    gradient there, flag it, and hand autograd Megatron's placeholder, so DDP's hook adds nothing twice."""
+    """Wrapped by Megatron's DDP a weight has main_grad and grad_added_to_main_grad: the stacked experts put their
+    gradient there, flag it, and hand autograd Megatron's placeholder, so DDP's hook adds nothing twice. The step's
+    first micro-batch (DDP zeroed the buffer and reset the flag) writes it; the next ones add to it."""
     seq, grp = _pair(_config(torch.float32), stacked=True)
     grp.kernel = "grouped_mm"
     want = {k: g.clone() for k, g in _compare(seq, grp, dtype=torch.float32)[3].items()}
     grp.zero_grad(set_to_none=True)
     for p in grp.parameters():
-        p.main_grad = torch.ones_like(p, dtype=torch.float32)
+        p.main_grad = torch.zeros_like(p, dtype=torch.float32)
         p.grad_added_to_main_grad = False
-    torch.manual_seed(1)  # _compare's first draw again: the same tokens, probs and upstream gradient
-    x = torch.randn(sum(COUNTS), 16)
-    probs = torch.rand(sum(COUNTS))
-    upstream = torch.randn(sum(COUNTS), 16)
-    grp(x, torch.tensor(COUNTS), probs)[0].backward(upstream)
-    for name in ("linear_fc1.weight", "linear_fc2.weight"):
-        p = grp.get_parameter(name)
-        assert p.grad_added_to_main_grad
-        per_expert = torch.stack([want[f"local_experts.{i}.{name}"] for i in range(len(COUNTS))])
-        torch.testing.assert_close(p.main_grad - 1.0, per_expert, rtol=1e-5, atol=1e-5)
+    for micro_batch in (1, 2):
+        torch.manual_seed(1)  # _compare's first draw again: the same tokens, probs and upstream gradient
+        x = torch.randn(sum(COUNTS), 16)
+        probs = torch.rand(sum(COUNTS))
+        upstream = torch.randn(sum(COUNTS), 16)
+        grp(x, torch.tensor(COUNTS), probs)[0].backward(upstream)
+        for name in ("linear_fc1.weight", "linear_fc2.weight"):
+            p = grp.get_parameter(name)
+            assert p.grad_added_to_main_grad
+            per_expert = torch.stack([want[f"local_experts.{i}.{name}"] for i in range(len(COUNTS))])
+            torch.testing.assert_close(p.main_grad, micro_batch * per_expert, rtol=1e-5, atol=1e-5)
 
 
 def test_expert_modules_forward_pre_hooks_fire(world1):

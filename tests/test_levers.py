@@ -20,12 +20,12 @@ BEFORE = {
     **{p: (LLAMA, EVERY + ("compiled_rope", "embed_wgrad")) for p in ("llama3-1b-like", "llama3-3b-like")},
     "olmoe-like": (EVERY + ("norm_residual", "fused_wgrad"), EVERY + ("grouped_gemm",)),
 }
-# Since then: issue 63's moe_gather and expert_stack joined the default of MoE models (results/bench, "Levers tried
-# against the default").
+# Since then: issue 63's moe_gather, expert_stack and moe_act joined the default of MoE models (results/bench, "Levers
+# tried against the default").
 def _since(before: tuple[str, ...], moe: bool) -> tuple[str, ...]:
     if not moe:
         return before
-    return before + ("moe_gather",) + (("expert_stack",) if "grouped_gemm" in before else ())
+    return before + ("moe_gather",) + (("expert_stack", "moe_act") if "grouped_gemm" in before else ())
 
 
 def test_the_table_gives_every_preset_and_target_the_default_it_had():

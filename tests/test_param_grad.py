@@ -76,3 +76,42 @@ def test_param_grad_adds_into_main_grad_or_hands_autograd_the_gradient():
     flag or is zeroed by Megatron, written for autograd and main_grad left alone; triton_norm's gradients go in."""
     out = interpreted("import test_param_grad as t; t._check()")
     assert out.returncode == 0 and "param_grad ok" in out.stdout, out.stderr[-3000:]
+
+
+def _check_stacked(wrong: str = ""):
+    """into_stacked: a stacked expert gradient written (fresh) or added into main_grad, empty experts zero even
+    where the GEMM left garbage in their slices; sizes that are not multiples of the kernel's block."""
+    import torch
+
+    from megalab.runtime import param_grad as P
+
+    if wrong == "adds-when-fresh":  # a kernel that adds onto what is there when it should write must fail below
+        real = P.into_stacked
+        P.into_stacked = lambda main, dw, counts, fresh: real(main, dw, counts, False)
+    g = torch.Generator().manual_seed(0)
+    for experts, out, inp in ((1, 3, 5), (5, 7, P.BLOCK_STACKED // 16 + 3)):
+        counts = torch.tensor([3, 0, 4, 0, 5][:experts])
+        dw = torch.randn(experts, out, inp, generator=g).bfloat16()
+        dw[counts == 0] = float("nan")  # pytorch/pytorch#172439: an empty group's slice is whatever was there
+        want = torch.where((counts != 0).view(-1, 1, 1), dw.float(), 0.0)
+        for fresh in (True, False):
+            start = torch.randn(experts, out, inp, generator=g) if not fresh else torch.randn(1).expand(
+                experts, out, inp).contiguous()  # fresh: what is there must not count
+            main = start.clone()
+            assert P.into_stacked(main, dw, counts, fresh)
+            torch.testing.assert_close(main, want if fresh else start + want, rtol=0, atol=0)
+        main = torch.zeros(experts, out, inp)
+        assert P.into_stacked(main, dw.nan_to_num(), None, True)  # without counts every expert counts
+        torch.testing.assert_close(main, dw.nan_to_num().float(), rtol=0, atol=0)
+    assert not P.into_stacked(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3), None, True)
+    print("into_stacked ok")
+
+
+def test_stacked_expert_gradient_written_or_added_into_main_grad_empty_experts_zero():
+    out = interpreted("import test_param_grad as t; t._check_stacked()")
+    assert out.returncode == 0 and "into_stacked ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_a_stacked_gradient_added_where_it_should_be_written_fails_the_check():
+    out = interpreted("import test_param_grad as t; t._check_stacked('adds-when-fresh')")
+    assert out.returncode != 0 and "Mismatched elements" in out.stderr, out.stderr[-3000:]

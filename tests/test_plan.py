@@ -316,7 +316,7 @@ def test_megatron_lms_own_entry_gets_no_patch_levers():
     p = plan.build(catalog.get("111"), _opts(megatron_lm="/src/Megatron-LM", fast="all"))
     assert p.fastpath == () and "--no-gradient-accumulation-fusion" in p.argv
     moe = plan.build(catalog.get("522"), _opts(megatron_lm="/src/Megatron-LM"))
-    assert moe.fastpath == ("grouped_gemm", "moe_gather", "expert_stack")
+    assert moe.fastpath == ("grouped_gemm", "moe_gather", "expert_stack", "moe_act")
 
 
 def test_scripts_train_gpt_sh_renders_the_plan_and_runs_it(tmp_path, fake_torchrun):

@@ -52,7 +52,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from megalab.runtime import levers, moe_act
+from megalab.runtime import levers, moe_act, param_grad
 from megatron.core.fusions.fused_bias_geglu import quick_gelu, weighted_bias_quick_geglu_impl
 from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -204,14 +204,14 @@ def _dgrad(dy, w, groups, kernel):
     return dx
 
 
-def _wgrad(dy, x, groups, kernel, into=None):
+def _wgrad(dy, x, groups, kernel, into=None, fresh=False):
     """dW[experts, out, in] = dy_e^T @ x_e: _grouped_mm's 2D x 2D form, the groups cutting the
     token (contraction) dimension. dy.t() is a column-major view, so no copy and no alignment
     requirement on the token count.
 
     into: a main_grad [experts, out, in] (fp32, Megatron's DDP) to add the gradient into instead of returning
-    it (None returned): one pass that also masks out the empty experts, where DDP's hook would add it after a pass
-    of its own."""
+    it (None returned), in one pass that also masks out the empty experts (param_grad.into_stacked), where DDP's
+    hook would add it after a pass of its own; fresh: main_grad holds nothing yet, so the pass writes, not adds."""
     dw = _try_grouped_mm(kernel, dy.t(), x, groups)
     if dw is None:
         groups.used.add("loop")
@@ -224,14 +224,23 @@ def _wgrad(dy, x, groups, kernel, into=None):
         for e, c in enumerate(groups.counts):
             if c == 0:
                 dw[e].zero_()
+    elif into is not None and param_grad.into_stacked(into, dw, groups.device_counts, fresh):
+        return None
     else:  # counts on the device: a mask, no host sync
         keep = (groups.device_counts != 0).view(-1, 1, 1)
         if into is not None:
-            into.addcmul_(dw, keep.to(into.dtype))
+            if fresh:
+                torch.mul(dw, keep.to(into.dtype), out=into)
+            else:
+                into.addcmul_(dw, keep.to(into.dtype))
             return None
         return dw.mul_(keep.to(dw.dtype))
     if into is not None:
-        into.add_(dw)
+        if not param_grad.into_stacked(into, dw, None, fresh):
+            if fresh:
+                into.copy_(dw)
+            else:
+                into.add_(dw)
         return None
     return dw
 
@@ -285,7 +294,7 @@ def _added_to_main_grad(w, dy, x, groups, kernel):
     """The stacked weight's gradient added into its main_grad here, as Megatron's linear layers do with
     --gradient-accumulation-fusion: DDP's hook then sees grad_added_to_main_grad and adds nothing; the returned
     tensor is Megatron's placeholder (uninitialised; zeros where the parameter asks for zero_out_wgrad)."""
-    _wgrad(dy, x, groups, kernel, into=w.main_grad)
+    _wgrad(dy, x, groups, kernel, into=w.main_grad, fresh=not w.grad_added_to_main_grad)
     w.grad_added_to_main_grad = True
     make = torch.zeros if getattr(w, "zero_out_wgrad", False) else torch.empty
     return make(w.shape, dtype=w.dtype, device=w.device)

@@ -141,7 +141,7 @@ TABLE: tuple[Lever, ...] = (
       "in the grouped GEMM's backward (runtime/grouped_experts.py)", None, "moe_grouped_gemm",
       needs=("grouped_gemm",), spec=True, estimated=False, evidence=(TRIED,)),
     L("moe_act", "the experts' GeLU times the router's probability in one Triton kernel each way "
-      "(runtime/moe_act.py)", None, needs=("grouped_gemm",), requires=("triton",), spec=True, estimated=False,
+      "(runtime/moe_act.py)", None, "moe_grouped_gemm", needs=("grouped_gemm",), requires=("triton",), spec=True, estimated=False,
       evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
 )
 del L

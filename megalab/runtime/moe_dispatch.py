@@ -112,12 +112,21 @@ def plan(routing_map: torch.Tensor, topk: int):
     """(token_of_row, rows_of_token, order) for a [T, E] routing map with exactly `topk` experts per token.
 
     order[r] is row r's entry in the expert-major flattening of the map (expert * T + token): Megatron's
-    argsort-based permute takes the same first T * topk entries, so the rows come out in its order."""
-    t = routing_map.shape[0]
-    order = routing_map.T.reshape(-1).argsort(descending=True, stable=True)[: t * topk]
-    token_of_row = order % t
-    rows_of_token = token_of_row.argsort(stable=True).view(t, topk)
-    return token_of_row, rows_of_token, order
+    argsort-based permute takes the same first T * topk entries, so the rows come out in its order. Here they are
+    the map's true entries in order (nonzero_static: no sort, no host sync), and each token's rows are its
+    experts' first rows plus the token's rank among that expert's tokens (a cumulative sum down the map)."""
+    t, e = routing_map.shape
+    n = t * topk
+    if not hasattr(torch, "nonzero_static"):  # an old torch: the sorts
+        order = routing_map.T.reshape(-1).argsort(descending=True, stable=True)[:n]
+        token_of_row = order % t
+        return token_of_row, token_of_row.argsort(stable=True).view(t, topk), order
+    order = torch.nonzero_static(routing_map.T.reshape(-1), size=n).view(-1)
+    taken = routing_map.to(torch.int32)
+    per_expert = taken.sum(0)
+    row = taken.cumsum(0) - taken + (per_expert.cumsum(0) - per_expert)  # [T, E]: the row of (token, expert)
+    rows_of_token = row.view(-1).index_select(0, torch.nonzero_static(routing_map.reshape(-1), size=n).view(-1))
+    return order % t, rows_of_token.view(t, topk).long(), order
 
 
 class GatherDispatcher(MoETokenDispatcher):

@@ -13,6 +13,11 @@ on and never reads.
 Where a parameter has no main_grad (no DDP wrapper: the CPU tests, inference) or Megatron zeroes its gradient
 itself (zero_out_wgrad), the same kernel writes the gradient in the parameter's dtype instead, for autograd.
 Exactness: tests/test_param_grad.py (Triton's interpreter on CPU).
+
+A stacked expert weight's gradient (grouped_experts.py, expert_stack) comes from one grouped GEMM; `into_stacked`
+adds it into main_grad in one pass that also zeroes the experts that got no tokens, and writes it instead of adding
+where nothing is in main_grad yet (the step's first micro-batch: Megatron's DDP zeroed the buffer and reset the
+parameter's grad_added_to_main_grad), which saves reading the fp32 buffer.
 """
 from __future__ import annotations
 
@@ -53,6 +58,42 @@ def sum_rows(part_ptr, out0_ptr, out1_ptr, rows, n, ADD: tl.constexpr, BLOCK_R: 
         if ADD:
             total += tl.load(out1_ptr + cols, mask=cmask, other=0.0)
         tl.store(out1_ptr + cols, total.to(out1_ptr.dtype.element_ty), mask=cmask)
+
+
+def _into_stacked(dw_ptr, counts_ptr, main_ptr, n, per_expert, HAS_COUNTS: tl.constexpr, FRESH: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """main[i] (+)= dw[i] for i in this program's block, 0 where element i's expert got no tokens (HAS_COUNTS)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    g = tl.load(dw_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_COUNTS:
+        c = tl.load(counts_ptr + offs // per_expert, mask=m, other=0)
+        g = tl.where(c != 0, g, 0.0)
+    if not FRESH:
+        g += tl.load(main_ptr + offs, mask=m, other=0.0)
+    tl.store(main_ptr + offs, g, mask=m)
+
+
+BLOCK_STACKED = 4096  # elements per program of _into_stacked
+
+
+def into_stacked(main: torch.Tensor, dw: torch.Tensor, counts: torch.Tensor | None, fresh: bool) -> bool:
+    """main ([experts, ...] fp32) += dw (or = dw where `fresh`), with expert e's slice taken as zero where
+    counts[e] == 0 (counts on the device; None: every expert counts). False (nothing done) where the kernel cannot
+    run: no Triton, not a GPU (nor Triton's interpreter), or tensors it does not take as they are."""
+    import os
+
+    if (triton is None or main.dtype != torch.float32 or main.shape != dw.shape or not main.is_contiguous()
+            or not dw.is_contiguous() or main.device != dw.device
+            or not (main.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")):
+        return False
+    n = main.numel()
+    if n:
+        has = counts is not None  # without counts the pointer is never read: main stands in
+        kernel(_into_stacked)[(triton.cdiv(n, BLOCK_STACKED),)](
+            dw, counts.contiguous() if has else main, main, n, n // main.shape[0], HAS_COUNTS=has, FRESH=fresh,
+            BLOCK=BLOCK_STACKED, num_warps=8)
+    return True
 
 
 def into_main_grad(param: torch.Tensor) -> bool:
