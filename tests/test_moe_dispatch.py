@@ -153,6 +153,12 @@ def _checkgather_sum():
             tol = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}[dtype]
             assert got.dtype == dtype
             torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    # gather_rows: each row copied from its index (repeats and a ragged last tile), bit for bit
+    for rows, tokens, hidden in ((1, 1, 8), (D.BLOCK_T * 2 + 3, 5, D.BLOCK_H + 24)):
+        g = torch.Generator().manual_seed(rows)
+        x = torch.randn(tokens, hidden, generator=g).bfloat16()
+        index = torch.randint(0, tokens, (rows,), generator=g)
+        assert torch.equal(D.gather_rows(x, index), x.index_select(0, index))
     print("ok")
 
 
