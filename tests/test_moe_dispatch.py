@@ -86,17 +86,6 @@ def test_the_rows_come_in_megatrons_order_and_each_token_has_its_k_rows():
     assert torch.equal(token_of_row[rows_of_token], torch.arange(50).unsqueeze(1).expand(50, 3))
 
 
-@pytest.mark.parametrize("tokens,experts,topk,seed", [(50, 8, 3, 3), (1, 4, 4, 0), (97, 64, 8, 5)])
-def test_the_sort_free_plan_is_the_sorted_one(monkeypatch, tokens, experts, topk, seed):
-    """nonzero_static and a cumulative sum give the argsorts' rows, element for element (the sorts: a torch
-    without nonzero_static)."""
-    _, routing_map = _routing(tokens, experts, topk, seed=seed)
-    fast = moe_dispatch.plan(routing_map, topk)
-    monkeypatch.delattr(torch, "nonzero_static")
-    sorted_ = moe_dispatch.plan(routing_map, topk)
-    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(fast, sorted_))
-
-
 def test_a_wrong_plan_is_caught_by_the_comparison(world1, monkeypatch):
     """The check can fail: rows of a token summed from the wrong places give another output."""
     cfg = _config(8, 2)
