@@ -478,15 +478,15 @@ def test_the_estimator_has_a_term_for_each_lever_the_table_says_it_does():
         return out
 
     for lever in levers.TABLE:
-        base = set(lever.needs)
+        base = set(lever.needs) | PRICED_BESIDE.get(lever.name, set())
         moved = seen(base | {lever.name}) != seen(base)
-        assert moved == (lever.estimated or lever.name in PRICED_SINCE_THE_TABLE), lever.name
+        assert moved == lever.estimated, lever.name
 
 
-# moe_gather has a term since issue 63's goal 5 (steptime.moe_gather_seconds; expert_stack's counts beside it only,
-# so the check above, which adds one lever to its needs, sees it move nothing); megalab/runtime/levers.py still
-# marks it estimated=False, and that file was out of this change's room: drop this once its entry says estimated.
-PRICED_SINCE_THE_TABLE = {"moe_gather"} - levers.ESTIMATED
+# expert_stack's and moe_act's terms (steptime.moe_gather_seconds, estimate.layer_activation_sbh) price what they
+# change in megalab's own MoE path, beside moe_gather's dispatcher, as the MoE default runs them; beside Megatron's
+# dispatcher the old per-layer lump stands for the whole layer and they move nothing.
+PRICED_BESIDE = {"expert_stack": {"moe_gather"}, "moe_act": {"moe_gather"}}
 
 
 def test_moe_gather_prices_the_layer_by_its_traffic_not_the_host_sync_lump():
@@ -498,13 +498,21 @@ def test_moe_gather_prices_the_layer_by_its_traffic_not_the_host_sync_lump():
     new = E.estimate(exp, fast={"grouped_gemm", "moe_gather", "expert_stack"}, **g).step
     assert old.moe_layers == (16,) and not old.moe_s and not old.host_syncs
     assert new.moe_layers == (0,) and new.moe_gather_layers == (16,) and new.moe_s[0] > 0 and new.host_syncs
-    # the traffic by hand: 16 layers x 16384 tokens x top-8 copies x (26 x 1024 + 27 x 1024) bytes, and 2.15e9
-    # expert weights x (32 - 8.6) bytes, at the H200's 4.8 TB/s
-    routed = 16 * 16384 * 8 * (26 + 27) * 1024
-    grads = 16 * 64 * 2 * 1024 * 1024 * (32 - 8.6)
+    # the traffic by hand: 16 layers x 16384 tokens x top-8 copies x (12 x 1024 + 48 x 1024) bytes (torch's GeLU and
+    # multiply), and 2.15e9 expert weights x (7 - 8.6) bytes (the one micro-batch writes main_grad, in place of the
+    # add every weight is priced at), at the H200's 4.8 TB/s
+    routed = 16 * 16384 * 8 * (12 + 48) * 1024
+    grads = 16 * 64 * 2 * 1024 * 1024 * (7 - steptime.WGRAD_ADD_BYTES)
     assert new.moe_s[0] == pytest.approx((routed + grads) / 4.8e12)
+    act = E.estimate(exp, fast={"grouped_gemm", "moe_gather", "expert_stack", "moe_act"}, **g).step
+    assert act.moe_s[0] == pytest.approx((routed * (12 + 18) / (12 + 48) + grads) / 4.8e12)  # moe_act's two kernels
     unstacked = E.estimate(exp, fast={"grouped_gemm", "moe_gather"}, **g).step
-    assert unstacked.moe_s[0] < new.moe_s[0]  # stacking copies (8 B) cost less than the in-place adds (32 - 8.6)
+    assert unstacked.moe_s[0] > new.moe_s[0]  # stacking copies and DDP's adds (8 B more) against one write
+    # four micro-batches: the first writes, three add (12 B), so a micro-batch costs more than 510's one
+    four = E.estimate(catalog.get("513-olmoe-1gpu-gbs4-mbs1"), fast={"grouped_gemm", "moe_gather", "expert_stack"},
+                      **g).step
+    assert four.moe_s[0] == pytest.approx((routed / 4 + grads / (7 - steptime.WGRAD_ADD_BYTES)
+                                           * ((7 + 3 * 12) / 4 - steptime.WGRAD_ADD_BYTES)) / 4.8e12)
     graph = E.estimate(exp, fast={"grouped_gemm", "moe_gather", "expert_stack"}, cuda_graph=True, **g).step
     assert not graph.host_syncs and graph.kernels == (0,)
     c = {**steptime.fitted(), **steptime.moe_fitted()}
@@ -529,9 +537,11 @@ KNOWN_MOE_STEP_MISSES: dict[str, str] = {}
 
 
 def test_moe_step_time_with_todays_levers_within_10_percent(steps):
-    """Every MoE run with moe_gather and expert_stack (fitted on or not) within 10% of its measured step."""
-    judged = [r for r in steps if r["moe_default"]]
-    assert any(_holdout(r) for r in judged)  # beyond the catalog: the held-out test
+    """Every MoE run with moe_gather and expert_stack made with today's code (fitted on or not) within 10% of its
+    measured step; some were not fitted on, and some are beyond the catalog (another expert count or sequence)."""
+    judged = [r for r in steps if r["moe_default"] and r["code_today"]]
+    catalog_shape = {r["experts"] for r in judged if r["moe_fit"]}
+    assert any(not r["moe_fit"] and r["experts"] not in catalog_shape for r in judged)  # the held-out test
     misses = {r["run"]: f"{r['err']:+.1%}" for r in judged if abs(r["err"]) > 0.10}
     assert set(misses) == set(KNOWN_MOE_STEP_MISSES), misses
 
@@ -552,12 +562,6 @@ KNOWN_MISSES = {
     # 2026-11-23 with the CUDA graph: -9.3% with GRAPH_MEMORY_SHARE 0.02, -10.2% since the twenty-first session's two
     # graph on/off pairs beyond the catalog (+0.1% each) moved the calibration median to 1.5%, 1% by its rule.
     "results/holdout/runs/20261123_120334___600-llama1b-1gpu-gbs8",
-    # Issue 63 (2026-11-29, one H200 capped at 80 GB): MoE with moe_gather and expert_stack, over-predicted by 10.2%
-    # (two with the CUDA graph); the estimator has no term yet for what these levers change in a MoE layer's memory
-    # (issue 63, item 5).
-    "results/bench/runs/20261129_082019___510-olmoe-1gpu-gbs4",
-    "results/holdout/runs/20261129_082638___510-olmoe-1gpu-gbs4",
-    "results/holdout/runs/20261129_091310___510-olmoe-1gpu-gbs4",
 }
 
 

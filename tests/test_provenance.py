@@ -115,7 +115,7 @@ def test_a_run_with_no_steps_to_drop_is_not_a_warmup_change(repo, rec):
 
 def test_moe_default_adds_grouped_gemm_and_the_moe_levers():
     rec = RunRecord.of(_rec(config={"num_experts": 8, "model_preset": {"moe_grouped_gemm": True}}))
-    assert provenance.default_fastpath(rec)[-3:] == ("grouped_gemm", "moe_gather", "expert_stack")
+    assert provenance.default_fastpath(rec)[-4:] == ("grouped_gemm", "moe_gather", "expert_stack", "moe_act")
 
 
 def test_code_changed_since_the_record_is_older(repo):

@@ -236,7 +236,7 @@ def total_params(sh: Shape, tp: int = 1) -> int:
 
 def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: bool,
                          seq: int | None = None, etp: int = 1, cp: int = 1, cp_comm: str | None = None,
-                         dropout_add: bool = False) -> float:
+                         dropout_add: bool = False, moe_gather: bool = False, moe_act: bool = False) -> float:
     """Bytes one layer stores for backward, in units of s*b*h (Korthikanti et al., Table 2).
 
     34 = attention 11 (QKV input 2, Q K 4, V 2, proj input 2, dropout mask 1) + MLP 19 (fc1 input
@@ -254,7 +254,10 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     (8E bytes per token). Expert TP does not split them: Megatron's all-to-all dispatcher gathers the
     tokens of the whole ETP group onto every rank (token_dispatcher.py, `gather_from_sequence_parallel_
     region` over the expert-TP group), so each rank holds ETP x the h-wide tensors and ETP x tokens
-    times f/ETP of the f-wide ones.
+    times f/ETP of the f-wide ones. Under moe_gather (megalab/runtime/moe_dispatch.py) the combine keeps only its
+    indices (the probability is applied in the experts' activation), so a copy keeps its fc1 input (2h) and the
+    f-wide tensors: torch's GeLU input, its output (for the probability's gradient) and fc2's input (6f), or with
+    moe_act's one kernel the GeLU input and fc2's input (4f).
     dropout_add (megalab/runtime/dropout_add.py): the two bias-dropout-adds keep a seed, not their byte masks."""
     h, a, t = sh.h, sh.heads, tp
     seq = sh.seq if seq is None else seq
@@ -262,7 +265,11 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     qkv = 2 * (1 + 2 * sh.groups / a)  # Q, K, V kept for QK^T and attention over V
     inside = qkv + 2  # + linear-projection input
     outside = 4 + 2 + 2 + (0 if dropout_add else 2)  # norms, QKV input, fc1 input (the MLP's norm output), 2 dropout masks
-    if sh.num_experts:
+    if sh.num_experts and moe_gather:
+        f_wide = ff if moe_act and not sh.swiglu else ff + 2
+        experts = sh.topk * (2 * etp + f_wide * sh.moe_ffn / h) + 8 * sh.num_experts / h
+        per = ((outside + inside) / t if sp else outside + inside / t) + experts
+    elif sh.num_experts:
         experts = sh.topk * ((2 + 2) * etp + ff * sh.moe_ffn / h) + 8 * sh.num_experts / h
         per = ((outside + inside) / t if sp else outside + inside / t) + experts
     else:
@@ -484,7 +491,9 @@ def memory_stages(e: Any, sh: Shape, *, spec: str, fast: frozenset[str], cuda_gr
     sp_div = t if e.sp else 1
     per_layer_sbh = layer_activation_sbh(sh, tp=t, sp=e.sp, spec=spec,
                                          selective=(parse_recompute(e.recompute)[0] == "selective"),
-                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm, dropout_add="dropout_add" in fast)
+                                         seq=s, etp=e.etp, cp=cp, cp_comm=e.cp_comm, dropout_add="dropout_add" in fast,
+                                         moe_gather="moe_gather" in fast and ep == 1 and etp == 1,
+                                         moe_act="moe_act" in fast)
     layer_bytes = per_layer_sbh * sbh
     ckpt_bytes = 2 * sbh / sp_div  # a checkpointed layer input
 
@@ -592,7 +601,8 @@ def step_features(e: Any, sh: Shape, stages: list[Stage], *, vpad: int, v: int, 
         if gather:
             moe_s.append(steptime.moe_gather_seconds(
                 sh, tokens=b * s, expert_params=st.layers * layer_params(sh, t)[2], layers=st.layers,
-                expert_stack="expert_stack" in fast, hbm=hbm) * passes / 3)
+                expert_stack="expert_stack" in fast, moe_act="moe_act" in fast, microbatches=e.num_microbatches,
+                hbm=hbm) * passes / 3)
             gather_layers.append(st.layers * passes / 3)
     slots = e.num_microbatches + ((e.pp - 1) / v if e.pp > 1 else 0.0)
     return steptime.Features(a=tuple(a_), b=tuple(b_), kernels=tuple(kernels), comm_s=tuple(comm),

@@ -10,7 +10,10 @@ A row of a results page stands for what `make <target>` gives today. A record an
   commit since touched what decides how a run runs (CODE_PATHS: the code inside torchrun, the run
   plan, the launcher script). Judged with git; where git or the commit is unavailable: unknown.
   A file only one feature's runs execute (FEATURE_FILES: context parallelism's attention, the MoE
-  experts) counts only for the records of runs that used that feature.
+  experts) counts only for the records of runs that used that feature. A change that cannot alter what
+  ran does not count either (`inert`): one that only adds new functions, classes or constants beside
+  unchanged ones (a run from before called none of them; a changed caller counts on its own), or, in the
+  lever table, only where the default turns a lever on (the settings check judges the default).
 
 Verdicts: CURRENT, OLDER (other code or other defaults, with the reason), UNKNOWN (git cannot say).
 """
@@ -42,6 +45,8 @@ CODE_PATHS = ("megalab/runtime",)
 FEATURE_FILES = {
     "megalab/runtime/cp_attention.py": lambda cfg: (cfg.cp or 1) > 1,
     "megalab/runtime/grouped_experts.py": lambda cfg: bool(cfg.num_experts),
+    "megalab/runtime/moe_dispatch.py": lambda cfg: bool(cfg.num_experts),
+    "megalab/runtime/moe_act.py": lambda cfg: bool(cfg.num_experts),
     "megalab/runtime/norm.py": lambda cfg: _asks(cfg, "compiled_norm"),  # retired levers' files (deleted)
     "megalab/runtime/zero_overlap.py": lambda cfg: _asks(cfg, "zero_overlap"),
     "megalab/runtime/liger_norm.py": lambda cfg: _asks(cfg, levers.LIGER_NORM),
@@ -68,7 +73,8 @@ LEGEND = ("provenance: `today` = a schema-2 record run with today's defaults (FA
           "and WARMUP unset), whose target today's launcher plans to the same Megatron command (port and run "
           "dir aside), by the same code inside torchrun (git: no net change to " + ", ".join(CODE_PATHS)
           + " since its megalab_commit, context-parallel attention and MoE experts counting only for runs that "
-          "use them); `older (why)` = other code or other defaults, e.g. "
+          "use them, and a change that only adds definitions, or only the lever table's fields no run reads, "
+          "not at all); `older (why)` = other code or other defaults, e.g. "
           "`schema 1`: a record from before runs kept their resolved plan; `unknown` = git cannot say. "
           "`STRICT=1 make tables` refuses pages with rows that are not `today`.")
 
@@ -152,9 +158,69 @@ def _code_state(commit: str | None, root: Path, unused: frozenset[str], tree_com
     diff = git.run(root, "diff", "--name-only", commit, "HEAD", "--", *CODE_PATHS)
     if diff is None or diff.returncode != 0:
         return UNKNOWN, "git failed"
-    files = [f for f in diff.stdout.split() if f not in unused]
+    files = [f for f in diff.stdout.split() if f not in unused and not inert(root, commit, f)]
     return (OLDER, f"{CODE_CHANGED} ({', '.join(Path(f).name for f in files[:3])}"
                    f"{', ...' if len(files) > 3 else ''})") if files else (CURRENT, "")
+
+
+LEVER_TABLE = "megalab/runtime/levers.py"
+# The lever table's fields only the launcher, the estimator and the pages read (a run installs by name, install,
+# needs, requires, conflicts and spec): Lever(name, does, install, where, ...)'s 2nd and 4th arguments, or by name
+LAUNCHER_FIELDS = ("does", "where", "estimated", "evidence")
+
+
+@functools.lru_cache(maxsize=1024)
+def inert(root: Path, commit: str, path: str) -> bool:
+    """Whether PATH's net change from COMMIT to HEAD cannot alter a run that used it: its module-level statements at
+    COMMIT are all still there, unchanged and in order (the module's docstring aside), and what it gained is only
+    new functions, classes or constant assignments of new names. In the lever table the fields no run reads
+    (LAUNCHER_FIELDS: the default's `where` and RULES, the estimator's flag, the pages' text) do not count. A file that is new, deleted or not Python is never inert."""
+    if not path.endswith(".py"):
+        return False
+    old, new = (git.run(root, "show", f"{rev}:{path}") for rev in (commit, "HEAD"))
+    if old is None or new is None or old.returncode != 0 or new.returncode != 0:
+        return False
+    try:
+        before, after = (_statements(x.stdout, path == LEVER_TABLE) for x in (old, new))
+    except SyntaxError:
+        return False
+    kept = iter(after)  # the old statements, unchanged and in order, among the new ones
+    if not all(any(a == b for a in kept) for b in before):
+        return False
+    old_names = {n for _, _, names in before for n in names}
+    return all(kind in ("def", "const") and not names & old_names for _, kind, names in after
+               if (_, kind, names) not in before)
+
+
+def _statements(text: str, lever_table: bool) -> list[tuple[str, str, frozenset[str]]]:
+    """A module's top-level statements (the docstring dropped; in the lever table without `where` and RULES), each
+    as (ast.dump, kind: def | const | other, the top-level names it defines)."""
+    import ast
+
+    body = ast.parse(text).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    out = []
+    for node in body:
+        if lever_table:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "RULES" for t in node.targets):
+                continue
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "L":
+                    call.args = call.args[:1] + call.args[2:3] + call.args[4:]
+                    call.keywords = [k for k in call.keywords if k.arg not in LAUNCHER_FIELDS]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            # a decorator or a metaclass runs at import: not a plain definition
+            plain = not node.decorator_list and not getattr(node, "keywords", None)
+            kind, names = "def" if plain else "other", {node.name}
+        elif isinstance(node, ast.Assign):  # a new name bound to a constant: importing it runs nothing new
+            plain = all(isinstance(t, ast.Name) for t in node.targets)
+            kind = "const" if plain and not any(isinstance(n, ast.Call) for n in ast.walk(node.value)) else "other"
+            names = {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        else:
+            kind, names = "other", set()
+        out.append((ast.dump(node), kind, frozenset(names)))
+    return out
 
 
 # argv items that name this run rather than decide it: its port and its run directory

@@ -160,23 +160,24 @@ GRAD_REDUCE_BYTES = 4  # Megatron reduces the fp32 main grads (no --grad-reduce-
 PARAM_GATHER_BYTES = 2  # ZeRO-2 gathers bf16 weights after the step (--overlap-param-gather)
 
 # ---- MoE layers under moe_gather (issue 63), per routed copy (a token's copy for one of its top-k experts)
-# and unit of width, forward and backward, from row 510's profile (results/bench/runs/20261129_082534___profile-
-# 510-olmoe-1gpu-gbs4/trace-summary.md: 16 layers x 131072 routed copies, h = f = 1024, at the H200's 4.8 TB/s):
-# the dispatcher's gathers (index_select, 66 calls, 8.31 ms) and the combine's bf16 sum (reduce_kernel, 3.4
-# ms) over the h-wide copies: 26 bytes; the experts' activation times the router's probability (moe_act's
-# _forward and _backward, 4.2 + 7.92 ms; torch's kernels without the lever ran no slower, so one figure) over
-# the f-wide (2f with SwiGLU) copies: 27 bytes.
-MOE_ROUTED_BYTES, MOE_ACT_BYTES = 26, 27
+# and unit of width, forward and backward, from row 510's profiles at the H200's 4.8 TB/s (16 layers x 131072
+# routed copies, h = f = 1024; results/bench/runs/20261129_172646___profile-510-olmoe-1gpu-gbs4: today's levers,
+# and 20261129_165645___profile-510-olmoe-1gpu-gbs4/kernels-by-site.txt: without moe_act): the dispatcher's row
+# gathers and the combine's sums over the h-wide copies (_Expand, _Combine and their backwards, 5.3 ms): 12
+# bytes; the experts' activation times the router's probability over the f-wide (2f with SwiGLU) copies: 18 bytes
+# in moe_act's two kernels (8.0 ms), 48 in torch's GeLU, multiply and their backwards (21.5 ms).
+MOE_ROUTED_BYTES = 12
+MOE_ACT_BYTES, MOE_ACT_TORCH_BYTES = 18, 48
 # Every expert weight's gradient reaches main_grad once per micro-batch, whatever the expert's share of the
-# tokens: with expert_stack the grouped GEMM's backward adds it in place (addcmul into the fp32 main_grad,
-# 5.84 ms, and the fp32 adds beside it, 8.43 ms, in the same profile, over 2.15e9 expert weights: 32 bytes, in
-# place of WGRAD_ADD_BYTES). Without expert_stack the per-expert weights are stacked (a bf16 copy) in the
-# forward and again in the backward, and DDP's hooks add each expert's gradient: 8 bytes more than WGRAD_ADD_BYTES,
-# by hand.
-EXPERT_GRAD_BYTES, EXPERT_UNSTACKED_BYTES = 32, 8
+# tokens. With expert_stack the grouped GEMM's backward puts it there in one pass: the step's first micro-batch
+# writes it (a bf16 read, an fp32 write: 3.16 ms for 2.15e9 expert weights at 510, 7 bytes), a later one adds to
+# it (an fp32 read more: 12 bytes, scaled from that pass) -- in place of WGRAD_ADD_BYTES. Without expert_stack the
+# per-expert weights are stacked (a bf16 copy) in the forward and again in the backward, and DDP's hooks add each
+# expert's gradient: 8 bytes more than WGRAD_ADD_BYTES, by hand.
+EXPERT_GRAD_FIRST_BYTES, EXPERT_GRAD_ADD_BYTES, EXPERT_UNSTACKED_BYTES = 7, 12, 8
 # Fitted on the MoE calibration runs only (megalab/results/validation.py fit_moe: catalog rows' runs with
 # moe_gather made before freeze.MOE_FROZEN_TIME), apart from CONSTANTS: no run those were fitted on had the lever.
-MOE_GATHER_LAYER_MS = 0.767  # per MoE layer and micro-batch: the router's and dispatcher's small kernels
+MOE_GATHER_LAYER_MS = 0.611  # per MoE layer and micro-batch: the router's and dispatcher's small kernels
 MOE_CONSTANTS = ("MOE_GATHER_LAYER_MS",)
 
 CONSTANTS = ("GEMM_EFF_MAX", "GEMM_HALF_MNK", "LAUNCH_US", "COMM_CALL_US", "MOE_LAYER_MS", "STEP_OVERHEAD_MS",
@@ -277,14 +278,17 @@ def combined(gpu_s: float, cpu_s: float, host_syncs: bool) -> float:
 
 
 def moe_gather_seconds(sh: Any, *, tokens: int, expert_params: float, layers: int, expert_stack: bool,
-                       hbm: float) -> float:
-    """HBM seconds one micro-batch's MoE layers spend beside their GEMMs under moe_gather: the routed copies'
-    gathers and combine (MOE_ROUTED_BYTES over h) and activation (MOE_ACT_BYTES over the f or 2f wide fc1
-    output), and every expert weight's gradient into main_grad (EXPERT_GRAD_BYTES with expert_stack, else
-    EXPERT_UNSTACKED_BYTES beyond the WGRAD_ADD_BYTES every parameter is already priced at)."""
+                       moe_act: bool, microbatches: int, hbm: float) -> float:
+    """HBM seconds one micro-batch's MoE layers spend beside their GEMMs under moe_gather (a step's average over
+    its micro-batches): the routed copies' gathers and combine (MOE_ROUTED_BYTES over h) and activation
+    (MOE_ACT_BYTES over the f or 2f wide fc1 output with moe_act, else MOE_ACT_TORCH_BYTES), and every expert
+    weight's gradient into main_grad (written by the first micro-batch, added by the rest, with expert_stack; else
+    EXPERT_UNSTACKED_BYTES), beyond the WGRAD_ADD_BYTES every parameter is already priced at."""
     routed = tokens * sh.topk
-    per_copy = sh.h * MOE_ROUTED_BYTES + sh.gate * sh.moe_ffn * MOE_ACT_BYTES
-    grads = (EXPERT_GRAD_BYTES - WGRAD_ADD_BYTES) if expert_stack else EXPERT_UNSTACKED_BYTES
+    per_copy = sh.h * MOE_ROUTED_BYTES + sh.gate * sh.moe_ffn * (MOE_ACT_BYTES if moe_act else MOE_ACT_TORCH_BYTES)
+    n = max(1, microbatches)
+    grads = ((EXPERT_GRAD_FIRST_BYTES + (n - 1) * EXPERT_GRAD_ADD_BYTES) / n - WGRAD_ADD_BYTES if expert_stack
+             else EXPERT_UNSTACKED_BYTES)
     return (layers * routed * per_copy + expert_params * grads) / hbm
 
 

@@ -23,9 +23,10 @@ from megalab.core.schema import stamp
 FROZEN_AT = "094066e4f69ceea2a66afb7cd54430fc78d09e8e"
 FROZEN_TIME = "2026-11-27T06:30:48+00:00"
 # The MoE constants (steptime.MOE_CONSTANTS: MoE layers under moe_gather, issue 63) are fitted on the catalog rows'
-# runs with that lever that started by this time (validation.fit_moe); later ones are judged against them, and a
-# refit that takes them in moves this time.
-MOE_FROZEN_TIME = "2026-11-29T11:15:00+00:00"
+# runs with that lever and today's code that started by this time (validation.fit_moe): rows 510's and 513's three
+# launches each at 06e8096 (one micro-batch and four); later ones (the trials beyond the catalog) are judged against
+# them, and a refit that takes them in moves this time.
+MOE_FROZEN_TIME = "2026-11-29T17:20:00+00:00"
 STEPTIME_PATHS = ("megalab/core/steptime.py", "megalab/results/steptime.py")  # where the file lived
 
 
@@ -49,10 +50,11 @@ def after_freeze(commit: str | None, started: str | None, root: Path = ROOT) -> 
     return stamp(started) > stamp(FROZEN_TIME)
 
 
-def moe_fitted_on(records_dir: str, holdout_dir: str, moe_default: bool, started: str | None) -> bool:
+def moe_fitted_on(records_dir: str, holdout_dir: str, moe_default: bool, started: str | None,
+                  code_today: bool) -> bool:
     """Whether a run is one the MoE constants were fitted on: a catalog row's (not beyond the catalog) with
-    today's MoE levers (moe_gather and expert_stack), started by MOE_FROZEN_TIME."""
-    return moe_default and records_dir != holdout_dir and stamp(started) <= stamp(MOE_FROZEN_TIME)
+    today's MoE levers (moe_gather and expert_stack) and today's code, started by MOE_FROZEN_TIME."""
+    return moe_default and code_today and records_dir != holdout_dir and stamp(started) <= stamp(MOE_FROZEN_TIME)
 
 
 def constants_at(commit: str, names: tuple[str, ...], root: Path = ROOT) -> dict[str, float] | None:

@@ -296,10 +296,13 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
         gather = bool(est.step.moe_s)
         moe_default = gather and levers.EXPERT_STACK in (rec.config.fastpath or ())
         sh = E.Shape.of(*reversed(_record_layout(rec)[:2])) if gather else None
+        # judged against this checkout's code (git), wherever the records are read from
+        code_today = provenance.code_state(rec.versions.megalab_commit,
+                                           unused=provenance.unused_files(rec.config))[0] == provenance.CURRENT
         rows.append({"run": f"{d}/{rec.run_dir.name}", "target": rec.target, "set": step_set,
                      "moe_gather": gather, "moe_default": moe_default, "graph": bool(rec.config.cuda_graph),
                      "experts": f"{sh.num_experts} experts top-{sh.topk}, seq {sh.seq}" if sh else "",
-                     "moe_fit": freeze.moe_fitted_on(d, HOLDOUT_DIR, moe_default, rec.started),
+                     "moe_fit": freeze.moe_fitted_on(d, HOLDOUT_DIR, moe_default, rec.started, code_today),
                      "seen": d == HOLDOUT_DIR and step_set == CALIBRATION,  # out of catalog, before the freeze
                      "after_freeze": after,
                      "gpu": rec.gpu_name or "?", "gpus": est.gpus, "layout": _layout_text(est),
@@ -307,10 +310,7 @@ def step_rows(root: Path | None = None) -> list[dict[str, Any]]:
                      "features": est.step, "model_key": dataclasses.astuple(est.step),
                      "pred_ms": est.step_ms, "meas_ms": rec.step_ms_median,
                      "mfu_ms": old.step_ms, "err": est.step_ms / rec.step_ms_median - 1,
-                     # judged against this checkout's code (git), wherever the records are read from
-                     "code_today": provenance.code_state(rec.versions.megalab_commit,
-                                                         unused=provenance.unused_files(rec.config))[0]
-                     == provenance.CURRENT})
+                     "code_today": code_today})
     return rows
 
 
@@ -670,7 +670,9 @@ def moe_lines(steps: list[dict[str, Any]]) -> list[str]:
     beyond = [r for r in default if _where(r["run"]) == "holdout"]
     since = [r for r in default if not r["moe_fit"] and _where(r["run"]) != "holdout"]
     partial = [r for r in gather if not r["moe_default"]]
-    within = sum(abs(r["err"]) <= 0.10 for r in default)
+    today = [r for r in gather if r["code_today"]]
+    today_judged = [r for r in today if not r["moe_fit"]]
+    within = sum(abs(r["err"]) <= 0.10 for r in today)
     consts = ", ".join(f"{k}={v:g}" for k, v in stored.items())
     return [
         "",
@@ -678,44 +680,50 @@ def moe_lines(steps: list[dict[str, Any]]) -> list[str]:
         "",
         "The term that was missing: what a MoE layer moves through HBM. The model priced every MoE layer at "
         f"MOE_LAYER_MS={steptime.MOE_LAYER_MS:g} ms a micro-batch, a lump fitted on runs whose token dispatcher "
-        "synced with the host in every layer, and had no term for the layer's memory-bound traffic: its routed "
-        "copies' gathers, combine and activation (per routed copy and unit of width, MOE_ROUTED_BYTES="
-        f"{steptime.MOE_ROUTED_BYTES} over h, MOE_ACT_BYTES={steptime.MOE_ACT_BYTES} over the fc1 output) and every "
-        "expert weight's gradient added into main_grad each micro-batch, whatever its share of the tokens "
-        f"(EXPERT_GRAD_BYTES={steptime.EXPERT_GRAD_BYTES} with expert_stack), from row 510's profile. moe_gather "
+        "synced with the host in every layer, and had no term for the layer's memory-bound traffic. moe_gather "
         "removes the syncs and keeps the traffic, so the lump read today's runs 2-3x high. Under moe_gather (EP = "
-        "ETP = 1) the lump goes and these terms price the layer beside its grouped GEMMs (their FLOPs at the GEMM "
-        "efficiency, as one GEMM over all experts), with the optimizer over every expert weight as before, "
-        "MOE_GATHER_LAYER_MS per layer and micro-batch for the router's and dispatcher's small kernels, and, "
-        "without the CUDA graph, host and GPU overlapping only in part (the layers' stream syncs remain): "
-        "sqrt(GPU^2 + CPU^2) a micro-batch, not the larger (megalab/core/steptime.py). That form was chosen with "
-        "every run below in view (the fitted-on runs are one configuration, which cannot tell it from a sum), so "
-        "the errors below are not wholly blind to that one choice. A run without moe_gather keeps the old pricing.",
+        "ETP = 1) the lump goes and the layer is priced beside its grouped GEMMs (their FLOPs at the GEMM "
+        "efficiency, as one GEMM over all experts) by the bytes its kernels move, per routed copy and unit of width: "
+        f"the gathers and combine (MOE_ROUTED_BYTES={steptime.MOE_ROUTED_BYTES} over h), the activation times the "
+        f"router's probability (MOE_ACT_BYTES={steptime.MOE_ACT_BYTES} with moe_act, "
+        f"MOE_ACT_TORCH_BYTES={steptime.MOE_ACT_TORCH_BYTES} in torch's kernels, over the fc1 output); and per expert "
+        "weight its gradient into main_grad, which the step's first micro-batch writes "
+        f"(EXPERT_GRAD_FIRST_BYTES={steptime.EXPERT_GRAD_FIRST_BYTES}) and each later one adds to "
+        f"(EXPERT_GRAD_ADD_BYTES={steptime.EXPERT_GRAD_ADD_BYTES}) with expert_stack: a per-micro-batch cost "
+        "whatever the micro-batch's size, the term 513 (four micro-batches) needed. The byte figures come from row "
+        "510's profiles (megalab/core/steptime.py says which), not from timed runs. Then the optimizer over every "
+        "expert weight as before, MOE_GATHER_LAYER_MS per layer and micro-batch for the router's and dispatcher's "
+        "small kernels, and, without the CUDA graph, host and GPU overlapping only in part (the layers' stream "
+        "syncs remain): sqrt(GPU^2 + CPU^2) a micro-batch, not the larger. A run without moe_gather keeps the old "
+        "pricing.",
         "",
         f"MoE constants: {consts}, fitted on the {len(fit_on)} catalog-row run{'s' * (len(fit_on) != 1)} with "
-        f"moe_gather and expert_stack made by {freeze.MOE_FROZEN_TIME[:16].replace('T', ' ')} UTC "
+        f"moe_gather and expert_stack and today's code made by {freeze.MOE_FROZEN_TIME[:16].replace('T', ' ')} UTC "
         f"(freeze.MOE_FROZEN_TIME): {', '.join(r['run'].split('/')[-1] for r in fit_on) or 'none'}"
         + (" (a refit on them gives the same)." if refit in ({}, stored) else
            f" (a refit on them gives {', '.join(f'{k}={v:g}' for k, v in refit.items())}: store it in steptime.py).")
         + " Every other run is judged against them.",
         "",
-        f"- MoE step time with today's levers (moe_gather and expert_stack), every run: {within} of {len(default)} "
-        "within 10% (issue 63's goal 5)",
+        f"- MoE step time, every run under moe_gather made with today's code (issue 63's goal 5): {within} of "
+        f"{len(today)} within 10%; those not fitted on: {error_summary([r['err'] for r in today_judged])}",
         f"- fitted on: {error_summary([r['err'] for r in fit_on])}",
         f"- held out, beyond the catalog (other expert counts, top-k, sequence lengths, micro-batches): "
         f"{error_summary([r['err'] for r in beyond])}",
         f"- catalog rows' runs since the freeze: {error_summary([r['err'] for r in since])}",
         f"- moe_gather without expert_stack (lever trials; its per-expert weights' host work is not priced): "
         f"{error_summary([r['err'] for r in partial])}",
+        "- Runs of older code are listed below with the error today's constants give them: their dispatcher, "
+        "activation and gradient kernels moved other bytes than today's (the profiles on the bench page).",
         "",
         *markdown.table(
-            ["run", "MoE", "layout", "levers", "CUDA graph", "predicted ms", "measured ms", "error", "role"],
+            ["run", "MoE", "layout", "levers", "CUDA graph", "predicted ms", "measured ms", "error", "code", "role"],
             ([f"{r['run'].split('/')[-1]} ({_where(r['run'])})", r["experts"], r["layout"],
-              "moe_gather, expert_stack" if r["moe_default"] else "moe_gather", "on" if r["graph"] else "off",
-              f"{r['pred_ms']:.0f}", f"{r['meas_ms']:.0f}", f"{r['err']:+.1%}",
+              ", ".join(x for x in ("moe_gather", "expert_stack", "moe_act") if x in r["fastpath"].split(",")),
+              "on" if r["graph"] else "off",
+              f"{r['pred_ms']:.0f}", f"{r['meas_ms']:.0f}", f"{r['err']:+.1%}", "today" if r["code_today"] else "older",
               "fitted on" if r["moe_fit"] else ("held out" if _where(r["run"]) == "holdout" else "judged")]
              for r in gather),
-            [None] * 5 + ["right"] * 3 + [None]),
+            [None] * 5 + ["right"] * 3 + [None, None]),
         "",
     ]
 

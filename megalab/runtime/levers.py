@@ -136,12 +136,13 @@ TABLE: tuple[Lever, ...] = (
       requires=("nvmath", "cuda"), evidence=(TRIED, MICRO + "gelu-epilogue-microbench.txt")),
     L("moe_gather", "MoE tokens permuted and combined by gathers on the GPU, no host sync, no atomics, where "
       "EP = ETP = 1 (runtime/moe_dispatch.py); lets the CUDA graph capture MoE", None, "moe", spec=True,
-      estimated=False, evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
-    L("expert_stack", "a MoE layer's expert weights as one tensor per linear, its gradient added into main_grad "
-      "in the grouped GEMM's backward (runtime/grouped_experts.py)", None, "moe_grouped_gemm",
-      needs=("grouped_gemm",), spec=True, estimated=False, evidence=(TRIED,)),
+      evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
+    L("expert_stack", "a MoE layer's expert weights as one tensor per linear, its gradient put into main_grad in "
+      "one pass in the grouped GEMM's backward, written on a step's first micro-batch (runtime/grouped_experts.py)",
+      None, "moe_grouped_gemm",
+      needs=("grouped_gemm",), spec=True, evidence=(TRIED,)),
     L("moe_act", "the experts' GeLU times the router's probability in one Triton kernel each way "
-      "(runtime/moe_act.py)", None, "moe_grouped_gemm", needs=("grouped_gemm",), requires=("triton",), spec=True, estimated=False,
+      "(runtime/moe_act.py)", None, "moe_grouped_gemm", needs=("grouped_gemm",), requires=("triton",), spec=True,
       evidence=(TRIED, MICRO + "moe-kernels-microbench.txt")),
 )
 del L
