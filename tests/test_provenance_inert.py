@@ -38,7 +38,6 @@ def _repo(tmp_path, path, before, after):
     first = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     f.write_text(after)
     git("add", "-A"), git("commit", "-qm", "two")
-    provenance.inert.cache_clear()
     return provenance.inert(tmp_path, first, path)
 
 

@@ -155,10 +155,15 @@ def _code_state(commit: str | None, root: Path, unused: frozenset[str], tree_com
     if anc.returncode == 1:
         return OLDER, f"{commit[:7]} not in HEAD's history"
     # the net difference, not the commits that touched the paths: a change made and undone is no change
-    diff = git.run(root, "diff", "--name-only", commit, "HEAD", "--", *CODE_PATHS)
+    diff = git.run(root, "diff", "--raw", "--no-abbrev", commit, "HEAD", "--", *CODE_PATHS)
     if diff is None or diff.returncode != 0:
         return UNKNOWN, "git failed"
-    files = [f for f in diff.stdout.split() if f not in unused and not inert(root, commit, f)]
+    files = []
+    for line in diff.stdout.splitlines():  # ":mode mode old-blob new-blob status\tpath"
+        meta, _, path = line.partition("\t")
+        _, _, old, new, status = meta.split()[:5]
+        if path not in unused and not (status == "M" and inert_blobs(root, old, new, path)):
+            files.append(path)
     return (OLDER, f"{CODE_CHANGED} ({', '.join(Path(f).name for f in files[:3])}"
                    f"{', ...' if len(files) > 3 else ''})") if files else (CURRENT, "")
 
@@ -169,20 +174,25 @@ LEVER_TABLE = "megalab/runtime/levers.py"
 LAUNCHER_FIELDS = ("does", "where", "estimated", "evidence")
 
 
-@functools.lru_cache(maxsize=1024)
 def inert(root: Path, commit: str, path: str) -> bool:
-    """Whether PATH's net change from COMMIT to HEAD cannot alter a run that used it: its module-level statements at
-    COMMIT are all still there, unchanged and in order (the module's docstring aside), and what it gained is only
+    """Whether PATH's net change from COMMIT to HEAD cannot alter a run that used it (inert_blobs): False where the
+    file is new, deleted or unreadable at either."""
+    blobs = [git.run(root, "rev-parse", "--verify", "--quiet", f"{rev}:{path}") for rev in (commit, "HEAD")]
+    if any(b is None or b.returncode != 0 for b in blobs):
+        return False
+    return inert_blobs(root, blobs[0].stdout.strip(), blobs[1].stdout.strip(), path)
+
+
+def inert_blobs(root: Path, old: str, new: str, path: str) -> bool:
+    """Whether a file's change from blob OLD to blob NEW cannot alter a run that used it: its module-level statements
+    at OLD are all still there, unchanged and in order (the module's docstring aside), and what it gained is only
     new functions, classes or constant assignments of new names. In the lever table the fields no run reads
-    (LAUNCHER_FIELDS: the default's `where` and RULES, the estimator's flag, the pages' text) do not count. A file that is new, deleted or not Python is never inert."""
+    (LAUNCHER_FIELDS: the default's `where` and RULES, the estimator's flag, the pages' text) do not count. A file
+    that is not Python, or not readable, is never inert. Blobs are read and parsed once a process (by their id)."""
     if not path.endswith(".py"):
         return False
-    old, new = (git.run(root, "show", f"{rev}:{path}") for rev in (commit, "HEAD"))
-    if old is None or new is None or old.returncode != 0 or new.returncode != 0:
-        return False
-    try:
-        before, after = (_statements(x.stdout, path == LEVER_TABLE) for x in (old, new))
-    except SyntaxError:
+    before, after = (_blob_statements(root, blob, path == LEVER_TABLE) for blob in (old, new))
+    if before is None or after is None:
         return False
     kept = iter(after)  # the old statements, unchanged and in order, among the new ones
     if not all(any(a == b for a in kept) for b in before):
@@ -190,6 +200,18 @@ def inert(root: Path, commit: str, path: str) -> bool:
     old_names = {n for _, _, names in before for n in names}
     return all(kind in ("def", "const") and not names & old_names for _, kind, names in after
                if (_, kind, names) not in before)
+
+
+@functools.lru_cache(maxsize=512)
+def _blob_statements(root: Path, blob: str, lever_table: bool) -> tuple | None:
+    """_statements of a git blob (content-addressed: one read and parse per id), None where git or Python cannot."""
+    text = git.run(root, "cat-file", "-p", blob)
+    if text is None or text.returncode != 0:
+        return None
+    try:
+        return tuple(_statements(text.stdout, lever_table))
+    except SyntaxError:
+        return None
 
 
 def _statements(text: str, lever_table: bool) -> list[tuple[str, str, frozenset[str]]]:
