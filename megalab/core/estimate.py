@@ -265,12 +265,12 @@ def layer_activation_sbh(sh: Shape, *, tp: int, sp: bool, spec: str, selective: 
     qkv = 2 * (1 + 2 * sh.groups / a)  # Q, K, V kept for QK^T and attention over V
     inside = qkv + 2  # + linear-projection input
     outside = 4 + 2 + 2 + (0 if dropout_add else 2)  # norms, QKV input, fc1 input (the MLP's norm output), 2 dropout masks
-    if sh.num_experts and moe_gather:
-        f_wide = ff if moe_act and not sh.swiglu else ff + 2
-        experts = sh.topk * (2 * etp + f_wide * sh.moe_ffn / h) + 8 * sh.num_experts / h
-        per = ((outside + inside) / t if sp else outside + inside / t) + experts
-    elif sh.num_experts:
-        experts = sh.topk * ((2 + 2) * etp + ff * sh.moe_ffn / h) + 8 * sh.num_experts / h
+    if sh.num_experts:
+        if moe_gather:  # the fc1 input; torch's GeLU keeps its output too, moe_act does not
+            copy = 2 * etp + (ff if moe_act and not sh.swiglu else ff + 2) * sh.moe_ffn / h
+        else:  # the fc1 input and the expert output for the combine
+            copy = (2 + 2) * etp + ff * sh.moe_ffn / h
+        experts = sh.topk * copy + 8 * sh.num_experts / h
         per = ((outside + inside) / t if sp else outside + inside / t) + experts
     else:
         inside_mlp = ff * sh.ffn / h

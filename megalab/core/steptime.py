@@ -176,7 +176,8 @@ MOE_ACT_BYTES, MOE_ACT_TORCH_BYTES = 18, 48
 # expert's gradient: 8 bytes more than WGRAD_ADD_BYTES, by hand.
 EXPERT_GRAD_FIRST_BYTES, EXPERT_GRAD_ADD_BYTES, EXPERT_UNSTACKED_BYTES = 7, 12, 8
 # Fitted on the MoE calibration runs only (megalab/results/validation.py fit_moe: catalog rows' runs with
-# moe_gather made before freeze.MOE_FROZEN_TIME), apart from CONSTANTS: no run those were fitted on had the lever.
+# moe_gather and today's code made by freeze.MOE_FROZEN_TIME), apart from CONSTANTS: no run those were fitted on had
+# the lever.
 MOE_GATHER_LAYER_MS = 0.611  # per MoE layer and micro-batch: the router's and dispatcher's small kernels
 MOE_CONSTANTS = ("MOE_GATHER_LAYER_MS",)
 
