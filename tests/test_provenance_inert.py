@@ -1,5 +1,6 @@
-"""provenance.inert: a change that only adds definitions, or only moves a lever's default, leaves a record's code
-today's; any other change does not (a temporary git repository, commit against HEAD)."""
+"""provenance's inert changes: a change that only adds definitions, or only touches the lever table's fields no run
+reads, leaves a record's code today's; any other change does not (code_state on a temporary git repository, a commit
+against HEAD)."""
 import subprocess
 
 import pytest
@@ -38,7 +39,8 @@ def _repo(tmp_path, path, before, after):
     first = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     f.write_text(after)
     git("add", "-A"), git("commit", "-qm", "two")
-    return provenance.inert(tmp_path, first, path)
+    state, _ = provenance.code_state(first, tmp_path)
+    return state == provenance.CURRENT
 
 
 @pytest.mark.parametrize("after,want", [

@@ -11,9 +11,9 @@ A row of a results page stands for what `make <target>` gives today. A record an
   plan, the launcher script). Judged with git; where git or the commit is unavailable: unknown.
   A file only one feature's runs execute (FEATURE_FILES: context parallelism's attention, the MoE
   experts) counts only for the records of runs that used that feature. A change that cannot alter what
-  ran does not count either (`inert`): one that only adds new functions, classes or constants beside
+  ran does not count either (`inert_blobs`): one that only adds new functions, classes or constants beside
   unchanged ones (a run from before called none of them; a changed caller counts on its own), or, in the
-  lever table, only where the default turns a lever on (the settings check judges the default).
+  lever table, only fields no run reads (LAUNCHER_FIELDS: the settings check judges the default).
 
 Verdicts: CURRENT, OLDER (other code or other defaults, with the reason), UNKNOWN (git cannot say).
 """
@@ -174,15 +174,6 @@ LEVER_TABLE = "megalab/runtime/levers.py"
 LAUNCHER_FIELDS = ("does", "where", "estimated", "evidence")
 
 
-def inert(root: Path, commit: str, path: str) -> bool:
-    """Whether PATH's net change from COMMIT to HEAD cannot alter a run that used it (inert_blobs): False where the
-    file is new, deleted or unreadable at either."""
-    blobs = [git.run(root, "rev-parse", "--verify", "--quiet", f"{rev}:{path}") for rev in (commit, "HEAD")]
-    if any(b is None or b.returncode != 0 for b in blobs):
-        return False
-    return inert_blobs(root, blobs[0].stdout.strip(), blobs[1].stdout.strip(), path)
-
-
 def inert_blobs(root: Path, old: str, new: str, path: str) -> bool:
     """Whether a file's change from blob OLD to blob NEW cannot alter a run that used it: its module-level statements
     at OLD are all still there, unchanged and in order (the module's docstring aside), and what it gained is only
@@ -215,8 +206,8 @@ def _blob_statements(root: Path, blob: str, lever_table: bool) -> tuple | None:
 
 
 def _statements(text: str, lever_table: bool) -> list[tuple[str, str, frozenset[str]]]:
-    """A module's top-level statements (the docstring dropped; in the lever table without `where` and RULES), each
-    as (ast.dump, kind: def | const | other, the top-level names it defines)."""
+    """A module's top-level statements (the docstring dropped; in the lever table without LAUNCHER_FIELDS and RULES),
+    each as (ast.dump, kind: def | const | other, the top-level names it defines)."""
     import ast
 
     body = ast.parse(text).body
