@@ -13,7 +13,6 @@ each with the repeats of its measurement (`runs`) and the runs that shared its h
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from megalab.core.paths import ROOT
+from megalab.core.scoped import Scoped
 from megalab.core.schema import (MEASURED, SCHEMA, STATUSES, USABLE, RecordError, Repeats,  # noqa: F401
                                  RunRecord, stamp)
 
@@ -43,9 +43,9 @@ def read_records(root: Path, who: str | None = "megalab", pattern: str = "*/run.
     record is skipped with one line on stderr (WHO: the command saying it), once per file and problem:
     a run.json that is a directory, a FIFO or a link to nowhere (which glob would pass over) too. Inside
     read_once, a folder read whole once is not read again."""
-    key = (str(root), pattern)
-    if _READ is not None and key in _READ:
-        yield from _READ[key]
+    key, memo = (str(root), pattern), _READ.memo
+    if memo is not None and key in memo:
+        yield from memo[key]
         return
     got = []
     for path in _candidates(Path(root), pattern):
@@ -55,27 +55,15 @@ def read_records(root: Path, who: str | None = "megalab", pattern: str = "*/run.
             skip(path, str(e), who or "megalab")
             continue
         yield got[-1]
-    if _READ is not None:
-        _READ[key] = got
+    if memo is not None:
+        memo[key] = got
 
 
-_READ: dict[tuple[str, str], list[RunRecord]] | None = None  # read_once's folders, while one is open
-
-
-@contextlib.contextmanager
-def read_once() -> Iterator[None]:
-    """Within the block each folder's records are read once (every later reader gets the records the first read
-    whole): for a reader of records that nothing writes while it reads them, as a page build, whose rows, machines,
-    runs beside them, dataset and estimator each read every record again (eight readings of 1,203 files)."""
-    global _READ
-    outer = _READ
-    if outer is None:
-        _READ = {}
-    try:
-        yield
-    finally:
-        if outer is None:
-            _READ = None
+_READ = Scoped()  # read_once's folders: (root, pattern) -> the records read whole
+# Within the block each folder's records are read once (every later reader gets the records the first read whole):
+# for a reader of records that nothing writes while it reads them, as a page build, whose rows, machines, runs beside
+# them, dataset and estimator each read every record again (eight readings of 1,203 files).
+read_once = _READ.block
 
 
 def _candidates(root: Path, pattern: str) -> list[Path]:
