@@ -15,7 +15,7 @@ from pathlib import Path
 from megalab.core.paths import ROOT
 from megalab.core import benchruns, gpus, infile, logparse, markdown
 from megalab.core.benchruns import BENCH_DIR  # noqa: F401 (the page's folder: `python -m megalab bench-report`)
-from megalab.results import columns, fast_by_default, hosts, launchtime, onegpu_goals, pageguard
+from megalab.results import columns, fast_by_default, hosts, launchtime, library_trials, onegpu_goals, pageguard
 from megalab.core.records import RunRecord, num, read_records
 from megalab.core import catalog
 from megalab.results import chapter
@@ -275,7 +275,8 @@ def render(bench_dir: Path, cfg: dict | None = None) -> str:
          *_goals_section(cfg, get, largest, root), *fast_by_default.section(root),
          *onegpu_goals.section(cfg, root, todays),
          *beyond_section(cfg, trials, root, todays),
-         *_profiles_section(bench_dir, recs), *_cp_section(bench_dir), *launchtime.section(root)]
+         *_profiles_section(bench_dir, recs), *_cp_section(bench_dir),
+         *library_trials.section(bench_dir, _text), *launchtime.section(root)]
     if any(r.concurrent for r in recs.values()):
         L += [columns.SHARED_NOTE, ""]
     if any(f"| {columns.OTHER_HOST} |" in line for line in L):
