@@ -165,8 +165,9 @@ override MCORE_VERSION := 0.19.2
 # uses, never replaced by a CPU build; only where none is importable does a CPU torch go in. The stamp
 # is checked in the recipe, not named as a make target: a target name is make syntax, VENV is text.
 # triton stays, on a CPU too: megatron.training imports it unguarded (megatron/core/transformer/moe/ops/paged_stash.py).
-# pip compiles every module's bytecode at install: where PYTHONDONTWRITEBYTECODE is set (CI) no import would
-# write it later, and each process would compile torch from source (tried: a fresh `make test` 4m30 -> 6m).
+# Bytecode: where PYTHONDONTWRITEBYTECODE is set (CI) no import writes it later, and each process would compile
+# torch from source (a fresh `make test` 4m30 -> 6m without it). pip compiles one file at a time, so the installs
+# skip it and compileall does it once at the end on every core.
 .PHONY: setup test
 setup:
 	@[ "$$VENV/.stamp" -nt pyproject.toml ] && exit 0; \
@@ -174,9 +175,10 @@ setup:
 	set -ex; \
 	python3 -m venv --system-site-packages "$$VENV"; \
 	set --; "$$VENV/bin/python" -c "import torch" 2>/dev/null || set -- "$$TORCH_SPEC"; \
-	"$$VENV/bin/pip" install -q "$$@" numpy pybind11 setuptools wheel triton typing_extensions packaging; \
-	"$$VENV/bin/pip" install -q --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
-	"$$VENV/bin/pip" install -q --no-build-isolation -e '.[dev,data]'; \
+	"$$VENV/bin/pip" install -q --no-compile "$$@" numpy pybind11 setuptools wheel triton typing_extensions packaging; \
+	"$$VENV/bin/pip" install -q --no-compile --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
+	"$$VENV/bin/pip" install -q --no-compile --no-build-isolation -e '.[dev,data]'; \
+	"$$VENV/bin/python" -m compileall -q -j 0 "$$VENV/lib" >/dev/null || true; \
 	touch "$$VENV/.stamp"
 
 # pytest-xdist: one worker per core (tests/conftest.py keeps the input audit on one of them, first)
