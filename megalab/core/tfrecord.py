@@ -28,15 +28,21 @@ def masked_crc32c(chunk: bytes) -> int:
 
 def records(data: bytes) -> list[bytes]:
     """The records of a TFRecord file's bytes, up to the first damaged one. A record is <its length, u64><the
-    length's masked CRC, u32><data><the data's masked CRC, u32>."""
+    length's masked CRC, u32><data><the data's masked CRC, u32>. (A file holds a record per scalar and step, so
+    the loop is kept tight: masked_crc32c's arithmetic written out.)"""
+    crc, unpack = _crc32c(), struct.unpack_from
     out, pos, size = [], 0, len(data)
     while pos + 12 <= size:
-        (length,) = struct.unpack_from("<Q", data, pos)
+        length, want = unpack("<QI", data, pos)
         end = pos + 16 + length
-        if end > size or masked_crc32c(data[pos:pos + 8]) != struct.unpack_from("<I", data, pos + 8)[0]:
+        if end > size:
             break
-        body = data[pos + 12:pos + 12 + length]
-        if masked_crc32c(body) != struct.unpack_from("<I", data, pos + 12 + length)[0]:
+        c = crc(data[pos:pos + 8])
+        if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF != want:
+            break
+        body = data[pos + 12:end - 4]
+        c = crc(body)
+        if ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF != unpack("<I", data, end - 4)[0]:
             break
         out.append(body)
         pos = end
