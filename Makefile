@@ -168,7 +168,7 @@ override MCORE_VERSION := 0.19.2
 # Bytecode: where PYTHONDONTWRITEBYTECODE is set (CI) no import writes it later, and each process would compile
 # torch from source (a fresh `make test` 4m30 -> 6m without it). pip compiles one file at a time, so the installs
 # skip it and compileall does it once at the end on every core, leaving out what no megalab process imports: the
-# packages' own test suites and transformers' hundreds of model folders (its tokenizers, auto and gpt2 stay).
+# packages' own test suites, pip, fontTools and transformers' model folders (its tokenizers, auto and gpt2 stay).
 .PHONY: setup test
 setup:
 	@[ "$$VENV/.stamp" -nt pyproject.toml ] && exit 0; \
@@ -179,7 +179,7 @@ setup:
 	"$$VENV/bin/pip" install -q --no-compile "$$@" numpy pybind11 setuptools wheel triton typing_extensions packaging; \
 	"$$VENV/bin/pip" install -q --no-compile --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
 	"$$VENV/bin/pip" install -q --no-compile --no-build-isolation -e '.[dev,data]'; \
-	"$$VENV/bin/python" -m compileall -q -j 0 -x '/tests?/|/transformers/models/(?!auto/|gpt2/)' "$$VENV/lib" >/dev/null || true; \
+	"$$VENV/bin/python" -m compileall -q -j 0 -x '/tests?/|/transformers/models/(?!auto/|gpt2/)|/site-packages/(pip|fontTools)/' "$$VENV/lib" >/dev/null || true; \
 	touch "$$VENV/.stamp"
 
 # pytest-xdist: one worker per core (tests/conftest.py keeps the input audit on one of them, first)

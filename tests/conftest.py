@@ -47,6 +47,16 @@ SHARED = {"test_fuzz_inputs": ("audit", "built"), "test_estimate": ("*",), "test
           "test_onegpu_goals": ("trials",), "test_make_payloads": ("*",)}
 
 
+def pytest_configure(config):
+    """At its end a worker runs the garbage collector five times over a heap that holds torch and Megatron before it
+    reports unraisable exceptions (pytest's unraisableexception plugin: about 2 s a worker here); once finds what the
+    suite's objects leave (they hold no reference cycles that need more passes). The plugin still reports them."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from _pytest.unraisableexception import gc_collect_iterations_key
+
+        config.stash[gc_collect_iterations_key] = 1
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """GPU-only tests (@pytest.mark.gpu) run only when asked for: MEGALAB_GPU_TESTS=1 or -m gpu.
