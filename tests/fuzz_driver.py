@@ -170,8 +170,11 @@ def apply(files: dict[str, dict]) -> None:
             raise SystemExit(f"fuzz_driver: unknown damage {how}")
 
 
-# Built from the code alone, never from a file a case damages: a fresh process builds the same, so they are kept
-CODE_ONLY = {("megalab.core.catalog", "_defaults_model")}  # a pydantic model of Experiment's fields (create_model)
+# Kept between calls, because a fresh process builds the same from what it reads: built from the code alone, never
+# from a file a case damages, or keyed by the very bytes read (a damaged file is other bytes: parsed, and refused, anew)
+KEPT = {("megalab.core.catalog", "_defaults_model"),  # a pydantic model of Experiment's fields (create_model)
+        ("megalab.core.schema", "_parsed"),  # a record file's bytes (and folder) -> its RunRecord or why it is none
+        ("megalab.core.provenance", "_blob_statements")}  # a git blob (content-addressed) -> its statements
 _CLEARABLE: dict[str, tuple[object, int, list]] = {}  # module name -> (module, len(vars), its caches)
 _MEGALAB: list = [0, []]  # (len(sys.modules) when looked, the names of megalab's modules then)
 
@@ -190,7 +193,7 @@ def reset_caches() -> None:
         if known is None or known[0] is not mod or known[1] != len(namespace):
             known = _CLEARABLE[name] = (mod, len(namespace), [
                 v for k, v in list(namespace.items())
-                if callable(getattr(v, "cache_clear", None)) and (name, k) not in CODE_ONLY])
+                if callable(getattr(v, "cache_clear", None)) and (name, k) not in KEPT])
         for value in known[2]:
             value.cache_clear()
     from megalab.core import records
