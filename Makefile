@@ -164,7 +164,8 @@ override MCORE_VERSION := 0.19.2
 # --system-site-packages: a torch (and TE) the system already has (NGC, GPU rigs) is the one the venv
 # uses, never replaced by a CPU build; only where none is importable does a CPU torch go in. The stamp
 # is checked in the recipe, not named as a make target: a target name is make syntax, VENV is text.
-# triton stays, on a CPU too: megatron.training imports it unguarded (megatron/core/transformer/moe/ops/paged_stash.py).
+# triton stays, on a CPU too: megatron.training imports it unguarded (megatron/core/transformer/moe/ops/paged_stash.py);
+# it depends on nothing, so its gigabyte unpacks beside torch's, in a pip of its own.
 # Bytecode: where PYTHONDONTWRITEBYTECODE is set (CI) no import writes it later, and each process would compile
 # torch from source (a fresh `make test` 4m30 -> 6m without it). pip compiles one file at a time, so the installs
 # skip it and compileall does it once at the end on every core, leaving out what no megalab process imports: the
@@ -176,7 +177,9 @@ setup:
 	set -ex; \
 	python3 -m venv --system-site-packages "$$VENV"; \
 	set --; "$$VENV/bin/python" -c "import torch" 2>/dev/null || set -- "$$TORCH_SPEC"; \
-	"$$VENV/bin/pip" install -q --no-compile "$$@" numpy pybind11 setuptools wheel triton typing_extensions packaging; \
+	"$$VENV/bin/pip" install -q --no-compile --no-deps triton & triton=$$!; \
+	"$$VENV/bin/pip" install -q --no-compile "$$@" numpy pybind11 setuptools wheel typing_extensions packaging; \
+	wait $$triton; \
 	"$$VENV/bin/pip" install -q --no-compile --no-build-isolation --no-deps --ignore-requires-python megatron-core==$(MCORE_VERSION); \
 	"$$VENV/bin/pip" install -q --no-compile --no-build-isolation -e '.[dev,data]'; \
 	"$$VENV/bin/python" -m compileall -q -j 0 -x '/tests?/|/transformers/models/(?!auto/|gpt2/)|/site-packages/(pip|fontTools)/' "$$VENV/lib" >/dev/null || true; \
