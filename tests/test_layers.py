@@ -12,6 +12,7 @@ tables work with the base dependencies alone).
 """
 import ast
 import collections
+import functools
 from pathlib import Path
 
 import pytest
@@ -48,12 +49,15 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
     return out
 
 
-GRAPH = {m: _imports(p) for m, p in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, list[tuple[str, bool]]]:
+    """Each module's imports, parsed once, by the worker that runs these tests (not at collection, by every one)."""
+    return {m: _imports(p) for m, p in MODULES.items()}
 
 
 def test_graph_sees_the_package():
     assert {"megalab.results.tables", "megalab.core.records", "megalab.harness.bench"} <= set(MODULES)
-    assert ("megalab.results.plots", True) in GRAPH["megalab.results.tables"]
+    assert ("megalab.results.plots", True) in graph()["megalab.results.tables"]
 
 
 # layer of each top-level part; harness and results share a level and must not import each other
@@ -72,7 +76,7 @@ def test_every_module_has_a_layer():
 
 def test_no_import_cycles_anywhere():
     # every import counts, inside functions too: a lazy import that closes a circle is still a circle
-    edges = {m: sorted({n for n, _ in GRAPH[m] if n in MODULES and n != m}) for m in MODULES}
+    edges = {m: sorted({n for n, _ in graph()[m] if n in MODULES and n != m}) for m in MODULES}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     stack: list[str] = []
 
@@ -96,7 +100,7 @@ def test_no_import_cycles_anywhere():
 def test_no_import_runs_up_a_layer_or_across(module):
     part, level = layer_of(module)
     bad = []
-    for n, _ in GRAPH[module]:
+    for n, _ in graph()[module]:
         if not n.startswith("megalab") or n not in MODULES:
             continue
         other, other_level = layer_of(n)
@@ -114,7 +118,7 @@ TORCH_RUNTIME = ({m for m in MODULES if m.startswith("megalab.runtime.")} - {"me
 def test_megalab_imports_sit_at_module_top(module):
     # __main__ dispatches each command to its module on demand (make help must not import pandas); the
     # runtime (inside torchrun) is left as it is: its imports are timed with the run
-    inner = sorted({n for n, top in GRAPH[module] if not top and n.startswith("megalab") and n not in TORCH_RUNTIME})
+    inner = sorted({n for n, top in graph()[module] if not top and n.startswith("megalab") and n not in TORCH_RUNTIME})
     assert not inner, f"{module} imports {inner} inside a function: import it at the top"
 
 
@@ -125,11 +129,11 @@ TORCH_FREE_RUNTIME = {"megalab.runtime", "megalab.runtime.levers", "megalab.runt
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith(("megalab.harness", "megalab.results"))])
 def test_no_torch_at_import_time(module):
     # megalab/runtime/levers.py is the one runtime module written for the launcher: names only, no torch
-    bad = sorted({n for n, top in GRAPH[module] if top and (n == "torch" or n.startswith(("torch.", "megalab.runtime")))
+    bad = sorted({n for n, top in graph()[module] if top and (n == "torch" or n.startswith(("torch.", "megalab.runtime")))
                   and n not in TORCH_FREE_RUNTIME})
     assert not bad, f"{module} imports {bad} at module level: import it inside the function that needs it"
 
 
 def test_the_runtime_modules_the_launcher_may_import_import_no_torch():
-    for module in TORCH_FREE_RUNTIME & set(GRAPH):
-        assert not [n for n, top in GRAPH[module] if top and (n == "torch" or n.startswith("torch."))], module
+    for module in TORCH_FREE_RUNTIME & set(graph()):
+        assert not [n for n, top in graph()[module] if top and (n == "torch" or n.startswith("torch."))], module
