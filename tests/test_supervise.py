@@ -50,8 +50,40 @@ def _supervise(tmp_path, script, limits=QUICK, **env):
     return out, seen, _pids(pids)
 
 
-def test_a_run_that_ends_by_itself_is_streamed_to_log_and_callback(tmp_path):
-    out, seen, pids = _supervise(tmp_path, "ok.py")
+# The runs that mostly wait for a watchdog or a grace time, all started at once (each in a folder of its own, its
+# supervise() in a thread: off the main thread it installs no signal handlers); the tests below judge each.
+# name -> (fake, limits, environment)
+WAITING = {"ok": ("ok.py", QUICK, {}), "silent": ("hang_silent.py", QUICK, {}),
+           "stuck": ("pretrain_gpt_stuck.py", QUICK, {}), "deaf": ("ignore_term.py", QUICK, {}),
+           "exit_hang": ("exit_hang.py", supervise.Limits(silent_s=60, startup_s=60, exit_grace_s=1, kill_grace_s=1), {}),
+           "spawn-0": ("spawn.py", QUICK, {"FAKE_ORPHAN": "0"}), "spawn-1": ("spawn.py", QUICK, {"FAKE_ORPHAN": "1"})}
+LAUNCHED = {"launch-exit_hang": ("exit_hang.py", {}), "launch-silent": ("hang_silent.py", {})}
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """name -> (the outcome, the lines seen, the PIDs, the folder) for WAITING; (the launcher, its output, the PIDs'
+    file, the folder) for LAUNCHED."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dirs = {name: tmp_path_factory.mktemp(name) for name in [*WAITING, *LAUNCHED]}  # here: mktemp is not thread-safe
+
+    def one(name):
+        d = dirs[name]
+        if name in LAUNCHED:
+            fake, env = LAUNCHED[name]
+            proc, pids = _launch(d, fake, **env)
+            out, _ = proc.communicate(timeout=60)
+            return proc, out, pids, d
+        fake, limits, env = WAITING[name]
+        return (*_supervise(d, fake, limits=limits, **env), d)
+
+    with ThreadPoolExecutor(len(dirs)) as pool:
+        return dict(zip(dirs, pool.map(one, dirs)))
+
+
+def test_a_run_that_ends_by_itself_is_streamed_to_log_and_callback(ran):
+    out, seen, pids, tmp_path = ran["ok"]
     assert (out.returncode, out.reason) == (0, None)
     log = (tmp_path / "logs.txt").read_text()
     assert log.count("] iteration ") == 5 and "[after training is done]" in log
@@ -59,42 +91,41 @@ def test_a_run_that_ends_by_itself_is_streamed_to_log_and_callback(tmp_path):
     assert out.seconds < 10 and _none_survive(pids)
 
 
-def test_silent_after_training_began_is_hung(tmp_path):
-    out, _, pids = _supervise(tmp_path, "hang_silent.py")
+def test_silent_after_training_began_is_hung(ran):
+    out, _, pids, _ = ran["silent"]
     assert out.reason == "hung" and "WATCHDOG_SILENT_S" in out.detail and "after training began" in out.detail
     assert out.returncode == -signal.SIGTERM
     assert _none_survive(pids)
 
 
-def test_a_hung_workers_python_stacks_reach_the_log_before_it_is_ended(tmp_path):
-    out, _, pids = _supervise(tmp_path, "pretrain_gpt_stuck.py")
+def test_a_hung_workers_python_stacks_reach_the_log_before_it_is_ended(ran):
+    out, _, pids, tmp_path = ran["stuck"]
     log = (tmp_path / "logs.txt").read_text()
     assert out.reason == "hung"
     assert "megalab: watchdog: Python stacks of workers" in log and "stuck_in_a_collective" in log
     assert _none_survive(pids)
 
 
-def test_silent_in_startup_and_deaf_to_sigterm_is_hung_and_sigkilled(tmp_path):
-    out, _, pids = _supervise(tmp_path, "ignore_term.py")
+def test_silent_in_startup_and_deaf_to_sigterm_is_hung_and_sigkilled(ran):
+    out, _, pids, _ = ran["deaf"]
     assert out.reason == "hung" and "WATCHDOG_STARTUP_S" in out.detail
     assert out.returncode == -signal.SIGKILL
     assert QUICK.startup_s + QUICK.kill_grace_s <= out.seconds < 10
     assert _none_survive(pids)
 
 
-def test_alive_after_end_of_training_is_exit_hang(tmp_path):
-    # silent_s is longer than the test: only the exit grace can end it
-    limits = supervise.Limits(silent_s=60, startup_s=60, exit_grace_s=1, kill_grace_s=1)
-    out, _, pids = _supervise(tmp_path, "exit_hang.py", limits=limits)
+def test_alive_after_end_of_training_is_exit_hang(ran):
+    # silent_s is longer than the test: only the exit grace can end it (WAITING's limits)
+    out, _, pids, _ = ran["exit_hang"]
     assert out.reason == "exit_hang" and "EXIT_GRACE_S" in out.detail
     assert out.seconds < 10 and _none_survive(pids)
 
 
 @pytest.mark.parametrize("orphan", ["0", "1"])
-def test_worker_and_its_escaped_child_do_not_survive(tmp_path, orphan):
+def test_worker_and_its_escaped_child_do_not_survive(ran, orphan):
     """The escapee called setsid (out of the group); with orphan=1 its parent is gone too, so only
     the run's token in its environment still ties it to the run."""
-    out, _, pids = _supervise(tmp_path, "spawn.py", FAKE_ORPHAN=orphan)
+    out, _, pids, _ = ran[f"spawn-{orphan}"]
     assert len(pids) == 3, pids
     assert out.reason == "hung"
     assert _none_survive(pids)
@@ -174,9 +205,8 @@ def _record(tmp_path) -> dict:
     return json.loads(run_json.read_text())
 
 
-def test_launch_records_an_exit_hang_as_ok_with_a_note(tmp_path):
-    proc, pids = _launch(tmp_path, "exit_hang.py")
-    out, _ = proc.communicate(timeout=60)
+def test_launch_records_an_exit_hang_as_ok_with_a_note(ran):
+    proc, out, pids, tmp_path = ran["launch-exit_hang"]
     rec = _record(tmp_path)
     assert proc.returncode == 0, out
     assert rec["status"] == "ok" and rec["ended_by"] == "exit_hang"
@@ -185,9 +215,8 @@ def test_launch_records_an_exit_hang_as_ok_with_a_note(tmp_path):
     assert _none_survive(_pids(pids))
 
 
-def test_launch_records_a_silent_run_as_hung_with_the_log_tail(tmp_path):
-    proc, pids = _launch(tmp_path, "hang_silent.py")
-    out, _ = proc.communicate(timeout=60)
+def test_launch_records_a_silent_run_as_hung_with_the_log_tail(ran):
+    proc, out, pids, tmp_path = ran["launch-silent"]
     rec = _record(tmp_path)
     assert proc.returncode == 1
     assert rec["status"] == "hung" and "WATCHDOG_SILENT_S" in rec["end_detail"]
