@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--ffn", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--label", default="", help="a name for this build of the libraries (printed in the heading)")
+    ap.add_argument("--repeat", type=int, default=1, help="time every GEMM this many times over, in this process")
     a = ap.parse_args()
     dev, bf = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -93,18 +94,28 @@ def main() -> None:
         t[name] = torch.randn(*shape, device=dev, dtype=bf, generator=gen) * 0.1
     flops = {n: 2 * rows * a.hidden * a.ffn for n in ("fc1 forward", "fc2 forward", "fc2 dgrad", "fc2 wgrad",
                                                       "fc1 dgrad", "fc1 wgrad")}
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}{' ' + a.label if a.label else ''}: "
-          f"{a.tokens} tokens, top-{a.topk} of {a.experts} experts ({rows} routed rows; tokens an expert "
-          f"{int(counts.min())}-{int(counts.max())}), hidden {a.hidden}, expert ffn {a.ffn}; ms a GEMM, and the six "
-          f"times {a.layers} layers")
-    want, table = None, {}
+    heading = (f"# {torch.cuda.get_device_name()}, torch {torch.__version__}{' ' + a.label if a.label else ''}: "
+               f"{a.tokens} tokens, top-{a.topk} of {a.experts} experts ({rows} routed rows; tokens an expert "
+               f"{int(counts.min())}-{int(counts.max())}), hidden {a.hidden}, expert ffn {a.ffn}; ms a GEMM, and the "
+               f"six times {a.layers} layers")
+    fns_of = {}
     for label, (module, impl) in LIBRARIES.items():
         try:
             importlib.import_module(module)
-            fns = impl(t)
+            fns_of[label] = impl(t)
         except Exception as e:  # absent or unbuildable here: one line, the rest still runs
             print(f"{label}: not run ({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})")
-            continue
+    for r in range(a.repeat):  # the same GEMMs timed again in this process (an autotuner tunes once)
+        if a.repeat > 1:
+            print(f"## run {r + 1} of {a.repeat}, one process")
+        print(heading)
+        _table(fns_of, flops, a.layers)
+
+
+def _table(fns_of: dict, flops: dict, layers: int) -> None:
+    """Each library's six GEMMs timed, each result checked against the first library's, and the table."""
+    want, table = None, {}
+    for label, fns in fns_of.items():
         row = {}
         for name, fn in fns.items():
             try:
@@ -125,7 +136,7 @@ def main() -> None:
             want = row.pop("_out")
         table[label] = row
     names = list(flops)
-    print("| library | " + " | ".join(names) + f" | six GEMMs | x {a.layers} layers | TFLOP/s |")
+    print("| library | " + " | ".join(names) + f" | six GEMMs | x {layers} layers | TFLOP/s |")
     print("| --- " * (len(names) + 4) + "|")
     for label, row in table.items():
         cells, total = [], 0.0
@@ -137,7 +148,7 @@ def main() -> None:
                 continue
             cells.append(f"{ms:.3f}" + (f" (err {err:.0e})" if err else ""))
             total = None if total is None else total + ms
-        tail = ("", "", "") if total is None else (f"{total:.3f}", f"{total * a.layers:.1f}",
+        tail = ("", "", "") if total is None else (f"{total:.3f}", f"{total * layers:.1f}",
                                                    f"{sum(flops.values()) / total / 1e9:.0f}")
         print(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(tail) + " |", flush=True)
 

@@ -14,7 +14,7 @@ CP = """# a note
 """
 
 GEMM = """## run 1
-# NVIDIA H200 grouped_gemm 0.3.0 built with GROUPED_GEMM_CUTLASS=1: 16384 tokens
+# NVIDIA H200 grouped_gemm 0.3.0 built with GROUPED_GEMM_CUTLASS=1: 16384 tokens, top-8 of 64 experts (131072 rows)
 | library | fc1 forward | six GEMMs | x 16 layers | TFLOP/s |
 | --- | --- | --- | --- | --- |
 | torch._grouped_mm (today) | 0.489 | 2.900 | 46.4 | 568 |
@@ -36,6 +36,14 @@ def test_gemm_verdict_follows_the_numbers_and_names_the_build():
     assert "grouped_gemm (MegaBlocks), CUTLASS build" in slow
     fast = "\n".join(lt.gemm_section(GEMM.format(quack="2.700")))
     assert "quack-kernels is the fastest, 3.2 ms a step ahead" in fast
+
+
+def test_each_routing_gets_a_table_of_its_own():
+    other = GEMM.format(quack="2.7").replace("top-8 of 64 experts", "top-4 of 32 experts").replace("2.900", "1.4")
+    page = "\n".join(lt.gemm_section(GEMM.format(quack="3.1") + other))
+    assert "**16384 tokens, top-8 of 64 experts**: torch._grouped_mm" in page
+    assert "**16384 tokens, top-4 of 32 experts**: torch._grouped_mm" in page  # 1.4 beats 2.7 there
+    assert not lt.gemm_runs(GEMM.format(quack="3.1").replace("16384 tokens, ", ""))  # no routing named
 
 
 def test_a_cut_or_damaged_file_gives_fewer_rows_never_a_wrong_one():

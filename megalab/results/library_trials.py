@@ -53,22 +53,24 @@ def cp_rows(text: str) -> list[dict]:
 
 
 _LAYERS = re.compile(r"^x (\d+) layers$")
+_SHAPE = re.compile(r"(\d+ tokens, top-\d+ of \d+ experts)")  # a run's heading names the routing it timed
 # grouped_gemm builds two ways; a run's heading names which one it timed
 _BUILD = (("GROUPED_GEMM_CUTLASS=1", "CUTLASS build"), ("GROUPED_GEMM_CUTLASS=0", "cuBLAS build"),
           ("cuBLAS build", "cuBLAS build"))
 
 
 def gemm_runs(text: str) -> list[dict]:
-    """Per run: {"layers": the model's layers, "ms": {library: the six GEMMs' ms}, "build": grouped_gemm's} for
-    every whole row; grouped_gemm's rows are named with the build the run's heading names."""
+    """Per run: {"layers": the model's layers, "ms": {library: the six GEMMs' ms}, "build": grouped_gemm's, "shape":
+    the routing} for every whole row; grouped_gemm's rows are named with the build the run's heading names."""
     runs: list[dict] = []
     header: list[str] | None = None
     for line in text.splitlines():
         if line.startswith("## run"):
-            runs.append({"layers": None, "ms": {}, "build": ""})
+            runs.append({"layers": None, "ms": {}, "build": "", "shape": ""})
             header = None
-        elif runs and line.startswith("# ") and not runs[-1]["build"]:
+        elif runs and line.startswith("# ") and not runs[-1]["shape"]:
             runs[-1]["build"] = next((name for key, name in _BUILD if key in line), "")
+            runs[-1]["shape"] = m[1] if (m := _SHAPE.search(line)) else ""
         elif runs and line.startswith("| library"):
             header = _cells(line)
             runs[-1]["layers"] = next((int(m[1]) for c in header if (m := _LAYERS.match(c))), None)
@@ -80,7 +82,7 @@ def gemm_runs(text: str) -> list[dict]:
                     lib = cells[0] + (f", {runs[-1]['build']}" if cells[0].startswith("grouped_gemm") and
                                       runs[-1]["build"] else "")
                     runs[-1]["ms"][lib] = total
-    return [r for r in runs if TODAY_GEMM in r["ms"] and r["layers"]]
+    return [r for r in runs if TODAY_GEMM in r["ms"] and r["layers"] and r["shape"]]
 
 
 def _pct(a: float, b: float) -> str:
@@ -121,6 +123,16 @@ def gemm_section(text: str) -> list[str]:
     runs = gemm_runs(text)
     if not runs:
         return [f"No whole table in [{GEMM_TRIAL}]({GEMM_TRIAL}): not run, or cut short.", ""]
+    out = [f"The six grouped GEMMs of an MoE layer's experts (fc1 and fc2 forward, their input and weight gradients) on "
+           f"the same routed tokens, in each library, run against run in one process: row 510's routing, and one beyond "
+           f"the catalog. Medians over the runs that had the library, and its time against torch._grouped_mm's in the "
+           f"same run. [{GEMM_TRIAL}]({GEMM_TRIAL}) has every GEMM, each run, the builds and the leases.", ""]
+    for shape in dict.fromkeys(r["shape"] for r in runs):
+        out += _gemm_table(shape, [r for r in runs if r["shape"] == shape])
+    return out
+
+
+def _gemm_table(shape: str, runs: list[dict]) -> list[str]:
     libs = list(dict.fromkeys(k for r in runs for k in r["ms"]))
     rows, saved = [], {}
     for lib in libs:
@@ -134,11 +146,8 @@ def gemm_section(text: str) -> list[str]:
     best = max(libs, key=lambda lib: saved[lib])
     verdict = ("torch._grouped_mm, what runs today, is the fastest" if best == TODAY_GEMM else
                f"{best} is the fastest, {saved[best]:.1f} ms a step ahead of torch._grouped_mm over the model's "
-               f"layers (the table's last column)")
-    return [f"Row 510's MoE layer: the six grouped GEMMs of its experts (fc1 and fc2 forward, their input and weight "
-            f"gradients) on the same routed tokens, in each library, run against run in one process. Medians over "
-            f"the runs that had the library, and its time against torch._grouped_mm's in the same run. {verdict}. "
-            f"[{GEMM_TRIAL}]({GEMM_TRIAL}) has every GEMM, each run and the builds.", "",
+               f"layers (the last column)")
+    return [f"**{shape}**: {verdict}.", "",
             *markdown.table(["library", "runs", "six GEMMs ms (median)", "range", "against torch._grouped_mm",
                              "ms a step against it (all layers)"], rows), ""]
 
