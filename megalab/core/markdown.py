@@ -140,14 +140,14 @@ def quoted(text: str) -> list[str]:
     lines, out, i = text.removesuffix("\n").split("\n"), [], 0  # a file's last newline ends its last line
     while i < len(lines):
         if lines[i].startswith("|") and i + 1 < len(lines) and _DELIMITER.fullmatch(lines[i + 1]):
-            header = _cells(lines[i])
-            align = [_ALIGN[(c.startswith(":"), c.endswith(":"))] for c in _cells(lines[i + 1])]
+            header = cells(lines[i])
+            align = [_ALIGN[(c.startswith(":"), c.endswith(":"))] for c in cells(lines[i + 1])]
             rows, i = [], i + 2
             while i < len(lines) and lines[i].startswith("|"):
-                cells = _cells(lines[i])  # a row of more cells than its header keeps the rest in its last cell
-                cells = cells[:len(header) - 1] + [" | ".join(cells[len(header) - 1:])] if len(cells) > len(header) \
-                    else cells + [""] * (len(header) - len(cells))
-                rows.append(cells)
+                row = cells(lines[i])  # a row of more cells than its header keeps the rest in its last cell
+                row = row[:len(header) - 1] + [" | ".join(row[len(header) - 1:])] if len(row) > len(header) \
+                    else row + [""] * (len(header) - len(row))
+                rows.append(row)
                 i += 1
             out += table(header, rows, (align + [""] * len(header))[:len(header)])
         else:  # prose: its pipes split nothing, unless the line could be the delimiter row of a table
@@ -156,7 +156,7 @@ def quoted(text: str) -> list[str]:
     return out
 
 
-def _cells(line: str) -> list[str]:
+def cells(line: str) -> list[str]:
     """A pipe-table row's cells, split where GFM splits them (at a pipe after an even number of backslashes),
     stripped; the row's outer pipes are no cells."""
     cells, cell, slashes = [], "", 0

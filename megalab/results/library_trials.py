@@ -29,10 +29,6 @@ _BLOCK = re.compile(r"^(?P<target>\S+): micro-batch \d+, .*CP=(?P<cp>\d+) ")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
 
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
 def _float(cell: str) -> float | None:
     head = cell.split(" ")[0] if cell else ""
     return float(head) if _NUMBER.match(head) else None
@@ -46,7 +42,7 @@ def cp_rows(text: str) -> list[dict]:
         if m:
             out.append({"target": m["target"], "cp": int(m["cp"]), "impls": {}})
         elif out and line.startswith("| ") and not line.startswith("| implementation"):
-            cells = _cells(line)
+            cells = markdown.cells(line)
             if len(cells) == 6 and (ms := _float(cells[1])) is not None:
                 out[-1]["impls"][cells[0]] = (ms, _float(cells[3]))
     return [b for b in out if OURS_CP in b["impls"] and any(k.startswith(TORCH_CP) for k in b["impls"])]
@@ -72,10 +68,10 @@ def gemm_runs(text: str) -> list[dict]:
             runs[-1]["build"] = next((name for key, name in _BUILD if key in line), "")
             runs[-1]["shape"] = m[1] if (m := _SHAPE.search(line)) else ""
         elif runs and line.startswith("| library"):
-            header = _cells(line)
+            header = markdown.cells(line)
             runs[-1]["layers"] = next((int(m[1]) for c in header if (m := _LAYERS.match(c))), None)
         elif runs and header and line.startswith("| ") and not line.startswith("| ---"):
-            cells = _cells(line)
+            cells = markdown.cells(line)
             if len(cells) == len(header) and "six GEMMs" in header:
                 total = _float(cells[header.index("six GEMMs")])
                 if total is not None:
